@@ -1,0 +1,3 @@
+from speakd.cli import main
+
+raise SystemExit(main())

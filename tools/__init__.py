@@ -1,0 +1,1 @@
+"""Host-side tools (import name ``speakd_tools``): checkpoint, export, calibrate, precompute, bench."""
