@@ -1,0 +1,175 @@
+"""``speakd``: run the daemon, talk to it, or synthesize one file without it.
+
+Each command calls one library function and turns its exceptions into a message and an exit code
+(0 ok, 1 the request failed, 2 bad usage or configuration).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from speakd import __version__
+from speakd.bundle import BundleError
+from speakd.client import Client, ClientError
+from speakd.config import ConfigError, load_config
+from speakd.engines.base import EngineError
+
+EXIT_FAILED, EXIT_USAGE = 1, 2
+
+
+def _socket_path(args: argparse.Namespace) -> str:
+    if args.socket:
+        return args.socket
+    return load_config(args.config).socket.path
+
+
+def _text(value: str) -> str:
+    return sys.stdin.read() if value == "-" else value
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from speakd.service import serve
+
+    return serve(args.config)
+
+
+def cmd_say(args: argparse.Namespace) -> int:
+    fields = {"text": _text(args.text), "priority": args.priority}
+    for key in ("voice", "speed", "volume", "id", "seed"):
+        if getattr(args, key) is not None:
+            fields[key] = getattr(args, key)
+    timeout = None if args.wait else 30.0
+    with Client(_socket_path(args), timeout=timeout) as client:
+        for event in client.say(fields, wait=args.wait):
+            if args.json:
+                print(json.dumps(event, ensure_ascii=False), flush=True)
+            if event["event"] == "error":
+                print(f"speakd: {event['code']}: {event['message']}", file=sys.stderr)
+                return EXIT_FAILED
+            if event["event"] == "finished" and event.get("status") != "done":
+                print(f"speakd: request {event['id']} {event['status']}", file=sys.stderr)
+                return EXIT_FAILED
+    return 0
+
+
+def _simple(op: str) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        message: dict[str, object] = {"op": op}
+        if getattr(args, "request_id", None):
+            message["id"] = args.request_id
+        with Client(_socket_path(args)) as client:
+            reply = client.request(message)
+        print(
+            json.dumps(reply, indent=2 if op in ("status", "voices") else None, ensure_ascii=False)
+        )
+        return EXIT_FAILED if reply.get("event") == "error" else 0
+
+    return run
+
+
+def cmd_synth(args: argparse.Namespace) -> int:
+    from speakd.synth import synthesize_to_wav
+
+    seconds = synthesize_to_wav(
+        _text(args.text),
+        Path(args.output),
+        bundle=Path(args.bundle) if args.bundle else None,
+        voice=args.voice,
+        speed=args.speed,
+        seed=args.seed,
+        threads=args.threads,
+    )
+    print(f"{args.output}: {seconds:.2f} s of audio", file=sys.stderr)
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from speakd.doctor import run_doctor
+
+    return 0 if run_doctor(args.config, args.socket) else EXIT_FAILED
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="speakd", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"speakd {__version__}")
+    parser.add_argument(
+        "--log-level",
+        default=os.environ.get("SPEAKD_LOG_LEVEL", "INFO"),
+        help="DEBUG, INFO, WARNING… (default INFO, or $SPEAKD_LOG_LEVEL)",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(
+        name: str, func: Callable[[argparse.Namespace], int], help: str
+    ) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help)
+        p.add_argument(
+            "--config",
+            type=Path,
+            default=None,
+            help="config file (default /etc/speakd/speakd.toml if present)",
+        )
+        p.set_defaults(func=func)
+        return p
+
+    command("serve", cmd_serve, "run the daemon in the foreground")
+
+    p = command("say", cmd_say, "speak text through the running daemon")
+    p.add_argument("text", help="what to say ('-' reads standard input)")
+    p.add_argument("--wait", action="store_true", help="return when the audio has finished")
+    p.add_argument(
+        "--priority", default="text", help="important, message, text (default), notification"
+    )
+    p.add_argument("--voice", help="voice name (see `speakd voices`)")
+    p.add_argument("--speed", type=float, help="speaking rate, 1.0 = normal")
+    p.add_argument("--volume", type=float, help="gain, 1.0 = unchanged")
+    p.add_argument("--seed", type=int, help="sampling seed (default: derived from the text)")
+    p.add_argument("--id", help="request id (default: generated)")
+    p.add_argument("--json", action="store_true", help="print every event as JSON")
+
+    command("stop", _simple("stop"), "stop speaking and clear the queue")
+    p = command("cancel", _simple("cancel"), "cancel one request (or the current one)")
+    p.add_argument("request_id", nargs="?", help="request id (default: the current request)")
+    command("status", _simple("status"), "print the daemon's status as JSON")
+    command("voices", _simple("voices"), "list the loaded model's voices")
+
+    p = command("synth", cmd_synth, "synthesize text to a WAV file without the daemon")
+    p.add_argument("text", help="what to say ('-' reads standard input)")
+    p.add_argument("-o", "--output", required=True, help="WAV file to write")
+    p.add_argument("--bundle", help="model bundle folder (default: the embedded voice)")
+    p.add_argument("--voice", help="voice name")
+    p.add_argument("--speed", type=float, help="speaking rate, 1.0 = normal")
+    p.add_argument("--seed", type=int, help="sampling seed")
+    p.add_argument("--threads", type=int, default=2, help="onnxruntime threads (default 2)")
+
+    command("doctor", cmd_doctor, "check config, model, audio device, socket and broker")
+
+    for p in sub.choices.values():
+        if "--socket" not in p._option_string_actions:
+            p.add_argument("--socket", help="JSON socket path (default: from the config)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        return args.func(args)
+    except (ConfigError, BundleError) as e:
+        print(f"speakd: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except (ClientError, EngineError) as e:
+        print(f"speakd: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,234 @@
+"""speakd's configuration: one TOML file, every key defaulted and validated at start-up.
+
+Errors name the key (``mqtt.port: expected an integer…``). Environment variables
+``SPEAKD_<SECTION>_<KEY>`` override the file, for containers and systemd drop-ins.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, get_type_hints
+
+DEFAULT_CONFIG_PATH = Path("/etc/speakd/speakd.toml")
+ENV_PREFIX = "SPEAKD_"
+
+
+class ConfigError(ValueError):
+    """A config value is wrong; the message starts with the dotted key."""
+
+
+def _runtime_dir() -> Path:
+    """Where sockets go: /run/speakd for the system service, else a per-user directory."""
+    if os.geteuid() == 0:
+        return Path("/run/speakd")
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    return Path(xdg) / "speakd" if xdg else Path(f"/tmp/speakd-{os.geteuid()}")
+
+
+def _cache_dir() -> Path:
+    if os.geteuid() == 0:
+        return Path("/var/cache/speakd")
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "speakd"
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    kind: str = "vits"  # "vits" (embedded default voice) | "chattts"
+    bundle: str = ""  # path to a bundle; empty = the embedded default voice
+    voice: str = "default"
+    threads: int = 2  # onnxruntime intra-op threads (= cores on a Pi-class board)
+
+    def validate(self) -> None:
+        _choice("engine.kind", self.kind, ("vits", "chattts"))
+        if self.kind == "chattts" and not self.bundle:
+            raise ConfigError("engine.bundle: kind 'chattts' needs a bundle path")
+        _range("engine.threads", self.threads, 1, 64)
+
+
+@dataclass(frozen=True)
+class AudioConfig:
+    sink: str = "sounddevice"  # "sounddevice" | "wav" | "null"
+    device: str = ""  # sounddevice device name or index; empty = system default
+    wav_dir: str = ""  # where sink = "wav" writes <request id>.wav
+    volume: float = 1.0  # default gain; a request's volume multiplies it
+    block_ms: int = 50  # playback granularity: stop/cancel latency is at most one block
+    realtime: bool = False  # pace the wav/null sinks like a device (soak tests, emulation)
+
+    def validate(self) -> None:
+        _choice("audio.sink", self.sink, ("sounddevice", "wav", "null"))
+        if self.sink == "wav" and not self.wav_dir:
+            raise ConfigError("audio.wav_dir: sink 'wav' needs a directory")
+        _range("audio.volume", self.volume, 0.0, 4.0)
+        _range("audio.block_ms", self.block_ms, 5, 1000)
+
+
+@dataclass(frozen=True)
+class SocketConfig:
+    path: str = field(default_factory=lambda: str(_runtime_dir() / "speakd.sock"))
+    ssip_path: str = field(default_factory=lambda: str(_runtime_dir() / "ssip.sock"))
+    mode: str = "0660"
+    group: str = ""  # group that may connect; empty = the daemon's own group
+
+    def validate(self) -> None:
+        if not self.path:
+            raise ConfigError("socket.path: must not be empty")
+        try:
+            mode = int(self.mode, 8)
+        except ValueError:
+            raise ConfigError(
+                f"socket.mode: expected an octal string like '0660', got {self.mode!r}"
+            ) from None
+        if not 0 <= mode <= 0o777:
+            raise ConfigError(f"socket.mode: {self.mode!r} is not a permission mode")
+
+    @property
+    def mode_bits(self) -> int:
+        return int(self.mode, 8)
+
+
+@dataclass(frozen=True)
+class LimitsConfig:
+    max_text_chars: int = 5000
+    max_queue: int = 32
+    max_line_bytes: int = 65536  # one JSON line / SSIP line on the sockets
+
+    def validate(self) -> None:
+        _range("limits.max_text_chars", self.max_text_chars, 1, 1_000_000)
+        _range("limits.max_queue", self.max_queue, 1, 100_000)
+        _range("limits.max_line_bytes", self.max_line_bytes, 1024, 16 * 1024 * 1024)
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    enabled: bool = True
+    path: str = field(default_factory=lambda: str(_cache_dir() / "cache.db"))
+    max_bytes: int = 268_435_456
+    ttl_s: int = 604_800
+    ttl_jitter: float = 0.1  # fraction of ttl_s, random per entry
+    prewarm_bytes: int = 67_108_864  # pinned clips held in RAM
+
+    def validate(self) -> None:
+        _range("cache.max_bytes", self.max_bytes, 0, 1 << 40)
+        _range("cache.ttl_s", self.ttl_s, 0, 10 * 365 * 86400)
+        _range("cache.ttl_jitter", self.ttl_jitter, 0.0, 1.0)
+        _range("cache.prewarm_bytes", self.prewarm_bytes, 0, 1 << 40)
+
+
+@dataclass(frozen=True)
+class MqttConfig:
+    enabled: bool = False
+    host: str = "localhost"
+    port: int = 1883
+    site_id: str = "default"
+    prefix: str = "speakd"
+
+    def validate(self) -> None:
+        _range("mqtt.port", self.port, 1, 65535)
+        if not self.site_id:
+            raise ConfigError("mqtt.site_id: must not be empty")
+
+
+@dataclass(frozen=True)
+class Config:
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    audio: AudioConfig = field(default_factory=AudioConfig)
+    socket: SocketConfig = field(default_factory=SocketConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    mqtt: MqttConfig = field(default_factory=MqttConfig)
+    source: str = ""  # the file it came from, for doctor and logs
+
+    def validate(self) -> Config:
+        for f in fields(self):
+            section = getattr(self, f.name)
+            if hasattr(section, "validate"):
+                section.validate()
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            f.name: {
+                g.name: getattr(getattr(self, f.name), g.name)
+                for g in fields(getattr(self, f.name))
+            }
+            for f in fields(self)
+            if f.name != "source"
+        }
+
+
+def _choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{key}: {value!r} is not one of {', '.join(allowed)}")
+
+
+def _range(key: str, value: float, lo: float, hi: float) -> None:
+    if not lo <= value <= hi:
+        raise ConfigError(f"{key}: {value!r} is outside {lo}..{hi}")
+
+
+def _coerce(key: str, value: Any, typ: type, from_env: bool = False) -> Any:
+    """Check a TOML value (or an environment string, read as TOML) against the field's type."""
+    if from_env and typ is not str:
+        try:
+            value = tomllib.loads(f"v = {value}")["v"]
+        except tomllib.TOMLDecodeError:
+            raise ConfigError(f"{key}: cannot read {value!r} as {typ.__name__}") from None
+    if typ is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if (typ is int and isinstance(value, bool)) or not isinstance(value, typ):
+        raise ConfigError(f"{key}: expected {typ.__name__}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _section(name: str, cls: type, data: Any, env: dict[str, str]) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{name}: expected a table")
+    hints = get_type_hints(cls)
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"{name}.{unknown[0]}: unknown key (known: {', '.join(sorted(known))})")
+    values = {k: _coerce(f"{name}.{k}", v, hints[k]) for k, v in data.items()}
+    for k in known:
+        env_key = f"{ENV_PREFIX}{name}_{k}".upper()
+        if env_key in env:
+            values[k] = _coerce(f"{name}.{k} (from ${env_key})", env[env_key], hints[k], True)
+    return cls(**values)
+
+
+def load_config(path: Path | str | None = None, env: dict[str, str] | None = None) -> Config:
+    """Read ``path`` (or /etc/speakd/speakd.toml when it exists, else defaults) and validate."""
+    env = dict(os.environ) if env is None else env
+    data: dict[str, Any] = {}
+    source = ""
+    if path is None and DEFAULT_CONFIG_PATH.is_file():
+        path = DEFAULT_CONFIG_PATH
+    if path is not None:
+        path = Path(path)
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: no such config file") from None
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+            raise ConfigError(f"{path}: not valid TOML: {e}") from None
+        source = str(path)
+    hints = get_type_hints(Config)
+    sections = {f.name for f in fields(Config)} - {"source"}
+    unknown = sorted(set(data) - sections)
+    if unknown:
+        raise ConfigError(f"{unknown[0]}: unknown section (known: {', '.join(sorted(sections))})")
+    config = Config(
+        **{name: _section(name, hints[name], data.get(name, {}), env) for name in sections},
+        source=source,
+    )
+    return config.validate()
+
+
+def with_overrides(config: Config, **sections: dict[str, Any]) -> Config:
+    """A copy with some keys changed (used by the CLI's --socket and the tests)."""
+    changed = {name: replace(getattr(config, name), **vals) for name, vals in sections.items()}
+    return replace(config, **changed).validate()

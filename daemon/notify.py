@@ -1,0 +1,62 @@
+"""systemd integration without libsystemd: sd_notify datagrams and socket activation fds."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+
+log = logging.getLogger(__name__)
+
+SD_LISTEN_FDS_START = 3
+
+
+def notify(*lines: str) -> bool:
+    """Send ``READY=1``, ``STATUS=…``, ``WATCHDOG=1``… to $NOTIFY_SOCKET; a no-op without it."""
+    address = os.environ.get("NOTIFY_SOCKET")
+    if not address:
+        return False
+    if address.startswith("@"):
+        address = "\0" + address[1:]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
+            s.sendto("\n".join(lines).encode(), address)
+        return True
+    except OSError as e:
+        log.warning("sd_notify %s failed: %s", lines, e)
+        return False
+
+
+def watchdog_interval() -> float | None:
+    """Seconds between WATCHDOG=1 pings (half of WatchdogSec), or None when not asked for."""
+    usec = os.environ.get("WATCHDOG_USEC")
+    pid = os.environ.get("WATCHDOG_PID")
+    if not usec or (pid and pid != str(os.getpid())):
+        return None
+    try:
+        return int(usec) / 1e6 / 2
+    except ValueError:
+        return None
+
+
+def listen_fds() -> dict[str, socket.socket]:
+    """Sockets passed by systemd (or systemd-socket-activate), keyed by their LISTEN_FDNAMES.
+
+    The variables are removed so child processes do not inherit them.
+    """
+    if os.environ.get("LISTEN_PID") != str(os.getpid()):
+        return {}
+    try:
+        count = int(os.environ.get("LISTEN_FDS", "0"))
+    except ValueError:
+        return {}
+    names = os.environ.get("LISTEN_FDNAMES", "").split(":") if count else []
+    result: dict[str, socket.socket] = {}
+    for i in range(count):
+        fd = SD_LISTEN_FDS_START + i
+        name = names[i] if i < len(names) and names[i] else f"fd{fd}"
+        os.set_inheritable(fd, False)
+        result[name] = socket.socket(fileno=fd)
+    for var in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
+        os.environ.pop(var, None)
+    return result

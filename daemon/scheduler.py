@@ -1,0 +1,362 @@
+"""The one queue every front-end feeds: priorities, interruption, stop/cancel, and playback.
+
+Policy (SSIP's): important > message > text > notification. An important request interrupts
+whatever non-important speech is playing; a new text request replaces pending and playing text;
+a notification is spoken only when nothing else is, and anything else interrupts it. The queue is
+bounded: past ``max_queue`` pending requests a new one is rejected with ``queue_full``.
+
+Threads: the queue logic runs on the asyncio loop; each utterance plays on a worker thread while a
+second thread pulls chunks from the audio source (engine or cache), so synthesis runs ahead of
+playback and the loop never blocks. Playback goes in blocks of ``block_ms``; cancellation is checked
+between blocks, so stop/cancel take effect within one block.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from speakd.audio import AudioChunk, scale_volume
+from speakd.messages import Event, EventType, Priority, RequestError, SpeakRequest
+from speakd.sinks import Sink, SinkUnavailable
+from speakd.source import AudioSource
+
+log = logging.getLogger(__name__)
+
+_END = object()
+
+
+@dataclass(eq=False)
+class Job:
+    request: SpeakRequest
+    seq: int
+    cancel: threading.Event = field(default_factory=threading.Event)
+    cancel_status: str = "cancelled"  # "cancelled" | "interrupted" | "replaced" | "stopped"
+    started: bool = False
+
+    @property
+    def id(self) -> str:
+        return self.request.id
+
+    @property
+    def priority(self) -> Priority:
+        return self.request.priority
+
+    def request_cancel(self, status: str) -> None:
+        if not self.cancel.is_set():
+            self.cancel_status = status
+            self.cancel.set()
+
+
+class Scheduler:
+    def __init__(
+        self,
+        source: AudioSource,
+        sink: Sink,
+        *,
+        max_queue: int = 32,
+        block_ms: int = 50,
+        volume: float = 1.0,
+    ) -> None:
+        self.source = source
+        self.sink = sink
+        self.max_queue = max_queue
+        self.block_ms = block_ms
+        self.volume = volume
+        self._pending: list[Job] = []
+        self._current: Job | None = None
+        self._seq = 0
+        self._wakeup = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="speakd-play")
+        self._closing = False
+        self.counters = {"accepted": 0, "rejected": 0, "finished": 0, "cancelled": 0, "errors": 0}
+
+    # ---- front-end API (call on the loop thread) -------------------------------------------
+
+    def submit(self, request: SpeakRequest) -> None:
+        """Queue a request; its origin hears ``queued`` or a terminal ``error``/``finished``."""
+        try:
+            self._admit(request)
+        except RequestError as e:
+            self.counters["rejected"] += 1
+            log.info("request %s rejected (%s): %s", request.id, e.code, e)
+            self._emit(request, EventType.ERROR, {"code": e.code, "message": str(e)})
+            return
+        job = Job(request, self._seq)
+        self._seq += 1
+        self._apply_policy(job)
+        if job.cancel.is_set():  # a notification that arrived while something else plays
+            self._finish(job, job.cancel_status)
+            return
+        self._pending.append(job)
+        self.counters["accepted"] += 1
+        self._emit(request, EventType.QUEUED, {"position": self._position(job)})
+        log.info(
+            "request %s queued: priority=%s voice=%s chars=%d origin=%s",
+            request.id,
+            request.priority.name.lower(),
+            request.config.voice or "default",
+            len(request.text),
+            request.origin,
+        )
+        self._wakeup.set()
+
+    def stop(self) -> int:
+        """Silence now: stop the current utterance and drop everything queued."""
+        jobs = [*self._pending, *([self._current] if self._current else [])]
+        for job in self._pending:
+            job.request_cancel("stopped")
+            self._finish(job, "stopped")
+        self._pending.clear()
+        if self._current:
+            self._current.request_cancel("stopped")
+        return len(jobs)
+
+    def cancel(self, request_id: str | None = None, client: str | None = None) -> int:
+        """Cancel one request by id, every request of a client, or (neither) the current one."""
+        if request_id is None and client is None:
+            targets = [self._current] if self._current else []
+        else:
+            targets = [
+                j
+                for j in [*self._pending, *([self._current] if self._current else [])]
+                if (request_id is not None and j.id == request_id)
+                or (client is not None and j.request.client == client)
+            ]
+        for job in targets:
+            job.request_cancel("cancelled")
+            if job in self._pending:
+                self._pending.remove(job)
+                self._finish(job, "cancelled")
+        return len(targets)
+
+    def knows(self, request_id: str) -> bool:
+        return any(j.id == request_id for j in self._jobs())
+
+    def status(self) -> dict[str, Any]:
+        current = self._current
+        return {
+            "state": "speaking" if current and current.started else ("busy" if current else "idle"),
+            "current": current.id if current else None,
+            "current_priority": current.priority.name.lower() if current else None,
+            "queue": [j.id for j in sorted(self._pending, key=_order)],
+            "queue_length": len(self._pending),
+            "max_queue": self.max_queue,
+            "audio": self.sink.status(),
+            "source": self.source.status(),
+            "counters": dict(self.counters),
+        }
+
+    # ---- the loop ---------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        while not self._closing:
+            if not self._pending:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            job = min(self._pending, key=_order)
+            self._pending.remove(job)
+            self._current = job
+            try:
+                status, error = await self._loop.run_in_executor(self._executor, self._play, job)
+            finally:
+                self._current = None
+            if error is not None:
+                self.counters["errors"] += 1
+                self._emit(job.request, EventType.ERROR, error)
+            else:
+                self._finish(job, status)
+
+    async def close(self) -> None:
+        self._closing = True
+        self.stop()
+        self._wakeup.set()
+        await asyncio.get_running_loop().run_in_executor(None, self._executor.shutdown)
+
+    # ---- policy -----------------------------------------------------------------------------
+
+    def _admit(self, request: SpeakRequest) -> None:
+        if self._closing:
+            raise RequestError("shutting_down", "speakd is shutting down")
+        if self.knows(request.id):
+            raise RequestError(
+                "duplicate_id", f"a request with id {request.id!r} is already queued"
+            )
+        if len(self._pending) >= self.max_queue:
+            raise RequestError(
+                "queue_full", f"queue is full ({self.max_queue} pending); try again later"
+            )
+
+    def _apply_policy(self, job: Job) -> None:
+        p = job.priority
+        current = self._current
+        if p >= Priority.NOTIFICATION:
+            for other in [j for j in self._pending if j.priority >= Priority.NOTIFICATION]:
+                self._drop_pending(other, "replaced")
+            if current is not None or self._pending:
+                job.request_cancel("discarded")
+            return
+        if p == Priority.TEXT:
+            for other in [j for j in self._pending if j.priority == Priority.TEXT]:
+                self._drop_pending(other, "replaced")
+        if current is None:
+            return
+        if (
+            (p == Priority.IMPORTANT and current.priority != Priority.IMPORTANT)
+            or (p == Priority.TEXT and current.priority == Priority.TEXT)
+            or current.priority >= Priority.NOTIFICATION
+        ):
+            log.info("request %s interrupts %s", job.id, current.id)
+            current.request_cancel("interrupted" if p != Priority.TEXT else "replaced")
+
+    def _drop_pending(self, job: Job, status: str) -> None:
+        self._pending.remove(job)
+        job.request_cancel(status)
+        self._finish(job, status)
+
+    def _position(self, job: Job) -> int:
+        return sorted(self._pending, key=_order).index(job) + (1 if self._current else 0)
+
+    def _jobs(self) -> list[Job]:
+        return [*self._pending, *([self._current] if self._current else [])]
+
+    # ---- events -----------------------------------------------------------------------------
+
+    def _finish(self, job: Job, status: str) -> None:
+        self.counters["finished" if status == "done" else "cancelled"] += 1
+        self._emit(job.request, EventType.FINISHED, {"status": status})
+
+    def _emit(self, request: SpeakRequest, kind: EventType, data: dict[str, Any]) -> None:
+        if request.on_event is None:
+            return
+        try:
+            request.on_event(Event(kind, request.id, data))
+        except Exception:  # a front-end's bug must not take the queue down
+            log.exception("event handler for %s failed", request.id)
+
+    def _emit_threadsafe(
+        self, request: SpeakRequest, kind: EventType, data: dict[str, Any]
+    ) -> None:
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._emit, request, kind, data)
+
+    # ---- playback (worker thread) -----------------------------------------------------------
+
+    def _play(self, job: Job) -> tuple[str, dict[str, Any] | None]:
+        """Play one request; returns (final status, error event data or None)."""
+        request, sink = job.request, self.sink  # a reload may swap self.sink meanwhile
+        chunks: queue.Queue[Any] = queue.Queue(maxsize=256)
+        producer = threading.Thread(
+            target=self._produce, args=(job, chunks), name=f"speakd-synth-{job.id}", daemon=True
+        )
+        t0 = time.monotonic()
+        producer.start()
+        played = 0.0
+        try:
+            for chunk in _drain(chunks, job.cancel):
+                if isinstance(chunk, BaseException):
+                    return "error", _error_data(chunk)
+                if not job.started:
+                    sink.begin(job.id, chunk.sample_rate)
+                    job.started = True
+                    latency = time.monotonic() - request.received
+                    self._emit_threadsafe(
+                        request, EventType.STARTED, {"latency_ms": round(latency * 1000, 1)}
+                    )
+                    log.info("request %s started after %.1f ms", job.id, latency * 1000)
+                for block in _blocks(
+                    scale_volume(chunk, self.volume * request.volume), self.block_ms
+                ):
+                    if job.cancel.is_set():
+                        break
+                    sink.write(block)
+                    played += len(block) / 2 / chunk.sample_rate
+            if job.cancel.is_set():
+                if job.started:
+                    sink.abort()
+                log.info("request %s %s after %.2f s of audio", job.id, job.cancel_status, played)
+                return job.cancel_status, None
+            if job.started:
+                sink.drain()
+            log.info(
+                "request %s finished: %.2f s audio in %.2f s", job.id, played, time.monotonic() - t0
+            )
+            return "done", None
+        except SinkUnavailable as e:
+            return "error", {"code": "audio_unavailable", "message": str(e)}
+        except Exception as e:
+            log.exception("playback of %s failed", job.id)
+            return "error", _error_data(e)
+        finally:
+            job.cancel.set()  # stops the producer if it is still running
+            producer.join()
+
+    def _produce(self, job: Job, chunks: queue.Queue[Any]) -> None:
+        try:
+            for chunk in self.source.stream(job.request, job.cancel):
+                if not _put(chunks, chunk, job.cancel):
+                    return
+                if job.cancel.is_set():
+                    return
+            _put(chunks, _END, job.cancel)
+        except Exception as e:
+            if not job.cancel.is_set():
+                log.warning(
+                    "synthesis of %s failed: %s",
+                    job.id,
+                    e,
+                    exc_info=log.isEnabledFor(logging.DEBUG),
+                )
+            _put(chunks, e, job.cancel)
+
+
+def _order(job: Job) -> tuple[int, int]:
+    return (int(job.priority), job.seq)
+
+
+def _error_data(e: BaseException) -> dict[str, Any]:
+    from speakd.engines.base import EngineError, UnknownVoiceError
+
+    if isinstance(e, UnknownVoiceError):
+        return {"code": "unknown_voice", "message": str(e)}
+    if isinstance(e, EngineError):
+        return {"code": "synthesis_failed", "message": str(e)}
+    return {"code": "internal_error", "message": f"{type(e).__name__}: {e}"}
+
+
+def _put(chunks: queue.Queue[Any], item: Any, cancel: threading.Event) -> bool:
+    while not cancel.is_set():
+        try:
+            chunks.put(item, timeout=0.05)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
+def _drain(chunks: queue.Queue[Any], cancel: threading.Event) -> Iterator[Any]:
+    while not cancel.is_set():
+        try:
+            item = chunks.get(timeout=0.02)
+        except queue.Empty:
+            continue
+        if item is _END:
+            return
+        yield item
+
+
+def _blocks(chunk: AudioChunk, block_ms: int) -> Iterator[bytes]:
+    step = max(1, chunk.sample_rate * block_ms // 1000) * 2
+    pcm = chunk.pcm
+    for i in range(0, len(pcm), step):
+        yield pcm[i : i + step]

@@ -1,0 +1,163 @@
+"""``speakd serve``: load the engine once, start the scheduler and the listeners, then tell systemd.
+
+READY=1 goes out only after the model is loaded and every listener is up; WATCHDOG=1 is sent from
+the event loop itself, so a wedged loop stops the pings and systemd restarts the daemon. SIGHUP
+reloads the config (the model is reloaded only when the [engine] section changed); SIGTERM stops
+speech and exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from speakd.config import Config, ConfigError, load_config
+from speakd.control import Control
+from speakd.engines import load_engine
+from speakd.engines.base import Engine
+from speakd.frontends.jsonlines import JsonLinesFrontend
+from speakd.frontends.unixserver import start_unix_server
+from speakd.notify import listen_fds, notify, watchdog_interval
+from speakd.scheduler import Scheduler
+from speakd.sinks import make_sink
+from speakd.source import AudioSource, EngineSource
+
+log = logging.getLogger(__name__)
+
+
+def make_source(engine: Engine, config: Config) -> AudioSource:
+    """The cache in front of the engine when configured, else the engine alone."""
+    return EngineSource(engine)
+
+
+@dataclass
+class Daemon:
+    config: Config
+    config_path: Path | None = None
+    engine: Engine | None = None
+    control: Control | None = None
+    servers: list[asyncio.AbstractServer] = field(default_factory=list)
+    _stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    _tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+    _owned_paths: list[Path] = field(default_factory=list)  # sockets we bound (not inherited)
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        notify(f"STATUS=loading {self.config.engine.kind} model")
+        self.engine = await asyncio.to_thread(load_engine, self.config.engine)
+        scheduler = self._make_scheduler(self.engine)
+        self.control = Control(scheduler, self.engine, self.config.limits.max_text_chars)
+        self._tasks.append(asyncio.create_task(scheduler.run(), name="scheduler"))
+        await self._start_listeners()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stopping.set)
+        loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(self.reload()))
+        interval = watchdog_interval()
+        if interval:
+            self._tasks.append(asyncio.create_task(self._watchdog(interval), name="watchdog"))
+        notify("READY=1", f"STATUS={self._status_line()}")
+        log.info("speakd ready: %s", self._status_line())
+        await self._stopping.wait()
+        await self.shutdown()
+        return 0
+
+    def _make_scheduler(self, engine: Engine) -> Scheduler:
+        audio = self.config.audio
+        return Scheduler(
+            make_source(engine, self.config),
+            make_sink(audio),
+            max_queue=self.config.limits.max_queue,
+            block_ms=audio.block_ms,
+            volume=audio.volume,
+        )
+
+    async def _start_listeners(self) -> None:
+        assert self.control is not None
+        inherited = listen_fds()
+        json_frontend = JsonLinesFrontend(self.control, self.config.limits.max_line_bytes)
+        await self._listen(
+            json_frontend.handle, self.config.socket.path, inherited.pop("json", None)
+        )
+        for name in inherited:
+            log.warning("ignoring inherited socket %r (known names: json, ssip)", name)
+
+    async def _listen(self, handler: Any, path: str, inherited: Any) -> None:
+        sock = self.config.socket
+        server = await start_unix_server(
+            handler,
+            path,
+            mode=sock.mode_bits,
+            group=sock.group,
+            inherited=inherited,
+            limit=self.config.limits.max_line_bytes,
+        )
+        self.servers.append(server)
+        if inherited is None:
+            self._owned_paths.append(Path(path))
+
+    def _status_line(self) -> str:
+        assert self.engine is not None
+        return (
+            f"serving {self.engine.kind} {self.engine.bundle_id} ({self.engine.precision}) "
+            f"on {self.config.socket.path}"
+        )
+
+    async def _watchdog(self, interval: float) -> None:
+        while True:
+            notify("WATCHDOG=1")
+            await asyncio.sleep(interval)
+
+    async def reload(self) -> None:
+        """SIGHUP: re-read the config; keep the loaded model unless [engine] changed."""
+        assert self.control is not None and self.engine is not None
+        notify("RELOADING=1", "STATUS=reloading configuration")
+        try:
+            new = load_config(self.config_path)
+        except ConfigError as e:
+            log.error("reload failed, keeping the running configuration: %s", e)
+            notify("READY=1", f"STATUS=reload failed: {e}")
+            return
+        engine = self.engine
+        if new.engine != self.config.engine:
+            try:
+                engine = await asyncio.to_thread(load_engine, new.engine)
+            except Exception as e:
+                log.error("reload: new engine failed to load, keeping the old one: %s", e)
+                notify("READY=1", f"STATUS=reload failed: {e}")
+                return
+        scheduler = self.control.scheduler
+        if new.audio != self.config.audio:
+            old_sink, scheduler.sink = scheduler.sink, make_sink(new.audio)
+            await asyncio.to_thread(old_sink.close)
+        scheduler.source = make_source(engine, new)
+        scheduler.max_queue = new.limits.max_queue
+        scheduler.block_ms, scheduler.volume = new.audio.block_ms, new.audio.volume
+        self.config, self.engine = new, engine
+        self.control.engine = engine
+        self.control.max_text_chars = new.limits.max_text_chars
+        self.control.reloads += 1
+        log.info("configuration reloaded (%d)", self.control.reloads)
+        notify("READY=1", f"STATUS={self._status_line()}")
+
+    async def shutdown(self) -> None:
+        notify("STOPPING=1", "STATUS=stopping")
+        log.info("stopping")
+        for server in self.servers:
+            server.close()
+        if self.control is not None:
+            await self.control.scheduler.close()
+            self.control.scheduler.sink.close()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for path in self._owned_paths:
+            path.unlink(missing_ok=True)
+
+
+def serve(config_path: Path | None) -> int:
+    config = load_config(config_path)
+    return asyncio.run(Daemon(config, config_path).run())

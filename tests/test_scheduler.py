@@ -1,0 +1,178 @@
+"""Queue and interruption semantics on the real scheduler, a real (paced) WAV sink, tone engine."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from speakd.audio import read_wav
+from speakd.messages import Event, Priority, SpeakRequest
+from speakd.scheduler import Scheduler
+from speakd.sinks import WavSink
+from speakd.source import EngineSource
+from tests.tone_engine import ToneEngine
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+
+    def __call__(self, event: Event) -> None:
+        self.events.append(event)
+
+    def of(self, request_id: str) -> list[str]:
+        return [e.type.value for e in self.events if e.request_id == request_id]
+
+    def final(self, request_id: str) -> Event:
+        return [e for e in self.events if e.request_id == request_id and e.terminal][-1]
+
+
+def req(rec: Recorder, text: str, rid: str, priority: Priority = Priority.MESSAGE) -> SpeakRequest:
+    return SpeakRequest(text=text, id=rid, priority=priority, on_event=rec)
+
+
+async def settle(rec: Recorder, *ids: str, timeout: float = 10.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not all(any(e.request_id == i and e.terminal for e in rec.events) for i in ids):
+            await asyncio.sleep(0.01)
+
+
+@pytest.fixture
+def setup(tmp_path: Path):
+    async def make(**kw):
+        engine = ToneEngine()
+        sched = Scheduler(EngineSource(engine), WavSink(tmp_path, realtime=True), **kw)
+        task = asyncio.create_task(sched.run())
+        return sched, engine, task
+
+    return make
+
+
+async def test_events_in_order_and_audio_written(setup, tmp_path: Path) -> None:
+    sched, engine, task = await setup()
+    rec = Recorder()
+    sched.submit(req(rec, "one two three", "a"))
+    await settle(rec, "a")
+    assert rec.of("a") == ["queued", "started", "finished"]
+    assert rec.final("a").data["status"] == "done"
+    audio = read_wav(tmp_path / "a.wav")
+    assert audio.sample_rate == 16000
+    assert abs(audio.duration - 0.3) < 0.01
+    task.cancel()
+
+
+async def test_fifo_within_priority_and_priority_order(setup) -> None:
+    sched, engine, task = await setup()
+    rec = Recorder()
+    sched.submit(req(rec, "first long utterance here", "m1"))
+    await asyncio.sleep(0.05)
+    sched.submit(req(rec, "second", "m2"))
+    sched.submit(req(rec, "third", "m3"))
+    sched.submit(req(rec, "urgent", "i1", Priority.IMPORTANT))
+    await settle(rec, "m1", "m2", "m3", "i1")
+    # the important one interrupted m1, then the messages went on in order
+    assert rec.final("m1").data["status"] == "interrupted"
+    started = [e.request_id for e in rec.events if e.type.value == "started"]
+    assert started == ["m1", "i1", "m2", "m3"]
+    task.cancel()
+
+
+async def test_text_keeps_only_newest(setup) -> None:
+    sched, engine, task = await setup()
+    rec = Recorder()
+    sched.submit(req(rec, "a b c d e f g h", "t1", Priority.TEXT))
+    await asyncio.sleep(0.05)
+    sched.submit(req(rec, "x y", "t2", Priority.TEXT))
+    sched.submit(req(rec, "z", "t3", Priority.TEXT))
+    await settle(rec, "t1", "t2", "t3")
+    assert rec.final("t1").data["status"] == "replaced"
+    assert rec.final("t2").data["status"] == "replaced"
+    assert rec.final("t3").data["status"] == "done"
+    task.cancel()
+
+
+async def test_notification_dropped_while_busy_and_interrupted_by_anything(setup) -> None:
+    sched, engine, task = await setup()
+    rec = Recorder()
+    sched.submit(req(rec, "a b c d", "m1"))
+    await asyncio.sleep(0.05)
+    sched.submit(req(rec, "ping", "n1", Priority.NOTIFICATION))
+    await settle(rec, "n1")
+    assert rec.final("n1").data["status"] == "discarded"
+    await settle(rec, "m1")
+    sched.submit(req(rec, "a b c d e f", "n2", Priority.NOTIFICATION))
+    await asyncio.sleep(0.1)
+    sched.submit(req(rec, "hello", "m2"))
+    await settle(rec, "n2", "m2")
+    assert rec.final("n2").data["status"] == "interrupted"
+    assert rec.final("m2").data["status"] == "done"
+    task.cancel()
+
+
+async def test_stop_mid_utterance_is_prompt_and_clears_queue(setup, tmp_path: Path) -> None:
+    sched, engine, task = await setup(block_ms=20)
+    rec = Recorder()
+    sched.submit(req(rec, " ".join(["word"] * 30), "long"))  # 3 s of audio
+    sched.submit(req(rec, "next", "next"))
+    await asyncio.sleep(0.3)
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    sched.stop()
+    await settle(rec, "long", "next")
+    assert loop.time() - t0 < 0.2
+    assert rec.final("long").data["status"] == "stopped"
+    assert rec.final("next").data["status"] == "stopped"
+    assert "started" not in rec.of("next")
+    played = read_wav(tmp_path / "long.wav").duration
+    assert 0.2 < played < 0.6
+    task.cancel()
+
+
+async def test_cancel_by_id_leaves_others(setup) -> None:
+    sched, engine, task = await setup()
+    rec = Recorder()
+    sched.submit(req(rec, "a b c", "m1"))
+    sched.submit(req(rec, "d e", "m2"))
+    sched.submit(req(rec, "f", "m3"))
+    assert sched.cancel("m2") == 1
+    await settle(rec, "m1", "m2", "m3")
+    assert [rec.final(i).data["status"] for i in ("m1", "m2", "m3")] == ["done", "cancelled", "done"]
+    assert engine.calls == ["a b c", "f"]
+    task.cancel()
+
+
+async def test_bounded_queue_rejects_clearly(setup) -> None:
+    sched, engine, task = await setup(max_queue=3)
+    rec = Recorder()
+    for i in range(6):  # submitted before the loop runs: nothing has left the queue yet
+        sched.submit(req(rec, "a b c d e", f"m{i}"))
+    errors = [e for e in rec.events if e.type.value == "error"]
+    assert [e.request_id for e in errors] == ["m3", "m4", "m5"]
+    assert {e.data["code"] for e in errors} == {"queue_full"}
+    assert sched.status()["queue_length"] == 3
+    sched.stop()
+    task.cancel()
+
+
+async def test_engine_failure_is_an_error_event_and_queue_goes_on(setup) -> None:
+    sched, engine, task = await setup()
+    rec = Recorder()
+    sched.submit(req(rec, "please FAIL now", "bad"))
+    sched.submit(req(rec, "fine", "good"))
+    await settle(rec, "bad", "good")
+    assert rec.final("bad").type.value == "error"
+    assert rec.final("bad").data["code"] == "synthesis_failed"
+    assert rec.final("good").data["status"] == "done"
+    task.cancel()
+
+
+async def test_duplicate_id_rejected(setup) -> None:
+    sched, engine, task = await setup()
+    rec = Recorder()
+    sched.submit(req(rec, "a b c d", "same"))
+    sched.submit(req(rec, "again", "same"))
+    assert [e.data.get("code") for e in rec.events if e.type.value == "error"] == ["duplicate_id"]
+    await settle(rec, "same")
+    task.cancel()
