@@ -1,0 +1,31 @@
+# The two commands a newcomer runs (README "Quick start"):
+#   make run    install speakd on this machine and run the daemon in the foreground (embedded voice)
+#   make test   install the test dependencies and run the whole test suite (what .ci/run calls)
+# Both install the Debian packages they need (as root, or through sudo) and a venv in .venv.
+
+PY ?= python3
+VENV := .venv
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+RUN_APT := libportaudio2
+TEST_APT := libportaudio2 mosquitto mosquitto-clients speech-dispatcher alsa-utils systemd
+
+.PHONY: run test apt-run apt-test venv lint
+
+apt-run:
+	@dpkg -s $(RUN_APT) >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq --no-install-recommends $(RUN_APT); }
+
+apt-test:
+	@dpkg -s $(TEST_APT) >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(TEST_APT); }
+
+$(VENV)/bin/python:
+	$(PY) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+
+run: apt-run $(VENV)/bin/python
+	$(VENV)/bin/pip install -q .
+	$(VENV)/bin/speakd serve $(if $(CONFIG),--config $(CONFIG),)
+
+test: apt-test $(VENV)/bin/python
+	$(VENV)/bin/pip install -q -e ".[dev,host]"
+	$(VENV)/bin/ruff check daemon tools tests
+	$(VENV)/bin/python -m pytest -q -p no:cacheprovider
