@@ -1,4 +1,4 @@
-"""``speakd``: run the daemon, talk to it, or synthesize one file without it.
+"""speakd: run the daemon, talk to it, or synthesize one file without it.
 
 Each command calls one library function and turns its exceptions into a message and an exit code
 (0 ok, 1 the request failed, 2 bad usage or configuration).

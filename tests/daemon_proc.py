@@ -13,7 +13,9 @@ from pathlib import Path
 from speakd.client import Client, ClientError
 
 
-def write_config(tmp_path: Path, extra: str = "", sink: str = "wav", realtime: bool = False) -> Path:
+def write_config(
+    tmp_path: Path, extra: str = "", sink: str = "wav", realtime: bool = False
+) -> Path:
     """A config with sockets, cache and WAV output inside ``tmp_path``; ``extra`` appends TOML."""
     (tmp_path / "wav").mkdir(exist_ok=True)
     config = tmp_path / "speakd.toml"
@@ -21,15 +23,15 @@ def write_config(tmp_path: Path, extra: str = "", sink: str = "wav", realtime: b
         f"""
 [audio]
 sink = "{sink}"
-wav_dir = "{tmp_path / 'wav'}"
-realtime = {'true' if realtime else 'false'}
+wav_dir = "{tmp_path / "wav"}"
+realtime = {"true" if realtime else "false"}
 
 [socket]
-path = "{tmp_path / 'speakd.sock'}"
-ssip_path = "{tmp_path / 'ssip.sock'}"
+path = "{tmp_path / "speakd.sock"}"
+ssip_path = "{tmp_path / "ssip.sock"}"
 
 [cache]
-path = "{tmp_path / 'cache.db'}"
+path = "{tmp_path / "cache.db"}"
 {extra}
 """
     )
@@ -50,7 +52,10 @@ class DaemonProc:
     def cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, "-m", "speakd", *args, "--socket", self.socket],
-            capture_output=True, text=True, timeout=timeout, env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=self.env,
         )
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 10) -> int:
@@ -73,7 +78,9 @@ def start_daemon(
     log = config.with_suffix(".log")
     proc = subprocess.Popen(
         [sys.executable, "-m", "speakd", "--log-level", "DEBUG", "serve", "--config", str(config)],
-        stdout=log.open("wb"), stderr=subprocess.STDOUT, env=full_env,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        env=full_env,
     )
     daemon = DaemonProc(config, socket_path, proc, log, full_env)
     deadline = time.monotonic() + ready_timeout

@@ -138,7 +138,11 @@ async def test_cancel_by_id_leaves_others(setup) -> None:
     sched.submit(req(rec, "f", "m3"))
     assert sched.cancel("m2") == 1
     await settle(rec, "m1", "m2", "m3")
-    assert [rec.final(i).data["status"] for i in ("m1", "m2", "m3")] == ["done", "cancelled", "done"]
+    assert [rec.final(i).data["status"] for i in ("m1", "m2", "m3")] == [
+        "done",
+        "cancelled",
+        "done",
+    ]
     assert engine.calls == ["a b c", "f"]
     task.cancel()
 
