@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from speakd.audio import read_wav
+
 from tests.daemon_proc import DaemonProc, start_daemon, write_config
 
 HELLO = "Hello from speakd. The door is open."

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from speakd.audio import read_wav
+
 from tests.daemon_proc import start_daemon, write_config
 
 pytest.importorskip("sounddevice", exc_type=OSError)

@@ -6,12 +6,12 @@ import asyncio
 from pathlib import Path
 
 import pytest
-
 from speakd.audio import read_wav
 from speakd.messages import Event, Priority, SpeakRequest
 from speakd.scheduler import Scheduler
 from speakd.sinks import WavSink
 from speakd.source import EngineSource
+
 from tests.tone_engine import ToneEngine
 
 
@@ -51,7 +51,7 @@ def setup(tmp_path: Path):
 
 
 async def test_events_in_order_and_audio_written(setup, tmp_path: Path) -> None:
-    sched, engine, task = await setup()
+    sched, _, task = await setup()
     rec = Recorder()
     sched.submit(req(rec, "one two three", "a"))
     await settle(rec, "a")
@@ -64,7 +64,7 @@ async def test_events_in_order_and_audio_written(setup, tmp_path: Path) -> None:
 
 
 async def test_fifo_within_priority_and_priority_order(setup) -> None:
-    sched, engine, task = await setup()
+    sched, _, task = await setup()
     rec = Recorder()
     sched.submit(req(rec, "first long utterance here", "m1"))
     await asyncio.sleep(0.05)
@@ -80,7 +80,7 @@ async def test_fifo_within_priority_and_priority_order(setup) -> None:
 
 
 async def test_text_keeps_only_newest(setup) -> None:
-    sched, engine, task = await setup()
+    sched, _, task = await setup()
     rec = Recorder()
     sched.submit(req(rec, "a b c d e f g h", "t1", Priority.TEXT))
     await asyncio.sleep(0.05)
@@ -94,7 +94,7 @@ async def test_text_keeps_only_newest(setup) -> None:
 
 
 async def test_notification_dropped_while_busy_and_interrupted_by_anything(setup) -> None:
-    sched, engine, task = await setup()
+    sched, _, task = await setup()
     rec = Recorder()
     sched.submit(req(rec, "a b c d", "m1"))
     await asyncio.sleep(0.05)
@@ -112,7 +112,7 @@ async def test_notification_dropped_while_busy_and_interrupted_by_anything(setup
 
 
 async def test_stop_mid_utterance_is_prompt_and_clears_queue(setup, tmp_path: Path) -> None:
-    sched, engine, task = await setup(block_ms=20)
+    sched, _, task = await setup(block_ms=20)
     rec = Recorder()
     sched.submit(req(rec, " ".join(["word"] * 30), "long"))  # 3 s of audio
     sched.submit(req(rec, "next", "next"))
@@ -148,7 +148,7 @@ async def test_cancel_by_id_leaves_others(setup) -> None:
 
 
 async def test_bounded_queue_rejects_clearly(setup) -> None:
-    sched, engine, task = await setup(max_queue=3)
+    sched, _, task = await setup(max_queue=3)
     rec = Recorder()
     for i in range(6):  # submitted before the loop runs: nothing has left the queue yet
         sched.submit(req(rec, "a b c d e", f"m{i}"))
@@ -161,7 +161,7 @@ async def test_bounded_queue_rejects_clearly(setup) -> None:
 
 
 async def test_engine_failure_is_an_error_event_and_queue_goes_on(setup) -> None:
-    sched, engine, task = await setup()
+    sched, _, task = await setup()
     rec = Recorder()
     sched.submit(req(rec, "please FAIL now", "bad"))
     sched.submit(req(rec, "fine", "good"))
@@ -173,7 +173,7 @@ async def test_engine_failure_is_an_error_event_and_queue_goes_on(setup) -> None
 
 
 async def test_duplicate_id_rejected(setup) -> None:
-    sched, engine, task = await setup()
+    sched, _, task = await setup()
     rec = Recorder()
     sched.submit(req(rec, "a b c d", "same"))
     sched.submit(req(rec, "again", "same"))
