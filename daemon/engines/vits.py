@@ -56,6 +56,25 @@ def _speakable(phonemes: list[str]) -> bool:
     return any(unicodedata.category(p[0]) in ("Ll", "Lu", "Lo") for p in phonemes if p)
 
 
+def split_long(phonemes: list[str], limit: int) -> list[list[str]]:
+    """Cut a run-on sentence into pieces of at most ``limit`` phonemes.
+
+    VITS's attention grows with the square of the input, so one 3000-character sentence takes
+    minutes and gigabytes before its first sample. Cuts go after the last clause break
+    (``, ; :`` + space) in the second half of the window, else after the last word, else at the
+    limit.
+    """
+    pieces: list[list[str]] = []
+    while len(phonemes) > limit:
+        spaces = [i for i in range(limit - 1, 0, -1) if phonemes[i] == " "]
+        clause = [i for i in spaces if i >= limit // 2 and phonemes[i - 1] in ",;:"]
+        cut = (clause or spaces or [limit - 1])[0] + 1
+        pieces.append(phonemes[:cut])
+        phonemes = phonemes[cut:]
+    pieces.append(phonemes)
+    return pieces
+
+
 def derive_seed(*parts: Any) -> int:
     """A well-mixed non-negative int64 from any JSON-able parts (request hash, sentence index)."""
     digest = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).digest()
@@ -140,6 +159,7 @@ class VitsEngine:
     """A loaded Piper voice. Thread-safe: ``session.run`` is, and espeak sits behind a lock."""
 
     kind = "vits"
+    max_phonemes = 400  # per inference; longer sentences are split (``split_long``)
 
     def __init__(
         self,
@@ -311,6 +331,8 @@ class VitsEngine:
     ) -> Iterator[AudioChunk]:
         """One chunk per sentence, ``sentence_silence`` seconds of silence after all but the last.
 
+        Sentences longer than ``max_phonemes`` are split and their pieces count as sentences.
+
         Sentence ``i`` uses the seed ``derive_seed(seed, i)``, where ``seed`` is
         ``config.seed`` or, when that is None, a hash of the normalised text and the resolved
         params, so the same request always gives the same audio.
@@ -320,9 +342,12 @@ class VitsEngine:
         if not normalized:
             raise EngineError("nothing to say: the text is empty")
         sentences = [
-            p
-            for p in phonemize(self.config.espeak_voice, normalized, self.config.vowel_clusters)
-            if _speakable(p)
+            piece
+            for sentence in phonemize(
+                self.config.espeak_voice, normalized, self.config.vowel_clusters
+            )
+            for piece in split_long(sentence, self.max_phonemes)
+            if _speakable(piece)
         ]
         if not sentences:
             raise EngineError(f"nothing to say: no speakable sounds in {normalized[:60]!r}")
