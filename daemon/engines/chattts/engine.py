@@ -1,0 +1,270 @@
+"""ChatTTS on onnxruntime + numpy: the ``chattts`` engine (DESIGN.md §3, issue 4).
+
+text → ``text.normalize`` → sentences → prompt ``[Stts][spk_emb][speed_N]{text}[Ptts]`` → GPT prompt
+pass → decode loop (in-place KV, numpy sampling in ChatTTS's order) → hidden states → streamed
+Decoder + Vocos + ISTFT → int16 PCM at 24 kHz. Each sentence is its own utterance (KV restarts at
+position 0), so memory stays bounded whatever the text length; ``cancel`` is checked every step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from speakd.audio import AudioChunk
+from speakd.bundle import Bundle, BundleError, load_bundle
+from speakd.engines.base import EngineError, SynthesisConfig, UnknownVoiceError, VoiceInfo
+from speakd.engines.chattts import text as textfe
+from speakd.engines.chattts.gpt_runner import DecodeStats, GptRunner, ModelSpec
+from speakd.engines.chattts.ortsession import make_session
+from speakd.engines.chattts.sampling import CodeSampler, SamplingParams
+from speakd.engines.chattts.tokenizer import PromptBuilder
+from speakd.engines.chattts.vocoder import StreamingVocoder, StreamSchedule, Vocoder
+
+log = logging.getLogger(__name__)
+
+SAMPLE_RATE = 24000
+MAX_CHARS = 2000  # per request, before normalisation
+_SAMPLING_KEYS = {
+    "temperature": float, "top_p": float, "top_k": int, "repetition_penalty": float,
+    "max_new_token": int, "min_new_token": int,
+}  # fmt: skip
+_EXTRA_KEYS = {*_SAMPLING_KEYS, "greedy", "speed_level", "lang"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Utterance:
+    """One sentence's decode result (for tests and tools): codes (T, 4), hiddens (T, hidden)."""
+
+    text: str
+    codes: np.ndarray
+    hiddens: np.ndarray
+    stats: DecodeStats
+
+
+class ChatTTSEngine:
+    kind = "chattts"
+    sample_rate = SAMPLE_RATE
+
+    def __init__(
+        self,
+        bundle: Bundle,
+        threads: int = 2,
+        schedule: StreamSchedule | None = None,
+        max_chars: int = MAX_CHARS,
+        split: textfe.SplitPolicy | None = None,
+    ) -> None:
+        if bundle.engine != "chattts":
+            raise BundleError(f"{bundle.path}: engine {bundle.engine!r}, expected 'chattts'")
+        m = bundle.manifest
+        try:
+            self.spec = ModelSpec.from_manifest(m["model"])
+            self._defaults = dict(m.get("defaults") or {})
+            voices = m["voices"]
+        except KeyError as e:
+            raise BundleError(f"{bundle.path / 'manifest.json'}: {e.args[0]}") from None
+        self.bundle = bundle
+        self.bundle_id = bundle.bundle_id
+        self.precision = bundle.precision
+        self.schedule = schedule or StreamSchedule()
+        self.max_chars = max_chars
+        self.split = split or textfe.SplitPolicy()
+        self._voices = self._load_voices(voices)
+        emb_text = np.load(bundle.file("emb_text.npy"), mmap_mode="r")
+        emb_code = np.load(bundle.file("emb_code.npy"))
+        self.prompts = PromptBuilder(
+            bundle.file("tokenizer.json"), emb_text, self.spec.token_ids["spk_emb"]
+        )
+        self.gpt = GptRunner(make_session(bundle.file("gpt.onnx"), threads), self.spec, emb_code)
+        self.vocoder = Vocoder(
+            make_session(bundle.file("decoder.onnx"), threads),
+            make_session(bundle.file("vocos.onnx"), threads),
+        )
+        self._lock = threading.Lock()  # one KV cache: one utterance at a time
+
+    @classmethod
+    def load(cls, bundle_path: Path, threads: int = 2, **kwargs: Any) -> ChatTTSEngine:
+        """Verify the bundle's hashes (refusing it, file named, on any mismatch) and load it."""
+        return cls(load_bundle(bundle_path, verify=True), threads=threads, **kwargs)
+
+    def _load_voices(self, voices: dict[str, Any]) -> dict[str, np.ndarray]:
+        out: dict[str, np.ndarray] = {}
+        arrays: dict[str, Any] = {}
+        for name, entry in voices.items():
+            f = entry.get("file", "voices.npz")
+            if f not in arrays:
+                arrays[f] = np.load(self.bundle.file(f))
+            key = entry.get("key", name)
+            if key not in arrays[f]:
+                raise BundleError(f"{self.bundle.path / f}: no array {key!r} for voice {name!r}")
+            vec = np.asarray(arrays[f][key], np.float32).reshape(-1)
+            if vec.shape != (self.spec.hidden_size,):
+                raise BundleError(f"{self.bundle.path / f}: voice {name!r} has shape {vec.shape}")
+            out[name] = vec
+        if "default" not in out:
+            raise BundleError(f"{self.bundle.path / 'manifest.json'}: no 'default' voice")
+        return out
+
+    # --- Engine protocol ---------------------------------------------------------------------
+
+    def voices(self) -> list[VoiceInfo]:
+        return [VoiceInfo(n, "zh,en", "ChatTTS speaker embedding") for n in sorted(self._voices)]
+
+    def default_voice(self) -> str:
+        return "default"
+
+    def normalize_text(self, text: str, lang: textfe.Lang | None = None) -> str:
+        if len(text) > self.max_chars:
+            raise EngineError(
+                f"text is {len(text)} characters; this engine takes at most {self.max_chars} "
+                "per request (send it as several requests)"
+            )
+        return textfe.normalize(text, lang)
+
+    def audio_params(self, config: SynthesisConfig) -> dict[str, Any]:
+        voice = config.voice or self.default_voice()
+        if voice not in self._voices:
+            raise UnknownVoiceError(
+                f"unknown voice {voice!r}; this bundle has {', '.join(sorted(self._voices))}"
+            )
+        unknown = sorted(set(config.extra) - _EXTRA_KEYS)
+        if unknown:
+            known = ", ".join(sorted(_EXTRA_KEYS))
+            raise EngineError(f"unknown ChatTTS option(s) {', '.join(unknown)}; known: {known}")
+        p = self._sampling(config)
+        params: dict[str, Any] = {
+            "voice": voice,
+            "speed_level": self._speed_level(config),
+            **dataclasses.asdict(p),
+            "stream": self.schedule.name,
+        }
+        if config.seed is not None:
+            params["seed"] = config.seed
+        return params
+
+    def synthesize(
+        self, text: str, config: SynthesisConfig, cancel: threading.Event | None = None
+    ) -> Iterator[AudioChunk]:
+        params = self.audio_params(config)  # validates voice/options before any work
+        normalized = self.normalize_text(text, config.extra.get("lang"))
+        seed = config.seed if config.seed is not None else self._default_seed(text, config)
+        sampler = CodeSampler(self._sampling(config), self.spec.eos_token, seed)
+        sentences = textfe.split_sentences(normalized, self.split)
+        log.info(
+            "chattts: %d sentence(s), voice %s, seed %d: %.60r",
+            len(sentences), params["voice"], seed, normalized,
+        )  # fmt: skip
+        t0 = time.perf_counter()
+        first_audio, samples = None, 0
+        with self._lock:
+            for sentence in sentences:
+                if cancel is not None and cancel.is_set():
+                    break
+                stats = DecodeStats()
+                for audio in self._stream_sentence(sentence, params, sampler, cancel, stats):
+                    if first_audio is None:
+                        first_audio = time.perf_counter() - t0
+                        log.debug("chattts: first audio after %.0f ms", first_audio * 1e3)
+                    samples += len(audio)
+                    yield AudioChunk.from_float(audio, SAMPLE_RATE)
+                log.debug(
+                    "chattts: sentence %.30r: prompt %d tokens %.0f ms, %d steps %.1f ms/step (%s)",
+                    sentence, stats.prompt_tokens, stats.prompt_ms, stats.steps,
+                    stats.ms_per_step, stats.stop,
+                )  # fmt: skip
+        elapsed = time.perf_counter() - t0
+        cancelled = ", cancelled" if cancel is not None and cancel.is_set() else ""
+        log.info(
+            "chattts: %.2f s audio in %.2f s (RTF %.2f), first audio %.0f ms%s",
+            samples / SAMPLE_RATE, elapsed, elapsed / max(samples / SAMPLE_RATE, 1e-9),
+            (first_audio or 0) * 1e3, cancelled,
+        )  # fmt: skip
+
+    # --- pieces (also used by tests and tools) -------------------------------------------------
+
+    def prompt_embeds(self, sentence: str, params: dict[str, Any]) -> np.ndarray:
+        prompt = self.prompts.prompt_text(sentence, params["speed_level"])
+        ids = self.prompts.encode(prompt)
+        return self.prompts.embed(ids, self._voices[params["voice"]])
+
+    def decode(
+        self,
+        sentence: str,
+        config: SynthesisConfig,
+        seed: int = 0,
+        cancel: threading.Event | None = None,
+    ) -> Utterance:
+        """Codes and hidden states of one already-normalised sentence (no audio)."""
+        params = self.audio_params(config)
+        sampler = CodeSampler(self._sampling(config), self.spec.eos_token, seed)
+        stats = DecodeStats()
+        codes, hiddens = [], []
+        with self._lock:
+            for c, h in self.gpt.generate(
+                self.prompt_embeds(sentence, params), sampler, cancel, stats
+            ):
+                codes.append(c.copy())
+                hiddens.append(h.copy())
+        q, d = self.spec.num_vq, self.spec.hidden_size
+        return Utterance(
+            sentence,
+            np.array(codes, np.int64).reshape(-1, q),
+            np.array(hiddens, np.float32).reshape(-1, d),
+            stats,
+        )
+
+    def _stream_sentence(
+        self,
+        sentence: str,
+        params: dict[str, Any],
+        sampler: CodeSampler,
+        cancel: threading.Event | None,
+        stats: DecodeStats,
+    ) -> Iterator[np.ndarray]:
+        embeds = self.prompt_embeds(sentence, params)
+        max_steps = min(sampler.params.max_new_token, self.spec.max_context)
+        stream = StreamingVocoder(self.vocoder, self.schedule, max_steps, self.spec.hidden_size)
+        for _codes, hidden in self.gpt.generate(embeds, sampler, cancel, stats):
+            audio = stream.push(hidden)
+            if audio is not None:
+                yield audio
+        if stats.stop != "cancelled":
+            tail = stream.finish()
+            if tail is not None:
+                yield tail
+
+    def _sampling(self, config: SynthesisConfig) -> SamplingParams:
+        d, x = self._defaults, config.extra
+        values: dict[str, Any] = {}
+        for key, cast in _SAMPLING_KEYS.items():
+            value = x.get(key, d.get(key))
+            if value is not None:
+                values[key] = cast(value)
+        if "repetition_window" in d:
+            values["repetition_window"] = int(d["repetition_window"])
+        values["greedy"] = bool(x.get("greedy", False))
+        try:
+            return SamplingParams(**values)
+        except ValueError as e:
+            raise EngineError(f"ChatTTS options: {e}") from None
+
+    def _speed_level(self, config: SynthesisConfig) -> int:
+        """``[speed_N]``, N in 0..9: ``extra['speed_level']`` or bundle default × speed factor."""
+        if "speed_level" in config.extra:
+            level = int(config.extra["speed_level"])
+        else:
+            level = int(float(self._defaults.get("speed", 5)) * (config.speed or 1.0) + 0.5)
+        return min(max(level, 0), 9)
+
+    def _default_seed(self, text: str, config: SynthesisConfig) -> int:
+        """The daemon passes a seed; direct callers get the one the daemon would derive."""
+        from speakd.keys import audio_key, seed_from_key
+
+        return seed_from_key(audio_key(self, text, config))

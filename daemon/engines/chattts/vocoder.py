@@ -1,0 +1,130 @@
+"""Hidden states → waveform: ``decoder.onnx`` → ``vocos.onnx`` → numpy ISTFT, one-shot or streamed.
+
+The ISTFT is ``torch.istft(n_fft=1024, hop=256, win=1024, hann periodic, center=True)``: inverse
+real FFT of each frame × window, overlap-add, divide by the overlap-added squared window, trim
+n_fft/2 per end. T hidden states → 2T mel frames → (2T − 1)·256 samples.
+
+Streaming cuts the hidden sequence into chunks and decodes each with ``left``/``right`` steps of
+context around it (the Decoder and Vocos are non-causal convolution stacks). With context at least
+the receptive field (full-size ChatTTS: Decoder ±75 mel frames, Vocos ±27, ISTFT ±2 → 52 steps
+each side, CHATTTS.md §8) the chunks equal the one-shot waveform up to float rounding; smaller
+context trades exactness for latency and compute (each chunk re-decodes its context).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnxruntime as ort
+
+N_FFT = 1024
+HOP = 256
+SAMPLES_PER_STEP = 2 * HOP  # one GPT step = 2 mel frames
+
+
+def hann_periodic(n: int) -> np.ndarray:
+    return (0.5 - 0.5 * np.cos(2 * np.pi * np.arange(n) / n)).astype(np.float32)
+
+
+_WINDOW = hann_periodic(N_FFT)
+_WINDOW_SQ = _WINDOW.astype(np.float64) ** 2
+
+
+def overlap_add(real: np.ndarray, imag: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Spectra (513, F) → (windowed overlap-add signal, overlap-added window²), uncentred:
+    index 0 is the start of frame 0, length (F − 1)·hop + n_fft."""
+    frames = np.fft.irfft(real + 1j * imag, n=N_FFT, axis=0) * _WINDOW[:, None]
+    f = frames.shape[1]
+    n = (f - 1) * HOP + N_FFT
+    y = np.zeros(n, np.float64)
+    env = np.zeros(n, np.float64)
+    for k in range(N_FFT // HOP):  # 4 strided adds instead of F slice-adds
+        idx = slice(k * HOP, k * HOP + f * HOP)
+        seg = frames[k * HOP : (k + 1) * HOP].T.reshape(-1)
+        y[idx][: seg.size] += seg
+        env[idx][: seg.size] += np.tile(_WINDOW_SQ[k * HOP : (k + 1) * HOP], f)
+    return y, env
+
+
+def istft(real: np.ndarray, imag: np.ndarray) -> np.ndarray:
+    """``torch.istft(..., center=True)`` of spectra (513, F) → (F − 1)·hop samples."""
+    y, env = overlap_add(real, imag)
+    out = y[N_FFT // 2 : len(y) - N_FFT // 2] / env[N_FFT // 2 : len(y) - N_FFT // 2]
+    return out.astype(np.float32)
+
+
+class Vocoder:
+    def __init__(self, decoder: ort.InferenceSession, vocos: ort.InferenceSession) -> None:
+        self.decoder = decoder
+        self.vocos = vocos
+
+    def spectra(self, hiddens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(T, hidden) → spec_real, spec_imag (513, 2T)."""
+        x = np.ascontiguousarray(hiddens.T[None], np.float32)
+        (mel,) = self.decoder.run(["mel"], {"hidden": x})
+        real, imag = self.vocos.run(["spec_real", "spec_imag"], {"mel": mel})
+        return real[0], imag[0]
+
+    def waveform(self, hiddens: np.ndarray) -> np.ndarray:
+        """One-shot: the whole utterance at once, float32 in [-1, 1]-ish."""
+        if len(hiddens) == 0:
+            return np.zeros(0, np.float32)
+        return istft(*self.spectra(hiddens))
+
+
+@dataclass(frozen=True)
+class StreamSchedule:
+    """Chunk sizes and context, in GPT steps (1 step = 512 samples = 21.3 ms)."""
+
+    name: str = "low-latency"
+    first_chunk: int = 8  # first audio after first_chunk + right steps
+    chunk: int = 32
+    left: int = 12
+    right: int = 12
+
+    def __post_init__(self) -> None:
+        if self.first_chunk < 1 or self.chunk < 1 or self.left < 1 or self.right < 0:
+            raise ValueError(f"bad stream schedule {self}")
+
+    @classmethod
+    def exact(cls) -> StreamSchedule:
+        """Context ≥ full-size ChatTTS's receptive field: streamed ≡ one-shot (float rounding)."""
+        return cls(name="exact", first_chunk=8, chunk=48, left=52, right=52)
+
+
+class StreamingVocoder:
+    """Feed hidden states one by one; get float audio chunks as soon as the schedule allows."""
+
+    def __init__(self, vocoder: Vocoder, schedule: StreamSchedule, max_steps: int, dim: int):
+        self.vocoder = vocoder
+        self.schedule = schedule
+        self.hiddens = np.zeros((max_steps, dim), np.float32)
+        self.n = 0  # hidden states received
+        self.done = 0  # steps whose audio was emitted
+
+    def push(self, hidden: np.ndarray) -> np.ndarray | None:
+        self.hiddens[self.n] = hidden
+        self.n += 1
+        size = self.schedule.chunk if self.done else self.schedule.first_chunk
+        if self.n >= self.done + size + self.schedule.right:
+            return self._render(self.done + size, final=False)
+        return None
+
+    def finish(self) -> np.ndarray | None:
+        """The rest of the utterance (call once, after the last ``push``)."""
+        if self.n == 0 or self.done >= self.n:
+            return None
+        return self._render(self.n, final=True)
+
+    def _render(self, end: int, final: bool) -> np.ndarray:
+        s0, s1 = self.done, end
+        w0 = max(0, s0 - self.schedule.left)
+        w1 = self.n if final else min(self.n, s1 + self.schedule.right)
+        y, env = overlap_add(*self.vocoder.spectra(self.hiddens[w0:w1]))
+        # global output sample t ↔ uncentred sample t + n_fft/2 ↔ local index below
+        origin = w0 * SAMPLES_PER_STEP - N_FFT // 2
+        a = s0 * SAMPLES_PER_STEP - origin
+        b = (s1 * SAMPLES_PER_STEP - (HOP if final else 0)) - origin
+        self.done = s1
+        return (y[a:b] / env[a:b]).astype(np.float32)
