@@ -1,0 +1,28 @@
+"""Shared fixtures: a tiny random ChatTTS checkpoint and its fp32 bundle, built once per session
+through the real `speakd-tools` commands (export runs its parity check; the bundle's manifest
+carries the report)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from speakd_tools.cli import main
+
+    out = tmp_path_factory.mktemp("chattts") / "checkpoint-tiny"
+    assert main(["checkpoint", "--size", "tiny", "--out", str(out), "--seed", "0"]) == 0
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_bundle(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """models/chattts-tiny equivalent: fp32, max_context 2048, voices default + 3 seeded."""
+    from speakd_tools.cli import main
+
+    out = tmp_path_factory.mktemp("bundles") / "chattts-tiny"
+    assert main(["export", "--checkpoint", str(tiny_checkpoint), "--out", str(out)]) == 0
+    return out

@@ -1,0 +1,130 @@
+"""Checkpoint → bundle: contract of docs/bundle-format.md, hashes, parity, fp16."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("ChatTTS")
+
+from speakd.bundle import BundleError, load_bundle
+from speakd_tools.chattts.parity import OnnxGpt, session
+
+pytestmark = pytest.mark.host
+
+FILES = {
+    "gpt.onnx",
+    "decoder.onnx",
+    "vocos.onnx",
+    "emb_text.npy",
+    "emb_code.npy",
+    "tokenizer.json",
+    "voices.npz",
+}
+
+
+def test_bundle_verifies_and_follows_the_contract(tiny_bundle: Path) -> None:
+    b = load_bundle(tiny_bundle)  # checks every sha256
+    m = b.manifest
+    assert (b.engine, b.precision, m["sample_rate"]) == ("chattts", "fp32", 24000)
+    assert set(m["files"]) == FILES
+    model = m["model"]
+    assert (model["num_layers"], model["hidden_size"], model["eos_token"]) == (2, 768, 625)
+    assert model["token_ids"]["spk_emb"] == 21143 and model["token_ids"]["speed_0"] == 21168
+    assert m["defaults"]["temperature"] == 0.3 and m["defaults"]["repetition_window"] == 16
+    assert m["source"]["real_weights"] is False
+    assert len(m["source"]["files"]) == 9
+    assert np.load(tiny_bundle / "emb_text.npy", mmap_mode="r").dtype == np.float16
+    assert np.load(tiny_bundle / "emb_code.npy").shape == (4, 626, 768)
+    voices = np.load(tiny_bundle / "voices.npz")
+    assert "default" in m["voices"] and len(m["voices"]) >= 4
+    for v in m["voices"].values():
+        assert voices[v["key"]].shape == (768,) and voices[v["key"]].dtype == np.float32
+        assert isinstance(v["spk_emb"], str) and v["seed"] is not None
+    assert not np.array_equal(
+        voices["default"], voices[next(k for k in m["voices"] if k != "default")]
+    )
+
+
+def test_export_parity_report_holds_the_bounds(tiny_bundle: Path) -> None:
+    p = json.loads((tiny_bundle / "manifest.json").read_text())["parity"]
+    assert p["ok"] is True
+    gpt = p["gpt"]
+    assert gpt["steps"] >= 200 and gpt["codes_identical_steps"] == gpt["steps"]
+    assert gpt["first_divergence"] is None and gpt["logits_max_abs"] <= 1e-3
+    assert p["distinct_codes"] > 50  # random weights do not collapse to one repeated code
+    assert p["decoder"]["mel_rel"] <= 1e-4 and p["decoder"]["frames"] == 2 * gpt["steps"]
+    assert p["vocos"]["spec_rel"] <= 1e-4 and p["vocos"]["wave_rel"] <= 1e-4
+    assert p["tokenizer"]["ids_equal"] and p["tables"]["emb_code_max_abs"] == 0.0
+
+
+def test_gpt_graph_io_and_batched_rows_match_single(tiny_bundle: Path) -> None:
+    sess = session(tiny_bundle / "gpt.onnx")
+    ins = {i.name: i for i in sess.get_inputs()}
+    assert ins["inputs_embeds"].shape == ["batch", "sequence", 768]
+    assert ins["seqlens_k"].type == "tensor(int32)" and ins["total_sequence_length"].shape == []
+    assert ins["past_key_1"].shape == ["batch", 12, "max_context", 64]
+    assert [o.name for o in sess.get_outputs()[:2]] == ["hidden", "logits"]
+    rng = np.random.default_rng(0)
+    prompt = rng.normal(0, 0.1, (1, 7, 768)).astype(np.float32)
+    steps = rng.normal(0, 0.1, (3, 1, 1, 768)).astype(np.float32)
+    one, two = OnnxGpt(sess, batch=1), OnnxGpt(sess, batch=2)
+    for x in [prompt, *steps]:
+        _, l1 = one.run(x)
+        _, l2 = two.run(np.concatenate([x, x]))
+        assert l1.shape == (1, x.shape[1], 2504)
+        np.testing.assert_allclose(l2[0], l1[0], atol=1e-5)
+        np.testing.assert_allclose(l2[1], l1[0], atol=1e-5)
+    assert one.past_len == 10
+
+
+def test_tampered_file_fails_with_its_name(tiny_bundle: Path, tmp_path: Path) -> None:
+    copy = Path(shutil.copytree(tiny_bundle, tmp_path / "bundle"))
+    data = bytearray((copy / "decoder.onnx").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (copy / "decoder.onnx").write_bytes(bytes(data))
+    with pytest.raises(BundleError, match=r"decoder\.onnx: sha256"):
+        load_bundle(copy)
+
+
+def test_fp16_export_loads_runs_and_passes_parity(
+    tiny_checkpoint: Path, tiny_bundle: Path, tmp_path: Path
+) -> None:
+    from speakd_tools.chattts.export import ExportOptions, export_bundle
+
+    result = export_bundle(ExportOptions(tiny_checkpoint, tmp_path / "fp16", precision="fp16"))
+    assert result.ok, result.parity.format()
+    b = load_bundle(result.bundle)
+    assert b.precision == "fp16"
+    assert result.parity.to_dict()["reference_weights"] == "fp16-rounded"
+    for f in ("gpt.onnx", "decoder.onnx"):
+        assert (b.path / f).stat().st_size < 0.6 * (tiny_bundle / f).stat().st_size
+    # Same inputs through the fp32 and fp16 graphs: fp16 storage only rounds the weights.
+    x = np.random.default_rng(1).normal(0, 0.1, (1, 5, 768)).astype(np.float32)
+    _, l32 = OnnxGpt(session(tiny_bundle / "gpt.onnx")).run(x)
+    _, l16 = OnnxGpt(session(b.path / "gpt.onnx")).run(x)
+    assert 0 < np.abs(l16 - l32).max() < 0.05
+
+
+def test_numpy_istft_matches_torch_istft() -> None:
+    import torch
+
+    from speakd_tools.chattts.parity import istft
+
+    rng = np.random.default_rng(0)
+    real, imag = rng.normal(size=(2, 2, 513, 37)).astype(np.float32)
+    ref = torch.istft(
+        torch.complex(torch.from_numpy(real), torch.from_numpy(imag)),
+        1024,
+        256,
+        1024,
+        torch.hann_window(1024),
+        center=True,
+    ).numpy()
+    out = istft(real, imag)
+    assert out.shape == ref.shape == (2, 36 * 256)
+    np.testing.assert_allclose(out, ref, atol=1e-5 * np.abs(ref).max())
