@@ -147,6 +147,10 @@ def test_voices_aliases_and_unknown_voice(engine: VitsEngine) -> None:
         list(engine.synthesize(TEXT, SynthesisConfig(voice="marvin")))
     with pytest.raises(EngineError, match="temperature"):
         engine.audio_params(SynthesisConfig(extra={"temperature": 0.3}))
+    with pytest.raises(EngineError, match="speed must be > 0"):
+        engine.audio_params(SynthesisConfig(speed=0.0))
+    with pytest.raises(EngineError, match="noise_w must be a number"):
+        engine.audio_params(SynthesisConfig(extra={"noise_w": "loud"}))
 
 
 @pytest.mark.parametrize("text", ["", "  \n\t ", "...", "--- ---"])

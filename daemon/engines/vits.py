@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import threading
 import time
 import unicodedata
@@ -43,7 +44,9 @@ _espeak_lock = threading.Lock()  # espeak-ng keeps global state (voice, buffers)
 _espeak: Any = None
 
 
-def phonemize(espeak_voice: str, text: str, vowel_clusters: set[tuple[str, ...]] | None):
+def phonemize(
+    espeak_voice: str, text: str, vowel_clusters: frozenset[tuple[str, ...]] | None
+) -> list[list[str]]:
     """Phonemes per sentence, as Piper computes them (espeak-ng splits the sentences)."""
     global _espeak
     from piper.phonemize_espeak import EspeakPhonemizer
@@ -132,10 +135,14 @@ class VoiceConfig:
         )
 
     def speakers(self) -> dict[str, int]:
-        """Speaker name → id for multi-speaker voices (ids as names when the map is empty)."""
+        """Speaker name → id, by id, for multi-speaker voices (ids as names if the map is empty).
+
+        The first (lowest id) is the voice's default speaker, as in Piper.
+        """
         if self.num_speakers <= 1:
             return {}
-        return self.speaker_id_map or {str(i): i for i in range(self.num_speakers)}
+        speakers = self.speaker_id_map or {str(i): i for i in range(self.num_speakers)}
+        return dict(sorted(speakers.items(), key=lambda item: item[1]))
 
 
 @dataclass(frozen=True)
@@ -377,21 +384,17 @@ class VitsEngine:
             raise EngineError(
                 f"vits: unknown synthesis options {unknown}; known: {', '.join(EXTRA_KEYS)}"
             )
-        speed = 1.0 if config.speed is None else float(config.speed)
-        if not speed > 0:
-            raise EngineError(f"vits: speed must be > 0, got {config.speed!r}")
-        params = VitsParams(
+        extra = config.extra
+        speed = _number("speed", 1.0 if config.speed is None else config.speed, positive=True)
+        return VitsParams(
             voice=voice,
             length_scale=self.config.length_scale / speed,
-            noise_scale=float(config.extra.get("noise_scale", self.config.noise_scale)),
-            noise_w=float(config.extra.get("noise_w", self.config.noise_w)),
-            sentence_silence=float(config.extra.get("sentence_silence", self.sentence_silence)),
+            noise_scale=_number("noise_scale", extra.get("noise_scale", self.config.noise_scale)),
+            noise_w=_number("noise_w", extra.get("noise_w", self.config.noise_w)),
+            sentence_silence=_number(
+                "sentence_silence", extra.get("sentence_silence", self.sentence_silence)
+            ),
         )
-        if min(params.noise_scale, params.noise_w, params.sentence_silence) < 0:
-            raise EngineError(
-                f"vits: noise_scale, noise_w, sentence_silence must be >= 0: {params}"
-            )
-        return params
 
     def _canonical_voice(self, voice: str | None) -> str:
         if voice in (None, "", DEFAULT_ALIAS, self.name):
@@ -454,6 +457,16 @@ def _terminate_on(cancel: threading.Event | None, run_options: ort.RunOptions) -
     finally:
         done.set()
         watcher.join()
+
+
+def _number(name: str, value: Any, positive: bool = False) -> float:
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        raise EngineError(f"vits: {name} must be a number, got {value!r}") from None
+    if not math.isfinite(x) or x < 0 or (positive and x == 0):
+        raise EngineError(f"vits: {name} must be {'> 0' if positive else '>= 0'}, got {value!r}")
+    return x
 
 
 def _read(path: Path) -> bytes:
