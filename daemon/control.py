@@ -96,6 +96,12 @@ class Control:
     def cancel(self, request_id: str | None = None, client: str | None = None) -> int:
         return self.scheduler.cancel(request_id, client)
 
+    def pause(self, client: str | None = None) -> None:
+        self.scheduler.pause(client)
+
+    def resume(self, client: str | None = None) -> bool:
+        return self.scheduler.resume(client)
+
     def voices(self) -> list[dict[str, str]]:
         return [
             {"name": v.name, "language": v.language, "description": v.description}

@@ -75,6 +75,8 @@ class EventType(enum.StrEnum):
     STARTED = "started"
     FINISHED = "finished"  # terminal: status "done" | "cancelled" | "interrupted"
     ERROR = "error"  # terminal
+    PAUSED = "paused"  # playback held mid-utterance by a pause (SSIP PAUSE)
+    RESUMED = "resumed"
 
 
 @dataclass(frozen=True)

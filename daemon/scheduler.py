@@ -8,7 +8,9 @@ bounded: past ``max_queue`` pending requests a new one is rejected with ``queue_
 Threads: the queue logic runs on the asyncio loop; each utterance plays on a worker thread while a
 second thread pulls chunks from the audio source (engine or cache), so synthesis runs ahead of
 playback and the loop never blocks. Playback goes in blocks of ``block_ms``; cancellation is checked
-between blocks, so stop/cancel take effect within one block.
+between blocks, so stop/cancel take effect within one block. A pause (of all requests, or of one
+client's) is checked there too: the playing utterance holds between blocks and paused requests
+are not started until ``resume``.
 """
 
 from __future__ import annotations
@@ -77,6 +79,8 @@ class Scheduler:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="speakd-play")
         self._closing = False
+        self._paused_all = False
+        self._paused_clients: set[str] = set()
         self.counters = {"accepted": 0, "rejected": 0, "finished": 0, "cancelled": 0, "errors": 0}
 
     # ---- front-end API (call on the loop thread) -------------------------------------------
@@ -138,6 +142,25 @@ class Scheduler:
                 self._finish(job, "cancelled")
         return len(targets)
 
+    def pause(self, client: str | None = None) -> None:
+        """Hold playback of every request (``client`` None) or of one client's requests."""
+        if client is None:
+            self._paused_all = True
+        else:
+            self._paused_clients.add(client)
+
+    def resume(self, client: str | None = None) -> bool:
+        """Lift a pause (all of them when ``client`` is None); False when none was set."""
+        if client is None:
+            was = self._paused_all or bool(self._paused_clients)
+            self._paused_all = False
+            self._paused_clients.clear()
+        else:
+            was = client in self._paused_clients
+            self._paused_clients.discard(client)
+        self._wakeup.set()
+        return was
+
     def knows(self, request_id: str) -> bool:
         return any(j.id == request_id for j in self._jobs())
 
@@ -153,6 +176,7 @@ class Scheduler:
             "audio": self.sink.status(),
             "source": self.source.status(),
             "counters": dict(self.counters),
+            "paused": self._paused_all or sorted(self._paused_clients),
         }
 
     # ---- the loop ---------------------------------------------------------------------------
@@ -160,11 +184,12 @@ class Scheduler:
     async def run(self) -> None:
         self._loop = asyncio.get_running_loop()
         while not self._closing:
-            if not self._pending:
+            ready = [j for j in self._pending if not self._held(j)]
+            if not ready:
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
-            job = min(self._pending, key=_order)
+            job = min(ready, key=_order)
             self._pending.remove(job)
             self._current = job
             try:
@@ -224,6 +249,9 @@ class Scheduler:
         job.request_cancel(status)
         self._finish(job, status)
 
+    def _held(self, job: Job) -> bool:
+        return self._paused_all or job.request.client in self._paused_clients
+
     def _position(self, job: Job) -> int:
         return sorted(self._pending, key=_order).index(job) + (1 if self._current else 0)
 
@@ -277,6 +305,8 @@ class Scheduler:
                 for block in _blocks(
                     scale_volume(chunk, self.volume * request.volume), self.block_ms
                 ):
+                    if self._held(job):
+                        self._hold(job)
                     if job.cancel.is_set():
                         break
                     sink.write(block)
@@ -300,6 +330,16 @@ class Scheduler:
         finally:
             job.cancel.set()  # stops the producer if it is still running
             producer.join()
+
+    def _hold(self, job: Job) -> None:
+        """Wait between blocks while the job is paused; stop/cancel still end it at once."""
+        self._emit_threadsafe(job.request, EventType.PAUSED, {})
+        log.info("request %s paused", job.id)
+        while self._held(job) and not job.cancel.wait(0.02):
+            pass
+        if not job.cancel.is_set():
+            log.info("request %s resumed", job.id)
+            self._emit_threadsafe(job.request, EventType.RESUMED, {})
 
     def _produce(self, job: Job, chunks: queue.Queue[Any]) -> None:
         try:

@@ -20,6 +20,7 @@ from speakd.control import Control
 from speakd.engines import load_engine
 from speakd.engines.base import Engine
 from speakd.frontends.jsonlines import JsonLinesFrontend
+from speakd.frontends.ssip import SsipFrontend
 from speakd.frontends.unixserver import start_unix_server
 from speakd.notify import listen_fds, notify, watchdog_interval
 from speakd.scheduler import Scheduler
@@ -82,6 +83,11 @@ class Daemon:
         await self._listen(
             json_frontend.handle, self.config.socket.path, inherited.pop("json", None)
         )
+        if self.config.socket.ssip_path:
+            ssip_frontend = SsipFrontend(self.control, self.config.limits.max_line_bytes)
+            await self._listen(
+                ssip_frontend.handle, self.config.socket.ssip_path, inherited.pop("ssip", None)
+            )
         for name in inherited:
             log.warning("ignoring inherited socket %r (known names: json, ssip)", name)
 

@@ -1,0 +1,661 @@
+"""Speech Dispatcher's SSIP on a Unix socket, so the stock ``spd-say`` (and libspeechd clients)
+talk to speakd unchanged.
+
+    $ SPEECHD_ADDRESS=unix_socket:/run/speakd/ssip.sock SPEECHD_CMD=/bin/false spd-say -w hello
+
+Each connection is one SSIP client with its own settings (``SET SELF …``) and a numeric client
+id; every message gets a numeric message id (``225-<id>``). Settings speakd has a notion of are
+applied to each SPEAK: PRIORITY → the scheduler's priority, RATE −100..100 → speed 0.25..4
+(2^(rate/50)), VOLUME −100..100 → gain 0..1 (speechd's default 100 = speakd's normal gain),
+SYNTHESIS_VOICE → the voice when speakd knows it (else the default voice, as speechd's modules
+fall back), LANGUAGE → a voice of that language when the default voice is of another one,
+SSML_MODE on → tags stripped, SPELLING on → letters spoken one by one. PITCH, PITCH_RANGE,
+PUNCTUATION, CAP_LET_RECOGN, VOICE_TYPE and OUTPUT_MODULE are accepted, stored and reported by
+GET, but change nothing. Events 701–705 go out (when the client turned them on with ``SET SELF
+NOTIFICATION``) only between complete replies. Framing rules live in ``ssip_parser``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from speakd.control import Control
+from speakd.frontends.ssip_parser import (
+    LINE_TOO_LONG,
+    LineFramer,
+    SpeakBody,
+    decode_text,
+    event,
+    parse_int,
+    printable,
+    reply,
+    split_command,
+    strip_ssml,
+)
+from speakd.frontends.unixserver import peer_of
+from speakd.messages import Event, EventType, Priority, RequestError
+
+log = logging.getLogger(__name__)
+
+MAX_CONNECTIONS = 256
+READ_CHUNK = 65536
+
+OK_QUEUED = "OK MESSAGE QUEUED"
+ERR_INVALID_COMMAND = reply(500, "ERR INVALID COMMAND")
+ERR_INVALID_ENCODING = reply(501, "ERR INVALID ENCODING")
+ERR_MISSING_PARAMETER = reply(510, "ERR MISSING PARAMETER")
+ERR_NOT_A_NUMBER = reply(511, "ERR PARAMETER NOT A NUMBER")
+ERR_NOT_ON_OFF = reply(513, "ERR PARAMETER NOT ON OR OFF")
+ERR_PARAMETER_INVALID = reply(514, "ERR PARAMETER INVALID")
+ERR_NOT_ALLOWED_INSIDE_BLOCK = reply(332, "ERR NOT ALLOWED INSIDE BLOCK")
+ERR_NOT_IMPLEMENTED = reply(380, "ERR NOT YET IMPLEMENTED")
+ERR_ID_NOT_EXIST = reply(406, "ERR ID DOESNT EXIST")
+
+NOTIFICATIONS = ("begin", "end", "cancel", "pause", "resume", "index_marks")
+VOICE_TYPES = (
+    "male1",
+    "male2",
+    "male3",
+    "female1",
+    "female2",
+    "female3",
+    "child_male",
+    "child_female",
+)
+# SET parameters: (reply code, reply text, code of "couldn't set" for an unknown client id).
+SET_REPLIES: dict[str, tuple[int, str, int]] = {
+    "language": (201, "OK LANGUAGE SET", 302),
+    "rate": (203, "OK RATE SET", 303),
+    "pitch": (204, "OK PITCH SET", 304),
+    "punctuation": (205, "OK PUNCTUATION SET", 305),
+    "cap_let_recogn": (206, "OK CAP LET RECOGNITION SET", 306),
+    "spelling": (207, "OK SPELLING SET", 308),
+    "voice_type": (209, "OK VOICE SET", 309),
+    "synthesis_voice": (209, "OK VOICE SET", 309),
+    "output_module": (216, "OK OUTPUT MODULE SET", 312),
+    "pause_context": (217, "OK PAUSE CONTEXT SET", 313),
+    "volume": (218, "OK VOLUME SET", 314),
+    "ssml_mode": (219, "OK SSML MODE SET", 315),
+    "pitch_range": (263, "OK PITCH RANGE SET", 340),
+}
+# −100..100 settings: (error code too high, too low, name in the error).
+RANGES = {
+    "rate": (409, 410, "RATE"),
+    "pitch": (411, 412, "PITCH"),
+    "volume": (413, 414, "VOLUME"),
+    "pitch_range": (415, 416, "PITCH RANGE"),
+}
+ENUMS = {
+    "punctuation": ("all", "most", "some", "none"),
+    "cap_let_recogn": ("none", "spell", "icon"),
+}
+NOT_IN_BLOCK = {"history", "stop", "cancel", "pause", "resume", "list", "get", "help"}
+
+
+def rate_to_speed(rate: int) -> float | None:
+    """SSIP rate −100..100 → speakd speed 0.25..4 (None at 0 keeps the bundle default)."""
+    return None if rate == 0 else 2.0 ** (rate / 50)
+
+
+def volume_to_gain(volume: int) -> float | None:
+    """SSIP volume −100..100 → gain 0..1; 100 (speechd's default) is speakd's normal level."""
+    return None if volume == 100 else (volume + 100) / 200
+
+
+@dataclass
+class Settings:
+    """One client's ``SET`` state, with speechd's defaults."""
+
+    priority: Priority = Priority.TEXT
+    client_name: str = ""
+    language: str = ""
+    rate: int = 0
+    pitch: int = 0
+    pitch_range: int = 0
+    volume: int = 100
+    voice_type: str = "male1"
+    synthesis_voice: str = ""
+    output_module: str = ""
+    punctuation: str = "none"
+    cap_let_recogn: str = "none"
+    spelling: bool = False
+    ssml_mode: bool = False
+    pause_context: int = 0
+    notify: set[str] = field(default_factory=set)
+
+
+@dataclass(eq=False)
+class Connection:
+    client_id: int
+    writer: asyncio.StreamWriter
+    peer: str
+    settings: Settings = field(default_factory=Settings)
+    in_block: bool = False
+    busy: bool = False  # between a command and its reply: events wait in ``held``
+    held: list[bytes] = field(default_factory=list)
+    closed: bool = False  # QUIT received or the peer went away: read no further
+
+    @property
+    def key(self) -> str:
+        return client_key(self.client_id)
+
+    def write(self, data: bytes) -> None:
+        if not self.writer.is_closing():
+            self.writer.write(data)
+
+    def answer(self, data: bytes) -> None:
+        """Send a complete reply, then any events that came in while it was being made."""
+        self.write(data)
+        held, self.held = self.held, []
+        for item in held:
+            self.write(item)
+
+    def notify(self, kind: str, code: int, msg_id: int, text: str) -> None:
+        if kind not in self.settings.notify:
+            return
+        data = event(code, msg_id, self.client_id, text)
+        if self.busy:
+            self.held.append(data)
+        else:
+            self.write(data)
+
+
+def client_key(client_id: int) -> str:
+    return f"ssip:{client_id}"
+
+
+@dataclass(eq=False)
+class Message:
+    """One queued SSIP message: its ids and whether its 225 reply went out yet."""
+
+    msg_id: int
+    client_id: int
+    conn: Connection
+    request_id: str = ""
+    accepted: bool = False
+    rejected: Event | None = None
+
+
+class SsipFrontend:
+    def __init__(self, control: Control, max_line_bytes: int) -> None:
+        self.control = control
+        self.max_line_bytes = max_line_bytes
+        self._client_ids = itertools.count(1)
+        self._msg_ids = itertools.count(1)
+        self._clients: dict[int, Connection] = {}
+        self._inflight: dict[str, Message] = {}  # request id → message, until its end
+        self._handlers: dict[str, Callable[[Connection, list[str], str], bytes]] = {
+            "set": self._set,
+            "stop": self._stop,
+            "cancel": self._cancel,
+            "pause": self._pause,
+            "resume": self._resume,
+            "char": self._event_message,
+            "key": self._event_message,
+            "sound_icon": self._event_message,
+            "list": self._list,
+            "get": self._get,
+            "history": self._history,
+            "help": self._help,
+            "block": self._block,
+        }
+
+    # ---- connection -----------------------------------------------------------------------
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = peer_of(writer)
+        conn = Connection(next(self._client_ids), writer, str(peer) if peer else "")
+        if len(self._clients) >= MAX_CONNECTIONS:
+            log.warning("ssip: refusing client %s: %d connections open", peer, MAX_CONNECTIONS)
+            conn.write(reply(300, "ERR TOO MANY CLIENTS"))
+            writer.close()
+            return
+        self._clients[conn.client_id] = conn
+        log.debug("ssip client %d connected (%s)", conn.client_id, conn.peer)
+        framer = LineFramer(self.max_line_bytes)
+        body: SpeakBody | None = None
+        try:
+            while not conn.closed:
+                data = await reader.read(READ_CHUNK)
+                if not data:
+                    break
+                for line in framer.feed(data):
+                    if conn.closed:
+                        break
+                    conn.busy = True
+                    try:
+                        if body is not None:
+                            if not body.add(line):
+                                continue
+                            out = self._speak(conn, body)
+                            body = None
+                        elif line is LINE_TOO_LONG:
+                            out = reply(500, f"ERR LINE TOO LONG (limit {self.max_line_bytes})")
+                        else:
+                            assert isinstance(line, bytes)
+                            out, body = self._command(conn, line)
+                    except Exception:  # a bug here must cost one reply, not the daemon
+                        log.exception("ssip client %d: command failed", conn.client_id)
+                        out = reply(300, "ERR INTERNAL")
+                        body = None
+                    finally:
+                        conn.busy = False
+                    conn.answer(out)
+                await writer.drain()
+        except (ConnectionError, BrokenPipeError):
+            log.debug("ssip client %d went away", conn.client_id)
+        finally:
+            self._drop(conn)
+            writer.close()
+
+    def _drop(self, conn: Connection) -> None:
+        """The client is gone: its queued speech still plays (spd-say exits right after
+        queueing), but a pause it set is lifted so its utterance cannot block the queue."""
+        conn.closed = True
+        self._clients.pop(conn.client_id, None)
+        self.control.resume(conn.key)
+        log.debug("ssip client %d disconnected", conn.client_id)
+
+    # ---- commands -------------------------------------------------------------------------
+
+    def _command(self, conn: Connection, raw: bytes) -> tuple[bytes, SpeakBody | None]:
+        """One command line → its complete reply (and a body collector after SPEAK)."""
+        line = decode_text(raw.replace(b"\x00", b"?"))
+        if line is None:
+            return ERR_INVALID_ENCODING, None
+        words = split_command(line)
+        name = words[0].lower()
+        if conn.in_block and name in NOT_IN_BLOCK:
+            return ERR_NOT_ALLOWED_INSIDE_BLOCK, None
+        if name == "speak":
+            body = SpeakBody(max_bytes=4 * self.control.max_text_chars + self.max_line_bytes)
+            return reply(230, "OK RECEIVING DATA"), body
+        if name in ("quit", "bye"):
+            conn.closed = True
+            return reply(231, "HAPPY HACKING"), None
+        handler = self._handlers.get(name)
+        if handler is None:
+            return ERR_INVALID_COMMAND, None
+        return handler(conn, words, line), None
+
+    # ---- SET ------------------------------------------------------------------------------
+
+    def _set(self, conn: Connection, words: list[str], line: str) -> bytes:
+        who, sub, value = _arg(words, 1), _arg(words, 2).lower(), _arg(words, 3)
+        if not who or not sub:
+            return ERR_MISSING_PARAMETER
+        self_only = who.lower() == "self"
+        if sub == "priority":
+            if conn.in_block:
+                return ERR_NOT_ALLOWED_INSIDE_BLOCK
+            if not self_only:
+                return reply(301, "ERR COULDNT SET PRIORITY")
+            if not value:
+                return ERR_MISSING_PARAMETER
+            try:
+                conn.settings.priority = Priority[value.upper()]
+            except KeyError:
+                return reply(408, "ERR UNKNOWN PRIORITY")
+            return reply(202, "OK PRIORITY SET")
+        if sub == "client_name":
+            if conn.in_block:
+                return ERR_NOT_ALLOWED_INSIDE_BLOCK
+            if not self_only:
+                return ERR_PARAMETER_INVALID
+            if not value:
+                return ERR_MISSING_PARAMETER
+            if value.count(":") != 2:
+                return reply(311, "ERR COULDNT SET CLIENT_NAME")
+            conn.settings.client_name = value.strip('"').lower()
+            return reply(208, "OK CLIENT NAME SET")
+        if sub == "notification":
+            return self._set_notification(conn, self_only, value, _arg(words, 4))
+        if sub not in SET_REPLIES:
+            return ERR_INVALID_COMMAND
+        if conn.in_block and sub in ("output_module", "spelling"):
+            return ERR_NOT_ALLOWED_INSIDE_BLOCK
+        if sub == "synthesis_voice":  # the rest of the line: voice names may contain spaces
+            value = " ".join(words[3:]).strip()
+        if not value:
+            return ERR_MISSING_PARAMETER
+        parsed = _setting_value(sub, value)
+        if isinstance(parsed, bytes):
+            return parsed
+        targets = self._targets(conn, who)
+        if targets is None:
+            return ERR_PARAMETER_INVALID
+        code, text, err = SET_REPLIES[sub]
+        if not targets:
+            return reply(err, f"ERR COULDNT SET {sub.upper()}")
+        for target in targets:
+            _apply(target.settings, sub, parsed)
+        return reply(code, text)
+
+    def _set_notification(self, conn: Connection, self_only: bool, kind: str, state: str) -> bytes:
+        if not self_only:
+            return ERR_PARAMETER_INVALID
+        if not kind or not state:
+            return ERR_MISSING_PARAMETER
+        if state.lower() not in ("on", "off"):
+            return ERR_PARAMETER_INVALID
+        kind = kind.lower()
+        kinds = NOTIFICATIONS if kind == "all" else (kind,)
+        if kind != "all" and kind not in NOTIFICATIONS:
+            return reply(316, "ERR COULDNT SET NOTIFICATION")
+        if state.lower() == "on":
+            conn.settings.notify.update(kinds)
+        else:
+            conn.settings.notify.difference_update(kinds)
+        return reply(220, "OK NOTIFICATION SET")
+
+    def _targets(self, conn: Connection, who: str) -> list[Connection] | None:
+        """``self`` / ``all`` / a client id → connections; None when ``who`` is malformed."""
+        who = who.lower()
+        if who == "self":
+            return [conn]
+        if who == "all":
+            return list(self._clients.values())
+        client_id = parse_int(who)
+        if client_id is None:
+            return None
+        target = self._clients.get(client_id)
+        return [target] if target else []
+
+    # ---- SPEAK, CHAR, KEY, SOUND_ICON -----------------------------------------------------
+
+    def _speak(self, conn: Connection, body: SpeakBody) -> bytes:
+        if body.overflow:
+            return reply(400, f"ERR TEXT TOO LONG (limit {self.control.max_text_chars} characters)")
+        data = body.data()
+        if not data:
+            return reply(227, "OK MESSAGE CANCELED")
+        text = decode_text(data)
+        if text is None:
+            return ERR_INVALID_ENCODING
+        settings = conn.settings
+        if settings.ssml_mode:
+            text = strip_ssml(text)
+        if settings.spelling:
+            text = " ".join(c for c in text if not c.isspace())
+        return self._queue(conn, text)
+
+    def _event_message(self, conn: Connection, words: list[str], line: str) -> bytes:
+        """CHAR, KEY and SOUND_ICON: one short message each, answered like SPEAK."""
+        param = _arg(words, 1)
+        if not param:
+            return ERR_MISSING_PARAMETER
+        kind = words[0].lower()
+        if kind == "sound_icon":
+            return self._queue(conn, "")  # speakd has no sound icons: nothing to play
+        if kind == "key":
+            return self._queue(conn, param.replace("_", " "))
+        return self._queue(conn, param if param != "space" else "space")
+
+    def _queue(self, conn: Connection, text: str) -> bytes:
+        """Hand one message to the scheduler; reply 225 with its id (or the error)."""
+        msg = Message(next(self._msg_ids), conn.client_id, conn)
+        if not text.strip():
+            # Nothing to say (SSML tags only, a space, a sound icon): speechd still queues it
+            # and reports begin/end, so a waiting client (spd-say -w) returns.
+            conn.notify("begin", 701, msg.msg_id, "BEGIN")
+            conn.notify("end", 702, msg.msg_id, "END")
+            return reply(225, OK_QUEUED, str(msg.msg_id))
+        fields: dict[str, Any] = {
+            "text": text,
+            "id": f"ssip-{msg.msg_id}",
+            "priority": conn.settings.priority.name.lower(),
+            "voice": self._voice(conn.settings),
+            "speed": rate_to_speed(conn.settings.rate),
+            "volume": volume_to_gain(conn.settings.volume),
+        }
+        origin = f"ssip:{conn.settings.client_name or conn.client_id}"
+        try:
+            request = self.control.build_request(
+                {k: v for k, v in fields.items() if v is not None},
+                origin=origin,
+                client=conn.key,
+                on_event=lambda ev: self._on_event(msg, ev),
+            )
+        except RequestError as e:
+            return _error_reply(e.code, str(e))
+        msg.request_id = request.id
+        self._inflight[request.id] = msg
+        self.control.say(request)
+        if msg.rejected is not None:
+            self._inflight.pop(request.id, None)
+            data = msg.rejected.data
+            return _error_reply(data.get("code", "internal_error"), data.get("message", ""))
+        msg.accepted = True
+        return reply(225, OK_QUEUED, str(msg.msg_id))
+
+    def _on_event(self, msg: Message, ev: Event) -> None:
+        """Scheduler events → 70x notifications for the message's connection."""
+        if ev.terminal:
+            self._inflight.pop(ev.request_id, None)
+        if not msg.accepted and ev.type is EventType.ERROR:
+            msg.rejected = ev  # refused at submit: becomes the reply, not an event
+            return
+        conn = msg.conn
+        if ev.type is EventType.STARTED:
+            conn.notify("begin", 701, msg.msg_id, "BEGIN")
+        elif ev.type is EventType.FINISHED and ev.data.get("status") == "done":
+            conn.notify("end", 702, msg.msg_id, "END")
+        elif ev.terminal:
+            conn.notify("cancel", 703, msg.msg_id, "CANCELED")
+        elif ev.type is EventType.PAUSED:
+            conn.notify("pause", 704, msg.msg_id, "PAUSED")
+        elif ev.type is EventType.RESUMED:
+            conn.notify("resume", 705, msg.msg_id, "RESUMED")
+
+    def _voice(self, settings: Settings) -> str | None:
+        """SYNTHESIS_VOICE when speakd knows it, else a voice matching LANGUAGE, else default."""
+        voices = self.control.voices()
+        if settings.synthesis_voice:
+            wanted = settings.synthesis_voice.lower()
+            for v in voices:
+                if v["name"].lower() == wanted:
+                    return v["name"]
+            log.debug("ssip: unknown voice %r, using the default", settings.synthesis_voice)
+        lang = _language(settings.language)
+        if not lang or lang in ("c", "posix"):
+            return None
+        matching = [v["name"] for v in voices if _language_matches(v["language"], lang)]
+        default = self.control.status()["engine"]["default_voice"] if matching else None
+        return matching[0] if matching and default not in matching else None
+
+    # ---- STOP, CANCEL, PAUSE, RESUME ------------------------------------------------------
+
+    def _scope(self, conn: Connection, words: list[str]) -> str | int | bytes:
+        """``all`` → "all", ``self``/<id> → a client id, else the error reply."""
+        who = _arg(words, 1).lower()
+        if not who:
+            return ERR_MISSING_PARAMETER
+        if who == "all":
+            return "all"
+        if who == "self":
+            return conn.client_id
+        client_id = parse_int(who)
+        if client_id is None:
+            return ERR_PARAMETER_INVALID
+        if client_id <= 0:
+            return ERR_ID_NOT_EXIST
+        return client_id
+
+    def _stop(self, conn: Connection, words: list[str], line: str) -> bytes:
+        """Stop what is being spoken now (all clients' or one client's); the queue goes on."""
+        scope = self._scope(conn, words)
+        if isinstance(scope, bytes):
+            return scope
+        current = self.control.status()["current"]
+        if scope == "all":
+            self.control.cancel()
+        elif current in self._inflight and self._inflight[current].client_id == scope:
+            self.control.cancel(request_id=current)
+        return reply(210, "OK STOPPED")
+
+    def _cancel(self, conn: Connection, words: list[str], line: str) -> bytes:
+        """Stop and drop everything queued (all clients' or one client's)."""
+        scope = self._scope(conn, words)
+        if isinstance(scope, bytes):
+            return scope
+        if scope == "all":
+            self.control.stop()
+        else:
+            self.control.cancel(client=client_key(int(scope)))
+        return reply(213, "OK CANCELED")
+
+    def _pause(self, conn: Connection, words: list[str], line: str) -> bytes:
+        scope = self._scope(conn, words)
+        if isinstance(scope, bytes):
+            return scope
+        self.control.pause(None if scope == "all" else client_key(int(scope)))
+        return reply(211, "OK PAUSED")
+
+    def _resume(self, conn: Connection, words: list[str], line: str) -> bytes:
+        scope = self._scope(conn, words)
+        if isinstance(scope, bytes):
+            return scope
+        if not self.control.resume(None if scope == "all" else client_key(int(scope))):
+            return reply(417, "ERR NOT PAUSED")
+        return reply(212, "OK RESUMED")
+
+    # ---- LIST, GET, HISTORY, HELP, BLOCK --------------------------------------------------
+
+    def _list(self, conn: Connection, words: list[str], line: str) -> bytes:
+        what = _arg(words, 1).lower()
+        if not what:
+            return ERR_MISSING_PARAMETER
+        if what == "voices":
+            return reply(249, "OK VOICE LIST SENT", *(v.upper() for v in VOICE_TYPES))
+        if what == "synthesis_voices":
+            lang = _language(_arg(words, 2))
+            rows = [
+                f"{printable(v['name'])}\t{printable(v['language'])}\tnone"
+                for v in self.control.voices()
+                if not lang or _language_matches(v["language"], lang)
+            ]
+            return reply(249, "OK VOICE LIST SENT", *rows)
+        if what == "output_modules":
+            return reply(250, "OK MODULE LIST SENT", self.control.status()["engine"]["kind"])
+        return ERR_PARAMETER_INVALID
+
+    def _get(self, conn: Connection, words: list[str], line: str) -> bytes:
+        what = _arg(words, 1).lower()
+        if not what:
+            return ERR_MISSING_PARAMETER
+        s = conn.settings
+        values: dict[str, Any] = {
+            "voice_type": s.voice_type.upper() if not s.synthesis_voice else "NO_VOICE",
+            "output_module": s.output_module or self.control.status()["engine"]["kind"],
+            "language": s.language,
+            "rate": s.rate,
+            "pitch": s.pitch,
+            "volume": s.volume,
+            "punctuation": s.punctuation,
+        }
+        if what not in values:
+            return ERR_PARAMETER_INVALID
+        return reply(251, "OK GET RETURNED", printable(str(values[what])))
+
+    def _history(self, conn: Connection, words: list[str], line: str) -> bytes:
+        """Only ``HISTORY GET CLIENT_ID`` (libspeechd's spd_get_client_id); speakd keeps no
+        history, so the rest answers 380 as speechd does for its unimplemented parts."""
+        main, sub = _arg(words, 1).lower(), _arg(words, 2).lower()
+        if not main:
+            return ERR_MISSING_PARAMETER
+        if main == "get":
+            if sub == "client_id":
+                return reply(245, "OK CLIENT ID SENT", str(conn.client_id))
+            if sub in ("client_list", "client_messages", "last", "message"):
+                return ERR_NOT_IMPLEMENTED
+            return ERR_MISSING_PARAMETER
+        if main in ("cursor", "say", "sort"):
+            return ERR_NOT_IMPLEMENTED
+        return ERR_INVALID_COMMAND
+
+    def _help(self, conn: Connection, words: list[str], line: str) -> bytes:
+        lines = [
+            "  SPEAK           -- say text",
+            "  KEY             -- say a combination of keys",
+            "  CHAR            -- say a character",
+            "  SOUND_ICON      -- execute a sound icon",
+            "  SET             -- set a parameter",
+            "  GET             -- get a current parameter",
+            "  LIST            -- list available arguments",
+            "  HISTORY         -- commands related to history",
+            "  QUIT            -- close the connection",
+        ]
+        return reply(248, "OK HELP SENT", *lines)
+
+    def _block(self, conn: Connection, words: list[str], line: str) -> bytes:
+        what = _arg(words, 1).lower()
+        if not what:
+            return ERR_MISSING_PARAMETER
+        if what == "begin":
+            if conn.in_block:
+                return reply(330, "ERR ALREADY INSIDE BLOCK")
+            conn.in_block = True
+            return reply(260, "OK INSIDE BLOCK")
+        if what == "end":
+            if not conn.in_block:
+                return reply(331, "ERR ALREADY OUTSIDE BLOCK")
+            conn.in_block = False
+            return reply(261, "OK OUTSIDE BLOCK")
+        return ERR_PARAMETER_INVALID
+
+
+def _arg(words: list[str], i: int) -> str:
+    return words[i] if i < len(words) else ""
+
+
+def _setting_value(sub: str, value: str) -> Any:
+    """Validate a SET value → the value to store, or the error reply (bytes)."""
+    if sub in RANGES or sub == "pause_context":
+        number = parse_int(value)
+        if number is None:
+            return ERR_NOT_A_NUMBER
+        if sub in RANGES:
+            high, low, name = RANGES[sub]
+            if number > 100:
+                return reply(high, f"ERR {name} TOO HIGH")
+            if number < -100:
+                return reply(low, f"ERR {name} TOO LOW")
+        return number
+    if sub in ENUMS:
+        value = value.lower()
+        return value if value in ENUMS[sub] else ERR_PARAMETER_INVALID
+    if sub in ("spelling", "ssml_mode"):
+        value = value.lower()
+        return ERR_NOT_ON_OFF if value not in ("on", "off") else value == "on"
+    if sub == "voice_type":
+        value = value.lower()
+        return value if value in VOICE_TYPES else reply(309, "ERR COULDNT SET VOICE")
+    if sub in ("language", "output_module"):
+        return value.lower()
+    return value  # synthesis_voice keeps its case
+
+
+def _apply(settings: Settings, sub: str, value: Any) -> None:
+    if sub == "voice_type":  # as in speechd, a voice type replaces a synthesis voice
+        settings.synthesis_voice = ""
+    setattr(settings, sub, value)
+
+
+def _language(value: str) -> str:
+    return value.strip().lower().replace("_", "-")
+
+
+def _language_matches(voice_language: str, wanted: str) -> bool:
+    have = _language(voice_language)
+    return have == wanted or have.startswith(wanted + "-")
+
+
+def _error_reply(code: str, message: str) -> bytes:
+    """A request speakd refuses: 4xx when the client can fix it, 3xx when speakd cannot."""
+    server_side = code in ("queue_full", "shutting_down", "duplicate_id", "internal_error")
+    return reply(300 if server_side else 400, f"ERR {printable(message)}")

@@ -1,0 +1,567 @@
+"""SSIP: Debian's stock ``spd-say`` against speakd, and the protocol details it relies on.
+
+Two layers: the real ``spd-say`` binary against a real ``speakd serve`` process with the embedded
+VITS voice (WAV sink, real-time pacing), and raw SSIP exchanges against the real front-end,
+scheduler and WAV sink in-process with the tone engine (fast, and the engine records the text it
+was given). ``spd-say`` always runs with ``SPEECHD_CMD=/bin/false`` so it can never autospawn the
+real Speech Dispatcher, and with ``LANG=C.UTF-8`` (an installed locale: it exits 1 otherwise).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from speakd.audio import read_wav
+from tests.daemon_proc import DaemonProc, start_daemon, write_config
+from tests.ssip_harness import SsipClient, SsipServer, wav_server
+from tests.tone_engine import ToneEngine
+
+SPD_SAY = shutil.which("spd-say")
+needs_spd_say = pytest.mark.skipif(SPD_SAY is None, reason="spd-say (speech-dispatcher) missing")
+
+LONG = (  # a short first sentence starts the audio early; the whole text is > 8 s
+    "Attention. This is a long announcement that keeps going for a while, so that there is "
+    "time to interrupt it. It has several sentences. Each one adds a few more seconds of "
+    "speech. And here is one more, just to be sure."
+)
+
+
+def spd_say(
+    ssip: Path, *args: str, stdin: str | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [SPD_SAY or "spd-say", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=spd_env(ssip),
+    )
+
+
+def spd_env(ssip: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LC_", "SPEECHD_"))}
+    return {
+        **env,
+        "LANG": "C.UTF-8",
+        "SPEECHD_ADDRESS": f"unix_socket:{ssip}",
+        "SPEECHD_CMD": "/bin/false",
+    }
+
+
+def rms(samples: np.ndarray) -> float:
+    return float(np.sqrt(np.mean(samples.astype(np.float64) ** 2)))
+
+
+def msg_wavs(wav_dir: Path) -> dict[int, Path]:
+    """SSIP message id → its WAV (the WAV sink names files after the request id ssip-<id>)."""
+    out = {}
+    for p in wav_dir.glob("ssip-*.wav"):
+        m = re.fullmatch(r"ssip-(\d+)\.wav", p.name)
+        if m:
+            out[int(m.group(1))] = p
+    return out
+
+
+def wait_new_wavs(wav_dir: Path, before: set[int], count: int, timeout: float = 30) -> list[Path]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        new = {k: v for k, v in msg_wavs(wav_dir).items() if k not in before}
+        if len(new) >= count:
+            return [new[k] for k in sorted(new)]
+        time.sleep(0.05)
+    raise AssertionError(
+        f"expected {count} new WAVs in {wav_dir}, have {sorted(msg_wavs(wav_dir))}"
+    )
+
+
+# ---- the real spd-say against a real speakd process --------------------------------------
+
+
+class Speakd:
+    def __init__(self, proc: DaemonProc, tmp: Path) -> None:
+        self.proc = proc
+        self.ssip = tmp / "ssip.sock"
+        self.wav_dir = tmp / "wav"
+
+    def json(self, request: dict) -> dict:
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(10)
+            s.connect(self.proc.socket)
+            s.sendall(json.dumps(request).encode() + b"\n")
+            return json.loads(s.makefile("rb").readline())
+
+    def wait_speaking(self, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.json({"op": "status"})["state"] == "speaking":
+                return
+            time.sleep(0.02)
+        raise AssertionError("speakd never started speaking")
+
+    def wait_idle(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            s = self.json({"op": "status"})
+            if s["state"] == "idle" and not s["queue_length"]:
+                return
+            time.sleep(0.05)
+        raise AssertionError("speakd did not go idle")
+
+    def ids(self) -> set[int]:
+        return set(msg_wavs(self.wav_dir))
+
+
+@pytest.fixture(scope="module")
+def speakd(tmp_path_factory: pytest.TempPathFactory):
+    if SPD_SAY is None:
+        pytest.skip("spd-say (speech-dispatcher) missing")
+    tmp = tmp_path_factory.mktemp("ssip")
+    proc = start_daemon(write_config(tmp, realtime=True), ready_timeout=120)
+    d = Speakd(proc, tmp)
+    deadline = time.monotonic() + 10
+    while not d.ssip.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    yield d
+    assert proc.stop() == 0, proc.log_text()
+
+
+def test_spd_say_speaks(speakd: Speakd) -> None:
+    before = speakd.ids()
+    r = spd_say(speakd.ssip, "Hello from speakd.")
+    assert r.returncode == 0, r.stdout + r.stderr
+    (wav,) = wait_new_wavs(speakd.wav_dir, before, 1)
+    audio = read_wav(wav)
+    assert audio.sample_rate == 22050 and 0.5 < audio.duration < 5
+    assert rms(audio.samples()) > 300, "spoken audio is (nearly) silent"
+    speakd.wait_idle()
+
+
+def test_wait_returns_after_the_audio(speakd: Speakd) -> None:
+    before = speakd.ids()
+    t0 = time.monotonic()
+    r = spd_say(speakd.ssip, "-w", "The kettle has boiled.")
+    elapsed = time.monotonic() - t0
+    assert r.returncode == 0, r.stdout + r.stderr
+    # The WAV is complete when -w returns: it was played (paced in real time) before the 702.
+    (wav,) = [p for k, p in msg_wavs(speakd.wav_dir).items() if k not in before]
+    duration = read_wav(wav).duration
+    assert duration > 0.8
+    assert elapsed >= duration, f"spd-say -w returned after {elapsed:.2f} s, audio {duration:.2f} s"
+
+
+def test_cancel_stops_the_speech_and_releases_a_waiting_client(speakd: Speakd) -> None:
+    before = speakd.ids()
+    waiting = subprocess.Popen(
+        [SPD_SAY, "-w", "-P", "message", LONG],
+        env=spd_env(speakd.ssip),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    speakd.wait_speaking()
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    r = spd_say(speakd.ssip, "-C")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert waiting.wait(timeout=5) == 0  # its 703 CANCELED arrived
+    assert time.monotonic() - t0 < 2.0
+    (wav,) = wait_new_wavs(speakd.wav_dir, before, 1)
+    assert read_wav(wav).duration < 4.0, "the long text played on after CANCEL ALL"
+    speakd.wait_idle()
+
+
+def test_important_interrupts(speakd: Speakd) -> None:
+    before = speakd.ids()
+    long_client = subprocess.Popen(
+        [SPD_SAY, "-w", "-P", "message", LONG],
+        env=spd_env(speakd.ssip),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    speakd.wait_speaking()
+    r = spd_say(speakd.ssip, "-w", "-P", "important", "Attention please.")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert long_client.wait(timeout=5) == 0  # interrupted: it got 703, not a hang
+    first, second = wait_new_wavs(speakd.wav_dir, before, 2)
+    assert read_wav(first).duration < 4.0, "the message was not interrupted"
+    assert rms(read_wav(second).samples()) > 300
+    speakd.wait_idle()
+
+
+def test_pipe_mode_speaks_each_line_in_order(speakd: Speakd) -> None:
+    before = speakd.ids()
+    lines = ["First line.", "Second line.", "Third line."]
+    r = spd_say(speakd.ssip, "-e", stdin="\n".join(lines) + "\n")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.splitlines() == lines  # pipe mode echoes stdin
+    wavs = wait_new_wavs(speakd.wav_dir, before, 3, timeout=60)
+    assert all(rms(read_wav(w).samples()) > 300 for w in wavs)
+    mtimes = [w.stat().st_mtime for w in wavs]
+    assert mtimes == sorted(mtimes), "lines were not spoken in the order sent"
+    speakd.wait_idle()
+
+
+def test_list_voices_and_modules(speakd: Speakd) -> None:
+    voices = speakd.json({"op": "voices"})["voices"]
+    r = spd_say(speakd.ssip, "-L")
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = [line.split() for line in r.stdout.splitlines()]
+    assert rows[0] == ["NAME", "LANGUAGE", "VARIANT"]
+    assert rows[1:] == [[v["name"], v["language"], "none"] for v in voices]
+    r = spd_say(speakd.ssip, "-O")
+    assert r.returncode == 0 and r.stdout.split() == ["OUTPUT", "MODULES", "vits"]
+
+
+def test_rate_and_volume_change_the_audio(speakd: Speakd) -> None:
+    text = "Rate and volume."
+    durations, levels = {}, {}
+    for args in (("-r", "0"), ("-r", "50"), ("-i", "-50")):
+        before = speakd.ids()
+        r = spd_say(speakd.ssip, "-w", *args, text)
+        assert r.returncode == 0, r.stdout + r.stderr
+        (wav,) = [p for k, p in msg_wavs(speakd.wav_dir).items() if k not in before]
+        audio = read_wav(wav)
+        durations[args], levels[args] = audio.duration, rms(audio.samples())
+    # rate 50 = speed 2^(50/50) = 2: about half as long
+    assert 0.4 < durations[("-r", "50")] / durations[("-r", "0")] < 0.65, durations
+    # volume -50 = gain 0.25 of the same (deterministic) audio
+    assert durations[("-i", "-50")] == durations[("-r", "0")]
+    assert abs(levels[("-i", "-50")] / levels[("-r", "0")] - 0.25) < 0.01, levels
+
+
+# ---- the real spd-say against the in-process front-end (tone engine) ----------------------
+
+
+@pytest.fixture
+def server(tmp_path: Path):
+    with wav_server(tmp_path / "ssip.sock", tmp_path / "wav") as s:
+        yield s
+
+
+@needs_spd_say
+@pytest.mark.parametrize(
+    ("argument", "spoken"),
+    [
+        ("first\n.dotline\nlast", "first\n.dotline\nlast"),
+        ("a\n.\nb", "a\n.\nb"),  # the CRLF trap: a bare-LF "." line does not end the data
+        (".hidden", ".hidden"),  # sent dot-stuffed as "..hidden"
+    ],
+)
+def test_spd_say_text_arrives_intact(server: SsipServer, argument: str, spoken: str) -> None:
+    r = spd_say(server.path, "-w", argument)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert server.engine.calls == [spoken]
+
+
+@needs_spd_say
+def test_spd_say_settings_reach_the_request(server: SsipServer, tmp_path: Path) -> None:
+    r = spd_say(
+        server.path, "-w", "-y", "HIGH", "-x", "-P", "message", "<speak>two <b>words</b></speak>"
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert server.engine.calls == ["two words"]  # SSML tags stripped
+    audio = read_wav(next((tmp_path / "wav").glob("ssip-*.wav")))
+    crossings = np.count_nonzero(np.diff(np.signbit(audio.samples())))
+    assert abs(crossings / audio.duration / 2 - 880) < 20  # the "high" voice
+
+
+# ---- raw SSIP against the in-process front-end ---------------------------------------------
+
+
+def test_spd_say_transcript(server: SsipServer) -> None:
+    with SsipClient(server.path) as c:
+        assert c.command('SET SELF CLIENT_NAME "joe:spd-say:main"') == ["208 OK CLIENT NAME SET"]
+        assert c.command("SET SELF LANGUAGE C") == ["201 OK LANGUAGE SET"]
+        assert c.command("SET SELF PRIORITY TEXT") == ["202 OK PRIORITY SET"]
+        assert c.command("speak") == ["230 OK RECEIVING DATA"]
+        c.send(b"hello\r\n.\r\n")
+        unit = c.reply()
+        assert re.fullmatch(r"225-\d+", unit[0]) and unit[1:] == ["225 OK MESSAGE QUEUED"]
+    server.wait_idle()
+    assert server.engine.calls == ["hello"]
+
+
+@pytest.mark.parametrize(
+    ("command", "code"),
+    [
+        ("SET SELF RATE 20", 203),
+        ("SET SELF RATE 101", 409),
+        ("SET SELF RATE -101", 410),
+        ("SET SELF RATE fast", 511),
+        ("SET SELF PITCH -10", 204),
+        ("SET SELF PITCH 200", 411),
+        ("SET SELF PITCH_RANGE 5", 263),
+        ("SET SELF VOLUME 50", 218),
+        ("SET SELF VOLUME -300", 414),
+        ("SET SELF VOICE_TYPE FEMALE1", 209),
+        ("SET SELF VOICE_TYPE ROBOT", 309),
+        ("SET SELF SYNTHESIS_VOICE no such voice", 209),  # speechd accepts any name
+        ("SET SELF OUTPUT_MODULE piper", 216),
+        ("SET SELF PUNCTUATION some", 205),
+        ("SET SELF PUNCTUATION loud", 514),
+        ("SET SELF SPELLING on", 207),
+        ("SET SELF SPELLING maybe", 513),
+        ("SET SELF CAP_LET_RECOGN icon", 206),
+        ("SET SELF SSML_MODE off", 219),
+        ("SET SELF PAUSE_CONTEXT 2", 217),
+        ("SET SELF NOTIFICATION end on", 220),
+        ("SET SELF NOTIFICATION all off", 220),
+        ("SET SELF NOTIFICATION bogus on", 316),
+        ("SET SELF NOTIFICATION end sometimes", 514),
+        ("SET ALL NOTIFICATION end on", 514),
+        ("SET SELF PRIORITY important", 202),
+        ("SET SELF PRIORITY urgent", 408),
+        ("SET ALL PRIORITY text", 301),
+        ("SET SELF CLIENT_NAME nocolons", 311),
+        ("SET ALL RATE 10", 203),
+        ("SET 9999 RATE 10", 303),  # no such client
+        ("SET nobody RATE 10", 514),
+        ("SET SELF RATE", 510),
+        ("SET SELF WHATEVER 1", 500),
+        ("SET", 510),
+        ("STOP SELF", 210),
+        ("STOP ALL", 210),
+        ("STOP 0", 406),
+        ("CANCEL SELF", 213),
+        ("CANCEL ALL", 213),
+        ("CANCEL 7", 213),
+        ("CANCEL someone", 514),
+        ("RESUME SELF", 417),  # nothing paused: a 4xx, as SSIP asks
+        ("LIST VOICES", 249),
+        ("LIST NONSENSE", 514),
+        ("GET RATE", 251),
+        ("GET COLOUR", 514),
+        ("HISTORY GET CLIENT_ID", 245),
+        ("HISTORY GET LAST", 380),
+        ("HISTORY SAY 3", 380),
+        ("HISTORY", 510),
+        ("HELP", 248),
+        ("BLOCK END", 331),
+        ("CHAR", 510),
+        ("FROBNICATE", 500),
+        ("", 500),
+        ("speak", 230),
+    ],
+)
+def test_reply_codes(server: SsipServer, command: str, code: int) -> None:
+    with SsipClient(server.path) as c:
+        assert c.code(command) == code
+
+
+def test_reply_bodies(server: SsipServer) -> None:
+    with SsipClient(server.path) as c:
+        assert c.command("LIST SYNTHESIS_VOICES") == [
+            "249-low\ten\tnone",
+            "249-high\ten\tnone",
+            "249 OK VOICE LIST SENT",
+        ]
+        assert c.command("LIST SYNTHESIS_VOICES de") == ["249 OK VOICE LIST SENT"]
+        assert c.command("LIST OUTPUT_MODULES") == ["250-tone", "250 OK MODULE LIST SENT"]
+        assert c.command("LIST VOICES")[0] == "249-MALE1"
+        assert c.code("SET SELF RATE -30") == 203
+        assert c.command("GET RATE") == ["251--30", "251 OK GET RETURNED"]
+        client_id = c.command("HISTORY GET CLIENT_ID")[0]
+        assert re.fullmatch(r"245-\d+", client_id)
+        assert c.command("QUIT") == ["231 HAPPY HACKING"]
+        with pytest.raises(EOFError):
+            c.line()
+
+
+def test_body_framing_dot_unstuffing_and_encoding(server: SsipServer) -> None:
+    with SsipClient(server.path) as c:
+        assert c.code("SET SELF PRIORITY MESSAGE") == 202
+        for body in (b"..lead\r\nmid\r\n..\r\nx\n.\ny\r\n.\r\n", b"a\x00b\r\n.\r\n"):
+            assert c.code("SPEAK") == 230
+            c.send(body)
+            assert c.reply()[-1] == "225 OK MESSAGE QUEUED"
+        assert c.code("SPEAK") == 230
+        c.send(b".\r\n")
+        assert c.reply() == ["227 OK MESSAGE CANCELED"]
+        assert c.code("SPEAK") == 230
+        c.send(b"caf\xc3\r\n.\r\n")
+        assert c.reply() == ["501 ERR INVALID ENCODING"]
+        assert c.code("SET SELF RATE \xff") == 511  # the line is valid UTF-8 ("ÿ")
+        c.send(b"SET SELF RATE \xff\r\n")
+        assert c.reply() == ["501 ERR INVALID ENCODING"]
+        assert c.code("HELP") == 248  # still in sync
+    server.wait_idle()
+    assert server.engine.calls == [".lead\nmid\n.\nx\n.\ny", "a?b"]
+
+
+def test_line_limit_resynchronises(server: SsipServer) -> None:
+    with SsipClient(server.path) as c:
+        c.send(b"SET SELF CLIENT_NAME " + b"x" * 20000 + b"\r\n")
+        assert c.reply()[0].startswith("500 ERR LINE TOO LONG")
+        assert c.code("HISTORY GET CLIENT_ID") == 245
+        assert c.code("SPEAK") == 230
+        c.send(b"y" * 20000 + b"\r\n" + b"ok\r\n.\r\n")
+        assert c.reply()[0].startswith("400 ERR TEXT TOO LONG")
+        assert c.code("HELP") == 248
+
+
+def test_events_follow_the_speech(server: SsipServer) -> None:
+    with SsipClient(server.path) as c:
+        assert c.code("SET SELF NOTIFICATION all on") == 220
+        assert c.code("SET SELF PRIORITY MESSAGE") == 202
+        msg = c.speak("one two three")
+        t0 = time.monotonic()
+        end = c.wait_event(702, msg)
+        assert time.monotonic() - t0 >= 0.25  # three 0.1 s words, paced in real time
+        client_id = int(c.command("HISTORY GET CLIENT_ID")[0][4:])
+        assert end == [f"702-{msg}", f"702-{client_id}", "702 END"]
+        assert c.event_codes(msg) == [701, 702]
+
+
+def test_no_events_without_notification(server: SsipServer) -> None:
+    with SsipClient(server.path, timeout=0.5) as c:
+        msg = c.speak("one")
+        server.wait_idle()
+        with pytest.raises(TimeoutError):
+            c.unit()
+        assert c.event_codes(msg) == []
+
+
+def test_pause_holds_playback_until_resume(server: SsipServer, tmp_path: Path) -> None:
+    with SsipClient(server.path) as c:
+        assert c.code("SET SELF NOTIFICATION all on") == 220
+        assert c.code("SET SELF PRIORITY MESSAGE") == 202
+        msg = c.speak(" ".join(["word"] * 8))  # 0.8 s of audio
+        c.wait_event(701, msg)
+        assert c.code("PAUSE SELF") == 211
+        c.wait_event(704, msg)
+        time.sleep(1.0)  # longer than the whole utterance
+        assert c.event_codes(msg) == [701, 704]
+        assert server.status()["state"] == "speaking"
+        later = c.speak("queued")  # paused clients' new messages wait too
+        assert c.code("RESUME SELF") == 212
+        c.wait_event(705, msg)
+        c.wait_event(702, msg)
+        c.wait_event(702, later)
+        assert c.event_codes(msg) == [701, 704, 705, 702]
+        assert c.code("RESUME SELF") == 417
+    assert abs(read_wav(tmp_path / "wav" / f"ssip-{msg}.wav").duration - 0.8) < 0.01
+
+
+def test_stop_and_cancel_scopes(server: SsipServer) -> None:
+    with SsipClient(server.path) as a, SsipClient(server.path) as b:
+        for c in (a, b):
+            assert c.code("SET SELF NOTIFICATION all on") == 220
+            assert c.code("SET SELF PRIORITY MESSAGE") == 202
+        long_a = a.speak(" ".join(["a"] * 20))
+        a.wait_event(701, long_a)
+        queued_b = [b.speak("b one"), b.speak("b two")]
+        assert b.code("STOP SELF") == 210  # b is not speaking: nothing to stop
+        assert b.code("CANCEL SELF") == 213  # drops b's queued messages only
+        for m in queued_b:
+            b.wait_event(703, m)
+        assert a.event_codes(long_a) == [701]
+        assert b.code("STOP ALL") == 210  # stops what is speaking, whoever it belongs to
+        a.wait_event(703, long_a)
+    server.wait_idle()
+    assert server.engine.calls == [" ".join(["a"] * 20)]
+
+
+def test_important_from_one_client_interrupts_another(server: SsipServer) -> None:
+    with SsipClient(server.path) as a, SsipClient(server.path) as b:
+        for c, priority in ((a, "TEXT"), (b, "IMPORTANT")):
+            assert c.code("SET SELF NOTIFICATION all on") == 220
+            assert c.code(f"SET SELF PRIORITY {priority}") == 202
+        text = a.speak(" ".join(["text"] * 20))
+        a.wait_event(701, text)
+        urgent = b.speak("fire")
+        a.wait_event(703, text)
+        b.wait_event(702, urgent)
+
+
+def test_settings_apply_to_speech(server: SsipServer, tmp_path: Path) -> None:
+    with SsipClient(server.path) as c:
+        assert c.code("SET SELF NOTIFICATION end on") == 220
+        assert c.code("SET SELF PRIORITY MESSAGE") == 202
+        plain = c.speak("one two")
+        assert c.code("SET SELF VOLUME 0") == 218  # gain 0.5 of the same audio
+        quiet = c.speak("one two")
+        assert c.code("SET SELF RATE 50") == 203  # speed 2
+        fast = c.speak("one two")
+        assert c.code("SET SELF SYNTHESIS_VOICE High") == 209  # names match case-blind
+        high = c.speak("one two")
+        assert c.code("SET SELF SPELLING on") == 207
+        spelled = c.speak("ab c")
+        for m in (plain, quiet, fast, high, spelled):
+            c.wait_event(702, m)
+    wav = {m: read_wav(tmp_path / "wav" / f"ssip-{m}.wav") for m in (plain, quiet, fast, high)}
+    assert np.array_equal(wav[quiet].samples(), (wav[plain].samples() * 0.5).astype("<i2"))
+    assert abs(wav[fast].duration - wav[plain].duration / 2) < 0.01
+    for m, freq in ((plain, 440), (high, 880)):
+        crossings = np.count_nonzero(np.diff(np.signbit(wav[m].samples())))
+        assert abs(crossings / wav[m].duration / 2 - freq) < 20
+    assert server.engine.calls[-1] == "a b c"
+
+
+def test_set_other_clients(server: SsipServer) -> None:
+    with SsipClient(server.path) as a, SsipClient(server.path) as b:
+        b_id = b.command("HISTORY GET CLIENT_ID")[0][4:]
+        assert a.code(f"SET {b_id} RATE 40") == 203
+        assert b.command("GET RATE")[0] == "251-40"
+        assert a.code("SET ALL VOLUME 10") == 218
+        assert a.command("GET VOLUME")[0] == b.command("GET VOLUME")[0] == "251-10"
+
+
+def test_char_key_and_sound_icon(server: SsipServer) -> None:
+    with SsipClient(server.path) as c:
+        assert c.code("SET SELF NOTIFICATION all on") == 220
+        assert c.code("SET SELF PRIORITY MESSAGE") == 202
+        ids = []
+        for command in ("CHAR x", "CHAR space", "KEY shift_a", "SOUND_ICON bell"):
+            unit = c.command(command)
+            assert unit[-1] == "225 OK MESSAGE QUEUED", unit
+            ids.append(int(unit[0][4:]))
+        for m in ids:
+            c.wait_event(702, m)
+    assert server.engine.calls == ["x", "space", "shift a"]  # no sound icons: nothing played
+
+
+def test_block_restricts_commands(server: SsipServer) -> None:
+    with SsipClient(server.path) as c:
+        assert c.code("BLOCK BEGIN") == 260
+        assert c.code("BLOCK BEGIN") == 330
+        assert c.code("STOP ALL") == 332
+        assert c.code("SET SELF PRIORITY text") == 332
+        assert c.code("SET SELF RATE 5") == 203
+        assert c.code("BLOCK END") == 261
+
+
+def test_queue_full_is_a_server_error(tmp_path: Path) -> None:
+    engine = ToneEngine(compute_s=0.5)  # slow synthesis keeps the queue occupied
+    with (
+        SsipServer(tmp_path / "s.sock", max_queue=1, engine=engine) as server,
+        SsipClient(server.path) as c,
+    ):
+        assert c.code("SET SELF PRIORITY MESSAGE") == 202
+        codes = []
+        for _ in range(4):
+            assert c.code("SPEAK") == 230
+            c.send(b"a b c\r\n.\r\n")
+            codes.append(int(c.reply()[-1][:3]))
+        assert codes[0] == 225 and codes[-1] == 300
+        assert c.code("CANCEL ALL") == 213
+
+
+def test_disconnect_lifts_a_pause(server: SsipServer) -> None:
+    with SsipClient(server.path) as a:
+        assert a.code("SET SELF PRIORITY MESSAGE") == 202
+        assert a.code("PAUSE SELF") == 211
+        a.speak("held")
+        time.sleep(0.2)
+        assert server.engine.calls == []
+    server.wait_idle()
+    assert server.engine.calls == ["held"]
