@@ -95,6 +95,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return 0 if run_doctor(args.config, args.socket) else EXIT_FAILED
 
 
+def cmd_cache(args: argparse.Namespace) -> int:
+    from speakd.cache.cli import run
+
+    return run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="speakd", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"speakd {__version__}")
@@ -149,6 +155,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=2, help="onnxruntime threads (default 2)")
 
     command("doctor", cmd_doctor, "check config, model, audio device, socket and broker")
+
+    from speakd.cache.cli import add_arguments as cache_arguments
+
+    cache_arguments(command("cache", cmd_cache, "manage the audio cache and prompt packs"))
 
     for p in sub.choices.values():
         if "--socket" not in p._option_string_actions:

@@ -110,6 +110,7 @@ class CacheConfig:
     ttl_s: int = 604_800
     ttl_jitter: float = 0.1  # fraction of ttl_s, random per entry
     prewarm_bytes: int = 67_108_864  # pinned clips held in RAM
+    stale_while_revalidate: bool = False  # play an expired clip at once, re-synthesise behind
 
     def validate(self) -> None:
         _range("cache.max_bytes", self.max_bytes, 0, 1 << 40)

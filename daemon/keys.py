@@ -26,6 +26,8 @@ def audio_key(engine: Engine, text: str, config: SynthesisConfig) -> str:
         "params": engine.audio_params(config),
         "bundle": engine.bundle_id,
     }
+    if config.seed is not None:  # an explicit seed changes the audio; the default one is derived
+        material["seed"] = config.seed
     return hashlib.sha256(canonical_json(material).encode()).hexdigest()
 
 

@@ -369,8 +369,8 @@ def _error_data(e: BaseException) -> dict[str, Any]:
 
     if isinstance(e, UnknownVoiceError):
         return {"code": "unknown_voice", "message": str(e)}
-    if isinstance(e, EngineError):
-        return {"code": "synthesis_failed", "message": str(e)}
+    if isinstance(e, EngineError):  # subclasses may name their own code (cache: not_cached)
+        return {"code": getattr(e, "code", "synthesis_failed"), "message": str(e)}
     return {"code": "internal_error", "message": f"{type(e).__name__}: {e}"}
 
 

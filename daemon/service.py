@@ -32,7 +32,21 @@ log = logging.getLogger(__name__)
 
 def make_source(engine: Engine, config: Config) -> AudioSource:
     """The cache in front of the engine when configured, else the engine alone."""
+    if config.cache.enabled:
+        from speakd.cache.resolver import CachingSource
+        from speakd.cache.store import CacheError
+
+        try:
+            return CachingSource.from_config(engine, config.cache)
+        except CacheError as e:
+            log.error("audio cache disabled: %s", e)
     return EngineSource(engine)
+
+
+def _close_source(source: AudioSource) -> None:
+    close = getattr(source, "close", None)
+    if close is not None:
+        close()
 
 
 @dataclass
@@ -139,7 +153,8 @@ class Daemon:
         if new.audio != self.config.audio:
             old_sink, scheduler.sink = scheduler.sink, make_sink(new.audio)
             await asyncio.to_thread(old_sink.close)
-        scheduler.source = make_source(engine, new)
+        old_source, scheduler.source = scheduler.source, make_source(engine, new)
+        await asyncio.to_thread(_close_source, old_source)
         scheduler.max_queue = new.limits.max_queue
         scheduler.block_ms, scheduler.volume = new.audio.block_ms, new.audio.volume
         self.config, self.engine = new, engine
@@ -157,6 +172,7 @@ class Daemon:
         if self.control is not None:
             await self.control.scheduler.close()
             self.control.scheduler.sink.close()
+            _close_source(self.control.scheduler.source)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -1,0 +1,518 @@
+"""The audio cache database (DESIGN.md §6): one SQLite file, written through sqlite-utils.
+
+Crash safety comes from SQLite itself, used carefully: WAL journal, ``synchronous=FULL`` (a
+committed clip survives power loss, not only a killed process), every change in one transaction,
+and no file is ever rewritten in place. A file that is not a database or is damaged is moved aside
+to ``<name>.corrupt-<UTC time>`` and a fresh cache is created, with an error log line and
+``status()["recovered_from"]``.
+
+Audio is stored as raw PCM16 (``encoding = "pcm_s16le"``): a hit is then a memcpy to the sink with
+no decoder on the path, speech at 16–24 kHz costs only 32–48 kB/s, and the device needs no codec
+library (python FLAC/Opus bindings are thin, unevenly maintained on ARM, and would add decode time
+to every hit to save disk space the byte budget already bounds).
+
+One connection serves every thread behind a lock; other processes (``speakd cache import`` while
+the daemon runs) are serialised by SQLite's own locking with a busy timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from sqlite_utils import Database
+
+from speakd.audio import SAMPLE_WIDTH, AudioChunk
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+ENCODING = "pcm_s16le"
+SQLITE_MAGIC = b"SQLite format 3\x00"
+_CORRUPT_CODES = {11, 26}  # SQLITE_CORRUPT, SQLITE_NOTADB (primary result codes)
+TOUCH_FLUSH_S = 30.0  # hit bookkeeping is batched: fewer fsyncs, less SD-card wear
+
+T = TypeVar("T")
+
+
+class CacheError(Exception):
+    """The cache cannot be used as asked; the message names the file."""
+
+
+def is_corruption(e: BaseException) -> bool:
+    code = getattr(e, "sqlite_errorcode", None)
+    return (
+        isinstance(e, sqlite3.DatabaseError)
+        and code is not None
+        and code & 0xFF in (_CORRUPT_CODES)
+    )
+
+
+@dataclass
+class Clip:
+    """One cached utterance: whole-clip PCM16 plus what it was made from."""
+
+    key: str
+    text: str
+    voice: str
+    params: dict[str, Any]
+    bundle: str
+    sample_rate: int
+    audio: bytes
+    pinned: bool = False
+    created: float = field(default_factory=time.time)
+    expires: float | None = None
+    last_used: float | None = None
+    hits: int = 0
+    encoding: str = ENCODING
+
+    @property
+    def bytes(self) -> int:
+        return len(self.audio)
+
+    @property
+    def duration(self) -> float:
+        return len(self.audio) / SAMPLE_WIDTH / self.sample_rate
+
+    def expired(self, now: float) -> bool:
+        return not self.pinned and self.expires is not None and self.expires <= now
+
+    def chunk(self) -> AudioChunk:
+        return AudioChunk(self.audio, self.sample_rate)
+
+    def row(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "text": self.text,
+            "voice": self.voice,
+            "params": json.dumps(self.params, sort_keys=True),
+            "bundle": self.bundle,
+            "sample_rate": self.sample_rate,
+            "encoding": self.encoding,
+            "audio": self.audio,
+            "duration": round(self.duration, 4),
+            "pinned": int(self.pinned),
+            "created": self.created,
+            "expires": None if self.pinned else self.expires,
+            "last_used": self.last_used if self.last_used is not None else self.created,
+            "hits": self.hits,
+            "bytes": self.bytes,
+        }
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Clip:
+        return cls(
+            key=row["key"],
+            text=row["text"],
+            voice=row["voice"],
+            params=json.loads(row["params"]),
+            bundle=row["bundle"],
+            sample_rate=row["sample_rate"],
+            audio=bytes(row["audio"]),
+            pinned=bool(row["pinned"]),
+            created=row["created"],
+            expires=row["expires"],
+            last_used=row["last_used"],
+            hits=row["hits"],
+            encoding=row["encoding"],
+        )
+
+
+# ---- schema -------------------------------------------------------------------------------
+
+
+def _v1(db: Database) -> None:
+    db["meta"].create({"key": str, "value": str}, pk="key", if_not_exists=True)
+    db["clips"].create(
+        {
+            "key": str,
+            "text": str,
+            "voice": str,
+            "params": str,
+            "bundle": str,
+            "sample_rate": int,
+            "encoding": str,
+            "audio": bytes,
+            "duration": float,
+            "pinned": int,
+            "created": float,
+            "expires": float,
+            "last_used": float,
+            "hits": int,
+            "bytes": int,
+        },
+        pk="key",
+        not_null={"text", "voice", "params", "bundle", "sample_rate", "encoding", "audio"},
+        defaults={"pinned": 0, "hits": 0},
+    )
+    db["clips"].create_index(["pinned", "last_used"], index_name="clips_lru")
+    db["clips"].create_index(["bundle", "pinned"], index_name="clips_bundle")
+
+
+# MIGRATIONS[n] takes a database at schema version n to n + 1; append, never edit.
+MIGRATIONS: list[Callable[[Database], None]] = [_v1]
+assert len(MIGRATIONS) == SCHEMA_VERSION
+
+
+class CacheStore:
+    """The cache file. Thread-safe; every public method is one transaction."""
+
+    def __init__(
+        self,
+        path: Path | str,
+        *,
+        max_bytes: int = 268_435_456,
+        ttl_s: float = 604_800,
+        ttl_jitter: float = 0.1,
+        recover: bool = True,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.path = Path(path)
+        self.max_bytes = max_bytes
+        self.ttl_s = ttl_s
+        self.ttl_jitter = ttl_jitter
+        self.recover = recover
+        self.recovered_from: str | None = None
+        self._rng = rng or random.Random()
+        self._lock = threading.RLock()
+        self._touches: dict[str, tuple[int, float]] = {}
+        self._last_flush = time.monotonic()
+        self._db: Database | None = None
+        self._open()
+
+    # ---- lifecycle --------------------------------------------------------------------------
+
+    def _open(self) -> None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise CacheError(f"{self.path.parent}: cannot create the cache directory: {e}") from e
+        try:
+            self._db = self._connect()
+        except sqlite3.DatabaseError as e:
+            if not (is_corruption(e) and self.recover):
+                raise CacheError(f"{self.path}: cannot open the cache database: {e}") from e
+            self._move_aside(str(e))
+            self._db = self._connect()
+
+    def _connect(self) -> Database:
+        if self.path.exists() and self.path.stat().st_size >= len(SQLITE_MAGIC):
+            with self.path.open("rb") as f:
+                if f.read(len(SQLITE_MAGIC)) != SQLITE_MAGIC:
+                    err = sqlite3.DatabaseError("file is not a database (bad header)")
+                    err.sqlite_errorcode = 26  # type: ignore[attr-defined]
+                    raise err
+        conn = sqlite3.connect(str(self.path), check_same_thread=False, timeout=10.0)
+        try:
+            db = Database(conn, execute_plugins=False)
+            db.enable_wal()
+            db.execute("PRAGMA synchronous=FULL")
+            self._migrate(db)
+            db.execute("SELECT COUNT(*) FROM clips").fetchone()
+        except BaseException:
+            conn.close()
+            raise
+        return db
+
+    def _migrate(self, db: Database) -> None:
+        version = 0
+        if db["meta"].exists():
+            row = db.execute("SELECT value FROM meta WHERE key = ?", ["schema_version"]).fetchone()
+            version = int(row[0]) if row else 0
+        if version > SCHEMA_VERSION:
+            raise CacheError(
+                f"{self.path}: schema version {version} is newer than this speakd understands "
+                f"({SCHEMA_VERSION}); upgrade speakd or point cache.path elsewhere"
+            )
+        if version == 0 and db["clips"].exists():
+            raise CacheError(f"{self.path}: has a clips table but no schema version")
+        with db.atomic():
+            for n in range(version, SCHEMA_VERSION):
+                MIGRATIONS[n](db)
+                db["meta"].upsert({"key": "schema_version", "value": str(n + 1)}, pk="key")
+        if version < SCHEMA_VERSION:
+            log.info("cache %s: schema %d → %d", self.path, version, SCHEMA_VERSION)
+
+    def _move_aside(self, reason: str) -> None:
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        target = self.path.with_name(f"{self.path.name}.corrupt-{stamp}")
+        for suffix in ("", "-wal", "-shm"):
+            src = Path(f"{self.path}{suffix}")
+            if src.exists():
+                src.rename(Path(f"{target}{suffix}"))
+        self.recovered_from = str(target)
+        log.error(
+            "cache database %s is damaged (%s): moved it to %s and started an empty cache; "
+            "re-import prompt packs with `speakd cache import PACK`",
+            self.path,
+            reason,
+            target,
+        )
+
+    def close(self) -> None:
+        with self._lock:
+            if self._db is None:
+                return
+            try:
+                self._flush_touches()
+            except sqlite3.Error as e:
+                log.warning("cache %s: hit counters not saved on close: %s", self.path, e)
+            self._db.close()
+            self._db = None
+
+    @property
+    def closed(self) -> bool:
+        return self._db is None
+
+    def __enter__(self) -> CacheStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _guard(self) -> Iterator[Database]:
+        """The lock, and recovery when SQLite reports the file damaged mid-operation."""
+        with self._lock:
+            if self._db is None:
+                raise CacheError(f"{self.path}: the cache is closed")
+            try:
+                yield self._db
+            except sqlite3.DatabaseError as e:
+                if not (is_corruption(e) and self.recover):
+                    raise
+                self._db.close()
+                self._db = None
+                self._move_aside(str(e))
+                self._db = self._connect()
+                raise CacheError(f"{self.path}: damaged, replaced by an empty cache") from e
+
+    def _run(self, fn: Callable[[Database], T]) -> T:
+        with self._guard() as db:
+            return fn(db)
+
+    # ---- reads --------------------------------------------------------------------------------
+
+    def get(self, key: str) -> Clip | None:
+        def read(db: Database) -> Clip | None:
+            cur = db.execute("SELECT * FROM clips WHERE key = ?", [key])
+            row = cur.fetchone()
+            if row is None:
+                return None
+            return Clip.from_row(dict(zip([d[0] for d in cur.description], row, strict=True)))
+
+        return self._run(read)
+
+    def contains(self, key: str) -> bool:
+        return self._run(
+            lambda db: db.execute("SELECT 1 FROM clips WHERE key = ?", [key]).fetchone() is not None
+        )
+
+    def prewarm_order(self, bundle: str) -> list[tuple[str, int]]:
+        """(key, bytes) of a bundle's pinned clips, most used first: what to hold in RAM."""
+        return self._run(
+            lambda db: db.execute(
+                "SELECT key, bytes FROM clips WHERE bundle = ? AND pinned = 1"
+                " ORDER BY hits DESC, last_used DESC",
+                [bundle],
+            ).fetchall()
+        )
+
+    def keys(self) -> set[str]:
+        return self._run(lambda db: {r[0] for r in db.execute("SELECT key FROM clips")})
+
+    def clips(
+        self, *, pinned_only: bool = False, bundle: str | None = None, order: str = "last_used"
+    ) -> Iterator[Clip]:
+        """All clips (a snapshot, read in one go), most recently used first by default."""
+        orders = {
+            "last_used": "last_used DESC",
+            "key": "key",
+        }
+        sql = "SELECT * FROM clips WHERE (? = 0 OR pinned = 1) AND (? IS NULL OR bundle = ?)"
+        sql += f" ORDER BY {orders[order]}"
+
+        def read(db: Database) -> list[Clip]:
+            return [Clip.from_row(r) for r in db.query(sql, [int(pinned_only), bundle, bundle])]
+
+        return iter(self._run(read))
+
+    def listing(self, *, pinned_only: bool = False) -> list[dict[str, Any]]:
+        """Every row but the audio, most recently used first (``speakd cache ls``)."""
+        sql = (
+            "SELECT key, text, voice, params, bundle, sample_rate, encoding, duration, pinned,"
+            " created, expires, last_used, hits, bytes FROM clips WHERE (? = 0 OR pinned = 1)"
+            " ORDER BY last_used DESC"
+        )
+        return self._run(lambda db: list(db.query(sql, [int(pinned_only)])))
+
+    def stats(self) -> dict[str, Any]:
+        def read(db: Database) -> dict[str, Any]:
+            row = db.execute(
+                "SELECT COUNT(*), COALESCE(SUM(bytes), 0), COALESCE(SUM(duration), 0),"
+                " COALESCE(SUM(pinned), 0), COALESCE(SUM(CASE WHEN pinned = 1 THEN bytes END), 0),"
+                " COALESCE(SUM(hits), 0), COALESCE(SUM(expires <= ? AND pinned = 0), 0)"
+                " FROM clips",
+                [time.time()],
+            ).fetchone()
+            return {
+                "path": str(self.path),
+                "schema_version": SCHEMA_VERSION,
+                "clips": row[0],
+                "bytes": row[1],
+                "audio_s": round(row[2], 1),
+                "pinned": row[3],
+                "pinned_bytes": row[4],
+                "stored_hits": row[5],
+                "expired": row[6],
+                "max_bytes": self.max_bytes,
+                "recovered_from": self.recovered_from,
+            }
+
+        return self._run(read)
+
+    def integrity_check(self) -> list[str]:
+        """SQLite's full check plus one per clip; empty when all is well."""
+
+        def check(db: Database) -> list[str]:
+            problems = [
+                r[0] for r in db.execute("PRAGMA integrity_check").fetchall() if r[0] != "ok"
+            ]
+            for key, enc, rate, n, stored in db.execute(
+                "SELECT key, encoding, sample_rate, length(audio), bytes FROM clips"
+            ):
+                if enc != ENCODING:
+                    problems.append(f"clip {key}: unknown encoding {enc!r}")
+                if not rate or rate <= 0:
+                    problems.append(f"clip {key}: bad sample rate {rate!r}")
+                if n is None or n != stored or n % SAMPLE_WIDTH:
+                    problems.append(f"clip {key}: audio is {n} bytes, row says {stored}")
+            return problems
+
+        return self._run(check)
+
+    # ---- writes -------------------------------------------------------------------------------
+
+    def expiry(self, now: float) -> float | None:
+        """now + ttl, spread by ±ttl_jitter so entries made together do not expire together."""
+        if self.ttl_s <= 0:
+            return None
+        return now + self.ttl_s * (1.0 + self.ttl_jitter * self._rng.uniform(-1.0, 1.0))
+
+    def put(self, clip: Clip) -> list[str]:
+        """Insert or replace a clip, then evict LRU unpinned clips over budget; returns evicted."""
+        if clip.encoding != ENCODING or len(clip.audio) % SAMPLE_WIDTH:
+            raise ValueError(f"clip {clip.key}: expected {ENCODING} audio")
+        if not clip.pinned and clip.expires is None:
+            clip.expires = self.expiry(clip.created)
+
+        def write(db: Database) -> list[str]:
+            self._flush_touches()
+            with db.atomic():
+                db["clips"].upsert(clip.row(), pk="key")
+                return self._evict(db, keep=clip.key)
+
+        return self._run(write)
+
+    def put_many(self, clips: list[Clip], *, skip_existing: bool = True) -> int:
+        """Store several clips in one transaction (prompt packs); returns how many were new."""
+
+        def write(db: Database) -> int:
+            added = 0
+            with db.atomic():
+                for clip in clips:
+                    exists = db.execute("SELECT 1 FROM clips WHERE key = ?", [clip.key]).fetchone()
+                    if exists and skip_existing:
+                        if clip.pinned:  # same key, same audio: just make sure it stays
+                            db.execute(
+                                "UPDATE clips SET pinned = 1, expires = NULL WHERE key = ?",
+                                [clip.key],
+                            )
+                        continue
+                    db["clips"].upsert(clip.row(), pk="key")
+                    added += 1
+                self._evict(db)
+            return added
+
+        return self._run(write)
+
+    def touch(self, key: str, now: float | None = None) -> None:
+        """Record a hit; written in batches (see TOUCH_FLUSH_S)."""
+        with self._lock:
+            count, _ = self._touches.get(key, (0, 0.0))
+            self._touches[key] = (count + 1, time.time() if now is None else now)
+            if time.monotonic() - self._last_flush > TOUCH_FLUSH_S and self._db is not None:
+                self._run(lambda db: self._flush_touches())
+
+    def _flush_touches(self) -> None:
+        if not self._touches or self._db is None:
+            return
+        with self._db.atomic():
+            for key, (count, last) in self._touches.items():
+                self._db.execute(
+                    "UPDATE clips SET hits = hits + ?, last_used = MAX(last_used, ?) WHERE key = ?",
+                    [count, last, key],
+                )
+        self._touches.clear()
+        self._last_flush = time.monotonic()
+
+    def delete(self, key: str) -> bool:
+        return self._run(
+            lambda db: db.execute("DELETE FROM clips WHERE key = ?", [key]).rowcount > 0
+        )
+
+    def prune(self, now: float | None = None) -> dict[str, int]:
+        """Drop expired unpinned clips, then LRU-evict down to the byte budget."""
+        now = time.time() if now is None else now
+
+        def write(db: Database) -> dict[str, int]:
+            self._flush_touches()
+            with db.atomic():
+                expired = db.execute(
+                    "DELETE FROM clips WHERE pinned = 0 AND expires IS NOT NULL AND expires <= ?",
+                    [now],
+                ).rowcount
+                evicted = len(self._evict(db))
+            return {"expired": expired, "evicted": evicted}
+
+        return self._run(write)
+
+    def _evict(self, db: Database, keep: str | None = None) -> list[str]:
+        total = db.execute("SELECT COALESCE(SUM(bytes), 0) FROM clips").fetchone()[0]
+        if total <= self.max_bytes:
+            return []
+        evicted: list[str] = []
+        for key, size in db.execute(
+            "SELECT key, bytes FROM clips WHERE pinned = 0 AND key IS NOT ? ORDER BY last_used",
+            [keep],
+        ).fetchall():
+            if total <= self.max_bytes:
+                break
+            evicted.append(key)
+            total -= size
+        if evicted:
+            db.execute(f"DELETE FROM clips WHERE key IN ({','.join('?' * len(evicted))})", evicted)
+        if total > self.max_bytes:
+            log.warning(
+                "cache %s: %d bytes over the %d-byte budget after evicting every unpinned clip "
+                "(pinned clips are never evicted)",
+                self.path,
+                total - self.max_bytes,
+                self.max_bytes,
+            )
+        return evicted
+
+    def set_meta(self, key: str, value: str) -> None:
+        self._run(lambda db: db["meta"].upsert({"key": key, "value": value}, pk="key"))
+
+    def meta(self) -> dict[str, str]:
+        return self._run(lambda db: {k: v for k, v in db.execute("SELECT key, value FROM meta")})

@@ -1,0 +1,367 @@
+"""``speakd-tools precompute``: fixed prompts → a prompt pack (a cache database of pinned clips).
+
+The pack is made with the same engine the board runs (``speakd.engines.load_engine``) and keyed
+with the same ``audio_key`` + default seed, so ``speakd cache import pack.db`` makes every prompt
+a hit on the device. Two passes: every worker first computes keys (cheap, no synthesis) so prompts
+already in the pack, and duplicates, are skipped; then only the missing clips are synthesised, in
+``--jobs`` processes that each load their own engine with ``threads / jobs`` onnxruntime threads.
+
+Prompts: a text file (one prompt a line; blank lines and ``#`` comments skipped) or TOML::
+
+    voice = "default"            # defaults for every prompt (optional)
+    speed = 1.0
+
+    [[prompt]]
+    text = "The door is open."
+    voice = "en_US-joe-medium"   # per-prompt overrides: voice, speed, seed, params
+    params = { noise_scale = 0.5 }
+
+TOML rather than YAML: ``tomllib`` is in the standard library, so the tool needs no extra parser.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import logging
+import multiprocessing
+import os
+import sys
+import time
+import tomllib
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Executor, ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from speakd.audio import join_chunks
+from speakd.bundle import BundleError
+from speakd.cache.store import CacheError, CacheStore, Clip
+from speakd.engines.base import Engine, EngineError, SynthesisConfig
+from speakd.keys import audio_key
+from speakd.messages import SpeakRequest
+from speakd.source import with_default_seed
+
+log = logging.getLogger(__name__)
+
+PROMPT_FIELDS = {"text", "voice", "speed", "seed", "params"}
+
+
+class PromptError(ValueError):
+    """The prompts file is wrong; the message names the file and the prompt."""
+
+
+@dataclass(frozen=True)
+class Prompt:
+    text: str
+    voice: str | None = None
+    speed: float | None = None
+    seed: int | None = None
+    params: tuple[tuple[str, Any], ...] = ()  # sorted items: hashable, so duplicates collapse
+
+    def config(self) -> SynthesisConfig:
+        return SynthesisConfig(
+            voice=self.voice, speed=self.speed, seed=self.seed, extra=dict(self.params)
+        )
+
+
+def read_prompts(path: Path, voice: str | None = None) -> list[Prompt]:
+    """Prompts from a text or TOML file; ``voice`` is the default for prompts that name none."""
+    try:
+        raw = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise PromptError(f"{path}: cannot read the prompts: {e}") from None
+    if path.suffix.lower() == ".toml":
+        return _toml_prompts(path, raw, voice)
+    return [
+        Prompt(line.strip(), voice)
+        for line in raw.splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
+
+
+def _toml_prompts(path: Path, raw: str, voice: str | None) -> list[Prompt]:
+    try:
+        data = tomllib.loads(raw)
+    except tomllib.TOMLDecodeError as e:
+        raise PromptError(f"{path}: not valid TOML: {e}") from None
+    unknown = set(data) - (PROMPT_FIELDS - {"text"}) - {"prompt"}
+    if unknown:
+        raise PromptError(f"{path}: unknown top-level key {sorted(unknown)[0]!r}")
+    items = data.get("prompt")
+    if not isinstance(items, list) or not items:
+        raise PromptError(f"{path}: expected [[prompt]] tables with a text each")
+    defaults = {k: v for k, v in data.items() if k != "prompt"}
+    if voice is not None:
+        defaults.setdefault("voice", voice)
+    return [_prompt(f"{path}: prompt[{i}]", {**defaults, **item}) for i, item in enumerate(items)]
+
+
+def _prompt(where: str, item: Any) -> Prompt:
+    if not isinstance(item, dict):
+        raise PromptError(f"{where}: expected a table")
+    unknown = set(item) - PROMPT_FIELDS
+    if unknown:
+        raise PromptError(
+            f"{where}.{sorted(unknown)[0]}: unknown field"
+            f" (known: {', '.join(sorted(PROMPT_FIELDS))})"
+        )
+    checks: dict[str, tuple[type, ...]] = {
+        "text": (str,),
+        "voice": (str,),
+        "speed": (int, float),
+        "seed": (int,),
+        "params": (dict,),
+    }
+    for key, types in checks.items():
+        value = item.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, types)):
+            raise PromptError(f"{where}.{key}: expected {types[0].__name__}, got {value!r}")
+    text = (item.get("text") or "").strip()
+    if not text:
+        raise PromptError(f"{where}.text: missing or empty")
+    speed = item.get("speed")
+    return Prompt(
+        text=text,
+        voice=item.get("voice"),
+        speed=None if speed is None else float(speed),
+        seed=item.get("seed"),
+        params=tuple(sorted((item.get("params") or {}).items())),
+    )
+
+
+# ---- workers (one engine per process) --------------------------------------------------------
+
+_engine: Engine | None = None
+
+
+def _init_worker(factory: Callable[[], Engine]) -> None:
+    global _engine
+    logging.basicConfig(level=logging.WARNING)
+    _engine = factory()
+
+
+def _keys(prompts: list[Prompt]) -> tuple[str, list[str | Exception]]:
+    """The bundle id and each prompt's audio key (or the error that stops it, e.g. bad voice)."""
+    assert _engine is not None
+    keys: list[str | Exception] = []
+    for p in prompts:
+        try:
+            keys.append(audio_key(_engine, p.text, p.config()))
+        except Exception as e:
+            keys.append(e)
+    return _engine.bundle_id, keys
+
+
+def synthesize_batch(engine: Engine, prompts: Sequence[Prompt]) -> list[Clip | Exception]:
+    """One clip per prompt. The seam for batched engines (ChatTTS, issue 12): today one by one."""
+    out: list[Clip | Exception] = []
+    for p in prompts:
+        try:
+            key, request = with_default_seed(engine, SpeakRequest(text=p.text, config=p.config()))
+            audio = join_chunks(engine.synthesize(request.text, request.config))
+            if audio is None:
+                raise ValueError("the engine produced no audio")
+            out.append(
+                Clip(
+                    key=key,
+                    text=p.text,
+                    voice=p.voice or engine.default_voice(),
+                    params={**engine.audio_params(request.config), "seed": request.config.seed},
+                    bundle=engine.bundle_id,
+                    sample_rate=audio.sample_rate,
+                    audio=audio.pcm,
+                    pinned=True,
+                )
+            )
+        except Exception as e:
+            out.append(e)
+    return out
+
+
+def _synthesize(prompts: list[Prompt]) -> list[Clip | Exception]:
+    assert _engine is not None
+    return synthesize_batch(_engine, prompts)
+
+
+class _InProcess(Executor):
+    """jobs = 1: the same worker functions, no child process."""
+
+    def __init__(self, factory: Callable[[], Engine]) -> None:
+        _init_worker(factory)
+
+    def map(self, fn: Callable[..., Any], *iterables: Any, **_: Any) -> Iterator[Any]:  # type: ignore[override]
+        return map(fn, *iterables)
+
+
+# ---- the run ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Report:
+    prompts: int = 0
+    duplicates: int = 0
+    existing: int = 0
+    synthesized: int = 0
+    failed: list[tuple[str, str]] = field(default_factory=list)  # (text, error)
+    audio_s: float = 0.0
+    wall_s: float = 0.0
+    synth_s: float = 0.0
+    bundle: str = ""
+    pack_clips: int = 0
+    pack_bytes: int = 0
+
+    @property
+    def clips_per_s(self) -> float:
+        return self.synthesized / self.synth_s if self.synth_s > 0 else 0.0
+
+    def table(self) -> str:
+        rows = [
+            ("bundle", self.bundle),
+            ("prompts", str(self.prompts)),
+            ("duplicates", str(self.duplicates)),
+            ("already in pack", str(self.existing)),
+            ("synthesized", str(self.synthesized)),
+            ("failed", str(len(self.failed))),
+            ("audio made", f"{self.audio_s:.1f} s"),
+            ("pack", f"{self.pack_clips} clips, {self.pack_bytes / 1e6:.2f} MB"),
+            ("synthesis time", f"{self.synth_s:.1f} s"),
+            ("throughput", f"{self.clips_per_s:.2f} clips/s" if self.synthesized else "-"),
+            ("realtime factor", f"{self.audio_s / self.synth_s:.1f}x" if self.synthesized else "-"),
+            ("wall time", f"{self.wall_s:.1f} s"),
+        ]
+        width = max(len(k) for k, _ in rows)
+        lines = [f"{k:<{width}}  {v}" for k, v in rows]
+        lines += [f"FAILED {text[:50]!r}: {err}" for text, err in self.failed]
+        return "\n".join(lines)
+
+
+def _chunks(items: Sequence[Any], size: int) -> list[list[Any]]:
+    return [list(items[i : i + size]) for i in range(0, len(items), size)]
+
+
+def precompute(
+    prompts: Sequence[Prompt],
+    out: Path,
+    engine_factory: Callable[[], Engine],
+    *,
+    jobs: int = 1,
+    batch_size: int = 1,
+    progress: bool = True,
+) -> Report:
+    """Synthesise every prompt not yet in ``out`` and store it pinned; idempotent."""
+    from tqdm import tqdm
+
+    t0 = time.monotonic()
+    report = Report(prompts=len(prompts))
+    unique = list(dict.fromkeys(prompts))
+    report.duplicates = len(prompts) - len(unique)
+    pool: Executor = (
+        _InProcess(engine_factory)
+        if jobs == 1
+        else ProcessPoolExecutor(
+            jobs,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_init_worker,
+            initargs=(engine_factory,),
+        )
+    )
+    with CacheStore(out, max_bytes=1 << 62, ttl_s=0, recover=False) as store, pool:
+        existing = store.keys()
+        todo: dict[str, Prompt] = {}
+        key_batches = _chunks(unique, max(1, -(-len(unique) // (4 * jobs))))
+        for batch, (bundle, keys) in zip(key_batches, pool.map(_keys, key_batches), strict=True):
+            report.bundle = bundle
+            for prompt, key in zip(batch, keys, strict=True):
+                if isinstance(key, Exception):
+                    report.failed.append((prompt.text, str(key)))
+                elif key in existing:
+                    report.existing += 1
+                elif key in todo:
+                    report.duplicates += 1  # different spelling, same audio (e.g. whitespace)
+                else:
+                    todo[key] = prompt
+        if report.bundle:
+            store.set_meta("pack_bundle", report.bundle)
+        t1 = time.monotonic()
+        batches = _chunks(list(todo.values()), batch_size)
+        with tqdm(total=len(todo), unit="clip", disable=not progress, file=sys.stderr) as bar:
+            for batch, results in zip(batches, pool.map(_synthesize, batches), strict=True):
+                clips = []
+                for prompt, result in zip(batch, results, strict=True):
+                    if isinstance(result, Exception):
+                        report.failed.append((prompt.text, str(result)))
+                    else:
+                        clips.append(result)
+                        report.audio_s += result.duration
+                report.synthesized += store.put_many(clips)
+                bar.update(len(batch))
+        report.synth_s = time.monotonic() - t1
+        stats = store.stats()
+        report.pack_clips, report.pack_bytes = stats["clips"], stats["bytes"]
+    report.wall_s = time.monotonic() - t0
+    return report
+
+
+# ---- command line -------------------------------------------------------------------------
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("prompts", type=Path, help="text file (one prompt a line) or .toml list")
+    p.add_argument("--bundle", type=Path, help="model bundle (default: the embedded VITS voice)")
+    p.add_argument("--out", type=Path, required=True, help="prompt pack to create or extend")
+    p.add_argument("--voice", help="voice for prompts that do not name one")
+    p.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="onnxruntime threads in total, split between the jobs (default: all cores)",
+    )
+    p.add_argument("--batch-size", type=int, default=1, help="prompts per engine call")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    """The subcommand: exit 0 all stored, 1 some prompts failed, 2 bad input."""
+    try:
+        return _run(args)
+    except (PromptError, BundleError, CacheError) as e:
+        print(f"speakd-tools precompute: {e}", file=sys.stderr)
+        return 2
+    except EngineError as e:
+        print(f"speakd-tools precompute: {e}", file=sys.stderr)
+        return 1
+
+
+def _run(args: argparse.Namespace) -> int:
+    from speakd.engines import load_engine
+    from speakd.synth import engine_config_for
+
+    if args.jobs < 1 or args.batch_size < 1 or args.threads < 1:
+        raise PromptError("--jobs, --threads and --batch-size must be at least 1")
+    prompts = read_prompts(args.prompts, args.voice)
+    threads = max(1, args.threads // args.jobs)
+    factory = functools.partial(load_engine, engine_config_for(args.bundle, threads))
+    report = precompute(
+        prompts,
+        args.out,
+        factory,
+        jobs=args.jobs,
+        batch_size=args.batch_size,
+        progress=not args.no_progress,
+    )
+    print(report.table())
+    return 1 if report.failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="speakd-tools precompute", description=__doc__)
+    add_arguments(parser)
+    logging.basicConfig(level=logging.WARNING)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
