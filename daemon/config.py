@@ -10,7 +10,7 @@ import os
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import Any, get_args, get_origin, get_type_hints
 
 DEFAULT_CONFIG_PATH = Path("/etc/speakd/speakd.toml")
 ENV_PREFIX = "SPEAKD_"
@@ -72,6 +72,9 @@ class SocketConfig:
     ssip_path: str = field(default_factory=lambda: str(_runtime_dir() / "ssip.sock"))
     mode: str = "0660"
     group: str = ""  # group that may connect; empty = the daemon's own group
+    # Peer-credential allow-lists (SO_PEERCRED); empty = whoever the file mode lets in.
+    allow_uids: list[int] = field(default_factory=list)
+    allow_gids: list[int] = field(default_factory=list)
 
     def validate(self) -> None:
         if not self.path:
@@ -124,13 +127,64 @@ class MqttConfig:
     enabled: bool = False
     host: str = "localhost"
     port: int = 1883
-    site_id: str = "default"
+    site_id: str = "default"  # our own topics: <prefix>/<site_id>/status, /availability
+    site_ids: list[str] = field(default_factory=list)  # more sites (groups) we also act on
     prefix: str = "speakd"
+    client_id: str = ""  # empty = "speakd-<site_id>"; must be stable for the persistent session
+    username: str = ""
+    password_file: str = ""  # or $SPEAKD_MQTT_PASSWORD (never put the password in the TOML)
+    tls: bool = False
+    ca_file: str = ""  # empty = the system CAs
+    cert_file: str = ""  # client certificate (mutual TLS)
+    key_file: str = ""
+    keepalive: int = 30
+    session_expiry_s: int = 3600  # how long the broker keeps QoS 1 commands while we are away
+    reconnect_min_s: float = 1.0
+    reconnect_max_s: float = 60.0
+    max_payload_bytes: int = 65536
+    discovery: bool = True  # Home Assistant MQTT discovery
+    discovery_prefix: str = "homeassistant"
+    discovery_delay_s: float = 3.0  # upper bound of the random delay after HA's birth message
+    remote_speaker: str = ""  # a Hermes audio-server site id: play there instead of locally
 
     def validate(self) -> None:
         _range("mqtt.port", self.port, 1, 65535)
-        if not self.site_id:
-            raise ConfigError("mqtt.site_id: must not be empty")
+        _range("mqtt.keepalive", self.keepalive, 5, 3600)
+        _range("mqtt.session_expiry_s", self.session_expiry_s, 0, 0xFFFFFFFF)
+        _range("mqtt.reconnect_min_s", self.reconnect_min_s, 0.05, 3600)
+        _range("mqtt.reconnect_max_s", self.reconnect_max_s, self.reconnect_min_s, 3600)
+        _range("mqtt.max_payload_bytes", self.max_payload_bytes, 256, 16 * 1024 * 1024)
+        _range("mqtt.discovery_delay_s", self.discovery_delay_s, 0.0, 60.0)
+        for key in ("site_id", "prefix", "discovery_prefix"):
+            _topic_level(f"mqtt.{key}", getattr(self, key), allow_slash=key != "site_id")
+        for i, site in enumerate(self.site_ids):
+            _topic_level(f"mqtt.site_ids[{i}]", site)
+        if self.remote_speaker:
+            _topic_level("mqtt.remote_speaker", self.remote_speaker)
+        if bool(self.cert_file) != bool(self.key_file):
+            raise ConfigError("mqtt.key_file: cert_file and key_file go together")
+        if self.enabled:
+            for key in ("password_file", "ca_file", "cert_file", "key_file"):
+                path = getattr(self, key)
+                if path and not Path(path).is_file():
+                    raise ConfigError(f"mqtt.{key}: {path} is not a readable file")
+
+    @property
+    def sites(self) -> list[str]:
+        """Every site id we act on, ours first."""
+        return list(dict.fromkeys([self.site_id, *self.site_ids]))
+
+    def password(self, env: dict[str, str] | None = None) -> str | None:
+        """$SPEAKD_MQTT_PASSWORD, else the first line of password_file (systemd credentials)."""
+        env = dict(os.environ) if env is None else env
+        if f"{ENV_PREFIX}MQTT_PASSWORD" in env:
+            return env[f"{ENV_PREFIX}MQTT_PASSWORD"]
+        if not self.password_file:
+            return None
+        try:
+            return Path(self.password_file).read_text(encoding="utf-8").splitlines()[0]
+        except (OSError, UnicodeDecodeError, IndexError) as e:
+            raise ConfigError(f"mqtt.password_file: cannot read a password: {e}") from None
 
 
 @dataclass(frozen=True)
@@ -171,6 +225,13 @@ def _range(key: str, value: float, lo: float, hi: float) -> None:
         raise ConfigError(f"{key}: {value!r} is outside {lo}..{hi}")
 
 
+def _topic_level(key: str, value: str, allow_slash: bool = False) -> None:
+    """MQTT topic parts we build topics from: no wildcards, no empty levels."""
+    bad = "+#\x00" if allow_slash else "+#/\x00"
+    if not value or any(c in value for c in bad) or "//" in value or value.strip("/") != value:
+        raise ConfigError(f"{key}: {value!r} is not usable in an MQTT topic")
+
+
 def _coerce(key: str, value: Any, typ: type, from_env: bool = False) -> Any:
     """Check a TOML value (or an environment string, read as TOML) against the field's type."""
     if from_env and typ is not str:
@@ -180,6 +241,11 @@ def _coerce(key: str, value: Any, typ: type, from_env: bool = False) -> Any:
             raise ConfigError(f"{key}: cannot read {value!r} as {typ.__name__}") from None
     if typ is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
+    if get_origin(typ) is list:  # list[str]: a TOML array of strings
+        (item,) = get_args(typ)
+        if not isinstance(value, list) or not all(isinstance(v, item) for v in value):
+            raise ConfigError(f"{key}: expected a list of {item.__name__}, got {value!r}")
+        return value
     if (typ is int and isinstance(value, bool)) or not isinstance(value, typ):
         raise ConfigError(f"{key}: expected {typ.__name__}, got {type(value).__name__} {value!r}")
     return value

@@ -32,6 +32,8 @@ def _line(obj: dict[str, Any]) -> bytes:
 
 
 class JsonLinesFrontend:
+    REFUSAL = b'{"event":"error","id":null,"code":"forbidden","message":"not allowed to use speakd"}\n'
+
     def __init__(self, control: Control, max_line_bytes: int) -> None:
         self.control = control
         self.max_line_bytes = max_line_bytes

@@ -8,6 +8,7 @@ then the configured mode and group applied. Peer credentials are read per connec
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import grp
 import logging
 import os
@@ -78,6 +79,39 @@ def _bind(path: Path, mode: int, group: str) -> socket.socket:
     return sock
 
 
+@dataclass(frozen=True)
+class AccessPolicy:
+    """Who may talk to a socket beyond its file mode: uid/gid allow-lists (empty = anyone)."""
+
+    allow_uids: tuple[int, ...] = ()
+    allow_gids: tuple[int, ...] = ()
+
+    def allows(self, peer: Peer | None) -> bool:
+        if not self.allow_uids and not self.allow_gids:
+            return True
+        if peer is None:
+            return False
+        return peer.uid in self.allow_uids or peer.gid in self.allow_gids or peer.uid == 0
+
+
+def _guarded(handler: Handler, policy: AccessPolicy, refusal: bytes) -> Handler:
+    async def guarded(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = peer_of(writer)
+        if not policy.allows(peer):
+            log.warning("refused a connection from %s: not in the allow-list", peer)
+            # Half-close, then swallow what the peer already sent: closing a Unix socket with
+            # unread data resets the peer before it can read the refusal.
+            with contextlib.suppress(ConnectionError, TimeoutError):
+                writer.write(refusal)
+                writer.write_eof()
+                await asyncio.wait_for(reader.read(1 << 16), timeout=1.0)
+            writer.close()
+            return
+        await handler(reader, writer)
+
+    return guarded
+
+
 async def start_unix_server(
     handler: Handler,
     path: str,
@@ -86,7 +120,11 @@ async def start_unix_server(
     group: str = "",
     inherited: socket.socket | None = None,
     limit: int = 65536,
+    policy: AccessPolicy = AccessPolicy(),
+    refusal: bytes = b"",
 ) -> asyncio.AbstractServer:
+    """Listen on ``path`` (or the inherited socket); ``refusal`` is what a refused peer reads."""
+    handler = _guarded(handler, policy, refusal)
     if inherited is not None:
         log.info("listening on inherited socket %s", inherited.getsockname() or path)
         return await asyncio.start_unix_server(handler, sock=inherited, limit=limit)
