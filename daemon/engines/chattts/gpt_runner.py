@@ -83,10 +83,15 @@ class GptRunner:
         self.total = np.zeros((), np.int32)
         self.hidden = np.zeros((1, 1, h), np.float32)
         self.logits = np.zeros((1, 1, qv), np.float32)
-        self._step_binding = self._bind(self.step_embeds, self.hidden, self.logits)
+        self._step_binding, self._step_values = self._bind(
+            self.step_embeds, self.hidden, self.logits
+        )
         self.position = 0
 
-    def _bind(self, embeds: np.ndarray, hidden: np.ndarray, logits: np.ndarray) -> Any:
+    def _bind(
+        self, embeds: np.ndarray, hidden: np.ndarray, logits: np.ndarray
+    ) -> tuple[ort.IOBinding, list[ort.OrtValue]]:
+        """A binding over numpy-backed OrtValues; keep the returned values alive with it."""
         b = self.session.io_binding()
         keep = [ort.OrtValue.ortvalue_from_numpy(a) for a in (embeds, hidden, logits)]
         keep += [ort.OrtValue.ortvalue_from_numpy(a) for a in (self.seqlens, self.total)]
@@ -100,8 +105,7 @@ class GptRunner:
                 kv = self._kv_ort[2 * i + j]
                 b.bind_ortvalue_input(f"past_{kind}_{i}", kv)
                 b.bind_ortvalue_output(f"present_{kind}_{i}", kv)  # same buffer: in place
-        b._speakd_keep = keep  # the OrtValues must outlive the binding
-        return b
+        return b, keep
 
     def prompt(self, embeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Run the prompt (1, S, hidden) from position 0; return the last hidden and logits."""
@@ -110,7 +114,7 @@ class GptRunner:
             raise ValueError(f"prompt of {s} tokens does not fit the {self.spec.max_context} KV")
         hidden = np.zeros((1, s, self.spec.hidden_size), np.float32)
         logits = np.zeros((1, s, self.logits.shape[-1]), np.float32)
-        binding = self._bind(np.ascontiguousarray(embeds, np.float32), hidden, logits)
+        binding, _values = self._bind(np.ascontiguousarray(embeds, np.float32), hidden, logits)
         self.seqlens[0] = s - 1
         self.total[...] = s
         self.session.run_with_iobinding(binding)
