@@ -26,7 +26,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from speakd.audio import AudioChunk, scale_volume
-from speakd.messages import Event, EventType, Priority, RequestError, SpeakRequest
+from speakd.messages import (
+    Event,
+    EventCallback,
+    EventType,
+    Priority,
+    RequestError,
+    SpeakRequest,
+)
 from speakd.sinks import Sink, SinkUnavailable
 from speakd.source import AudioSource
 
@@ -82,6 +89,8 @@ class Scheduler:
         self._paused_all = False
         self._paused_clients: set[str] = set()
         self.counters = {"accepted": 0, "rejected": 0, "finished": 0, "cancelled": 0, "errors": 0}
+        # Called with every request's events, on the loop thread (e.g. MQTT publishes status).
+        self.listeners: list[EventCallback] = []
 
     # ---- front-end API (call on the loop thread) -------------------------------------------
 
@@ -265,12 +274,14 @@ class Scheduler:
         self._emit(job.request, EventType.FINISHED, {"status": status})
 
     def _emit(self, request: SpeakRequest, kind: EventType, data: dict[str, Any]) -> None:
-        if request.on_event is None:
-            return
-        try:
-            request.on_event(Event(kind, request.id, data))
-        except Exception:  # a front-end's bug must not take the queue down
-            log.exception("event handler for %s failed", request.id)
+        event = Event(kind, request.id, data)
+        for callback in [request.on_event, *self.listeners]:
+            if callback is None:
+                continue
+            try:
+                callback(event)
+            except Exception:  # a front-end's bug must not take the queue down
+                log.exception("event handler for %s failed", request.id)
 
     def _emit_threadsafe(
         self, request: SpeakRequest, kind: EventType, data: dict[str, Any]

@@ -20,6 +20,7 @@ from speakd.control import Control
 from speakd.engines import load_engine
 from speakd.engines.base import Engine
 from speakd.frontends.jsonlines import JsonLinesFrontend
+from speakd.frontends.mqtt import MqttFrontend
 from speakd.frontends.ssip import SsipFrontend
 from speakd.frontends.unixserver import start_unix_server
 from speakd.notify import listen_fds, notify, watchdog_interval
@@ -55,6 +56,7 @@ class Daemon:
     config_path: Path | None = None
     engine: Engine | None = None
     control: Control | None = None
+    mqtt: MqttFrontend | None = None
     servers: list[asyncio.AbstractServer] = field(default_factory=list)
     _stopping: asyncio.Event = field(default_factory=asyncio.Event)
     _tasks: list[asyncio.Task[Any]] = field(default_factory=list)
@@ -104,6 +106,19 @@ class Daemon:
             )
         for name in inherited:
             log.warning("ignoring inherited socket %r (known names: json, ssip)", name)
+        await self._start_mqtt()
+
+    async def _start_mqtt(self) -> None:
+        """MQTT runs beside the sockets; a configured remote speaker replaces the local sink."""
+        assert self.control is not None
+        if not self.config.mqtt.enabled:
+            return
+        self.mqtt = MqttFrontend(self.control, self.config.mqtt)
+        if self.mqtt.speaker is not None:
+            scheduler = self.control.scheduler
+            old_sink, scheduler.sink = scheduler.sink, self.mqtt.speaker
+            await asyncio.to_thread(old_sink.close)
+        await self.mqtt.start()
 
     async def _listen(self, handler: Any, path: str, inherited: Any) -> None:
         sock = self.config.socket
@@ -150,7 +165,11 @@ class Daemon:
                 notify("READY=1", f"STATUS=reload failed: {e}")
                 return
         scheduler = self.control.scheduler
-        if new.audio != self.config.audio:
+        mqtt_changed = new.mqtt != self.config.mqtt
+        if mqtt_changed and self.mqtt is not None:
+            await self.mqtt.close()
+            self.mqtt = None
+        if _sink_key(new) != _sink_key(self.config):
             old_sink, scheduler.sink = scheduler.sink, make_sink(new.audio)
             await asyncio.to_thread(old_sink.close)
         old_source, scheduler.source = scheduler.source, make_source(engine, new)
@@ -161,6 +180,8 @@ class Daemon:
         self.control.engine = engine
         self.control.max_text_chars = new.limits.max_text_chars
         self.control.reloads += 1
+        if mqtt_changed:
+            await self._start_mqtt()
         log.info("configuration reloaded (%d)", self.control.reloads)
         notify("READY=1", f"STATUS={self._status_line()}")
 
@@ -173,11 +194,19 @@ class Daemon:
             await self.control.scheduler.close()
             self.control.scheduler.sink.close()
             _close_source(self.control.scheduler.source)
+        if self.mqtt is not None:  # after the scheduler: its last sayFinished go out first
+            await self.mqtt.close()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         for path in self._owned_paths:
             path.unlink(missing_ok=True)
+
+
+def _sink_key(config: Config) -> Any:
+    """What decides the sink: the remote speaker's site when there is one, else [audio]."""
+    mqtt = config.mqtt
+    return mqtt.remote_speaker if mqtt.enabled and mqtt.remote_speaker else config.audio
 
 
 def serve(config_path: Path | None) -> int:

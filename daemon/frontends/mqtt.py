@@ -1,0 +1,475 @@
+"""MQTT front-end: Hermes ``hermes/tts/say`` plus speakd's own topics, status and HA discovery.
+
+In (QoS 1; only for our site ids — ``site_id`` and ``site_ids``):
+  ``hermes/tts/say``          ``{"text", "siteId"="default", "id"?, "sessionId"?, "lang"?,
+                              "volume"?}`` plus speakd's say fields (voice, priority, speed, …)
+  ``<prefix>/<site>/say``     the same JSON; the site comes from the topic
+  ``<prefix>/<site>/stop``    any payload: stop speaking and drop the queue
+  ``<prefix>/<site>/cancel``  empty (the current request) or ``{"id": …}``
+Out:
+  ``hermes/tts/sayFinished``  ``{"id", "siteId", "sessionId"}`` after every say, failed ones too
+  ``hermes/error/tts``        ``{"error": "<code>: <message>", "siteId", "context": <say id>, …}``
+  ``<prefix>/<site>/status``  retained ``Control.status()``, re-published on every state change
+  ``<prefix>/<site>/availability``  retained ``online``; ``offline`` as will and on shutdown
+  MQTT 5 Response Topic       ``{"id", "status": "queued" | "done" | … | "error", …}`` carrying
+                              the request's Correlation Data
+
+A persistent session (``clean_start=False`` + Session Expiry) keeps QoS 1 commands the broker
+received while we were away; subscriptions are renewed on every connect, with retained messages
+never delivered (a retained command would replay forever). A say's ``id`` (else its correlation
+data) is remembered for a while, so a QoS 1 re-delivery is spoken once.
+
+Threads: paho's network loop runs on its own thread (``loop_start``) and reconnects with
+backoff; every incoming message is handed to the asyncio loop with ``call_soon_threadsafe``, so
+Control and the scheduler are only touched from the loop, as with the socket front-ends. Publishing
+only queues a packet for paho's thread, so the loop never waits on the network.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import random
+import socket
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from paho.mqtt.subscribeoptions import SubscribeOptions
+
+from speakd import __version__
+from speakd.config import MqttConfig
+from speakd.control import Control
+from speakd.frontends.mqtt_messages import (
+    COMMANDS,
+    HA_STATUS,
+    HERMES_SAY,
+    Availability,
+    Message,
+    Reply,
+    SayFinished,
+    SiteTopics,
+    Status,
+    TtsError,
+    decode_object,
+    discovery_messages,
+    optional_str,
+    parse_command_topic,
+    play_finished_topic,
+    say_fields,
+)
+from speakd.frontends.mqtt_speaker import RemoteSpeakerSink
+from speakd.messages import Event, EventType, RequestError
+
+log = logging.getLogger(__name__)
+
+MAX_QUEUED = 1000  # publishes kept while the broker is away; beyond that they are dropped
+DEDUP_IDS = 1024
+DEDUP_WINDOW_S = 120.0  # longer than a reconnect: a say re-using an id later is spoken again
+
+
+class RecentIds:
+    """Bounded memory of recent say ids (and correlation data) to drop QoS 1 re-deliveries."""
+
+    def __init__(self, size: int = DEDUP_IDS, window_s: float = DEDUP_WINDOW_S) -> None:
+        self.size, self.window_s = size, window_s
+        self._seen: OrderedDict[str, float] = OrderedDict()
+
+    def seen(self, key: str) -> bool:
+        """True when ``key`` came within the window; records it either way."""
+        now = time.monotonic()
+        while self._seen and (
+            len(self._seen) >= self.size or next(iter(self._seen.values())) < now - self.window_s
+        ):
+            self._seen.popitem(last=False)
+        duplicate = key in self._seen
+        self._seen[key] = now
+        self._seen.move_to_end(key)
+        return duplicate
+
+
+@dataclass(frozen=True)
+class Incoming:
+    topic: str
+    payload: bytes
+    response_topic: str | None
+    correlation: bytes | None
+
+
+@dataclass(frozen=True)
+class SayOrigin:
+    """What a say's outcome is reported against: Hermes ids and the MQTT 5 reply address."""
+
+    hermes_id: str | None
+    site_id: str
+    session_id: str | None
+    response_topic: str | None
+    correlation: bytes | None
+
+
+class MqttFrontend:
+    def __init__(self, control: Control, config: MqttConfig) -> None:
+        self.control = control
+        self.config = config
+        self.topics = SiteTopics(config.prefix, config.site_id)
+        self.client_id = config.client_id or f"speakd-{config.site_id}"
+        self.speaker = (
+            RemoteSpeakerSink(config.remote_speaker, self._publish_live)
+            if config.remote_speaker
+            else None
+        )
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._recent = RecentIds()
+        self._connected = False
+        self._unreachable_logged = False
+        self._closing = False
+        self._status_pending = False
+        self._discovery_timer: asyncio.TimerHandle | None = None
+        self._client = self._make_client()
+
+    # ---- lifecycle --------------------------------------------------------------------------
+
+    def _make_client(self) -> mqtt.Client:
+        c = self.config
+        client = mqtt.Client(
+            CallbackAPIVersion.VERSION2, client_id=self.client_id, protocol=mqtt.MQTTv5
+        )
+        if log.isEnabledFor(logging.DEBUG):  # paho logs every failed retry as an error
+            client.enable_logger(logging.getLogger("speakd.frontends.mqtt.paho"))
+        if c.username:
+            client.username_pw_set(c.username, c.password())
+        if c.tls:
+            client.tls_set(
+                ca_certs=c.ca_file or None, certfile=c.cert_file or None, keyfile=c.key_file or None
+            )
+        client.will_set(self.topics.availability, b"offline", qos=1, retain=True)
+        client.reconnect_delay_set(c.reconnect_min_s, c.reconnect_max_s)  # type: ignore[arg-type]
+        client.max_queued_messages_set(MAX_QUEUED)
+        client.on_connect = self._on_connect
+        client.on_connect_fail = self._on_connect_fail
+        client.on_disconnect = self._on_disconnect
+        client.on_subscribe = self._on_subscribe
+        client.on_message = self._on_message
+        return client
+
+    async def start(self) -> None:
+        """Connect in the background: a broker that is down at start-up is retried with backoff."""
+        self._loop = asyncio.get_running_loop()
+        self.control.scheduler.listeners.append(self._on_any_event)
+        c = self.config
+        props = Properties(PacketTypes.CONNECT)
+        props.SessionExpiryInterval = c.session_expiry_s
+        self._client.connect_async(c.host, c.port, c.keepalive, clean_start=False, properties=props)
+        self._client.loop_start()
+        log.info(
+            "MQTT: connecting to %s:%d%s as %s (sites %s)",
+            c.host,
+            c.port,
+            " with TLS" if c.tls else "",
+            self.client_id,
+            ", ".join(c.sites),
+        )
+
+    async def close(self) -> None:
+        """Publish ``offline`` (a clean DISCONNECT suppresses the will), then disconnect."""
+        self._closing = True
+        if self._on_any_event in self.control.scheduler.listeners:
+            self.control.scheduler.listeners.remove(self._on_any_event)
+        if self._discovery_timer is not None:
+            self._discovery_timer.cancel()
+        if self.speaker is not None:
+            self.speaker.close()
+        if self._connected:
+            info = self._publish(Availability(self.topics, online=False))
+            try:
+                await asyncio.to_thread(info.wait_for_publish, 3.0)
+            except (RuntimeError, ValueError) as e:
+                log.warning("MQTT: could not publish offline before disconnecting: %s", e)
+        self._client.disconnect()
+        await asyncio.to_thread(self._client.loop_stop)
+
+    # ---- paho callbacks (paho's thread) -----------------------------------------------------
+
+    def _on_connect(
+        self, client: mqtt.Client, _userdata: Any, flags: Any, reason: Any, _props: Any
+    ) -> None:
+        if reason.is_failure:
+            log.error(
+                "MQTT: broker %s:%d refused the connection: %s",
+                self.config.host,
+                self.config.port,
+                reason,
+            )
+            return
+        sock = client.socket()
+        try:  # MQTT packets are small: don't let Nagle hold them back (~40 ms stalls)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # type: ignore[union-attr]
+        except (OSError, AttributeError):
+            log.debug("MQTT: cannot set TCP_NODELAY", exc_info=True)
+        client.subscribe(self._subscriptions())
+        self._connected = True
+        self._unreachable_logged = False
+        log.info(
+            "MQTT: connected to %s:%d (session %s)",
+            self.config.host,
+            self.config.port,
+            "resumed" if flags.session_present else "new",
+        )
+        self._call_on_loop(self._on_connected)
+
+    def _on_connect_fail(self, _client: Any, _userdata: Any) -> None:
+        if not self._unreachable_logged:  # once per outage, not once per retry
+            self._unreachable_logged = True
+            log.warning(
+                "MQTT: broker %s:%d unreachable; retrying every %.1f..%.1f s",
+                self.config.host,
+                self.config.port,
+                self.config.reconnect_min_s,
+                self.config.reconnect_max_s,
+            )
+
+    def _on_disconnect(
+        self, _client: Any, _userdata: Any, _flags: Any, reason: Any, _props: Any
+    ) -> None:
+        self._connected = False
+        if not self._closing:
+            log.warning(
+                "MQTT: disconnected (%s); reconnecting within %.1f..%.1f s",
+                reason,
+                self.config.reconnect_min_s,
+                self.config.reconnect_max_s,
+            )
+
+    def _on_subscribe(
+        self, _client: Any, _userdata: Any, _mid: int, reasons: list[Any], _props: Any
+    ) -> None:
+        for topic, reason in zip(self._subscription_topics(), reasons, strict=False):
+            if reason.is_failure:
+                log.error("MQTT: broker refused the subscription to %s: %s", topic, reason)
+
+    def _on_message(self, _client: Any, _userdata: Any, msg: mqtt.MQTTMessage) -> None:
+        props = getattr(msg, "properties", None)
+        incoming = Incoming(
+            msg.topic,
+            bytes(msg.payload),
+            getattr(props, "ResponseTopic", None),
+            getattr(props, "CorrelationData", None),
+        )
+        self._call_on_loop(self._dispatch, incoming)
+
+    def _call_on_loop(self, func: Any, *args: Any) -> None:
+        assert self._loop is not None
+        try:
+            self._loop.call_soon_threadsafe(func, *args)
+        except RuntimeError:  # the loop closed under us during shutdown
+            log.debug("MQTT: event loop closed, dropping %s", func)
+
+    # ---- subscriptions ----------------------------------------------------------------------
+
+    def _subscription_topics(self) -> list[str]:
+        c = self.config
+        topics = [HERMES_SAY]
+        for site in c.sites:
+            topics += [SiteTopics(c.prefix, site).command(name) for name in COMMANDS]
+        if c.discovery:
+            topics.append(f"{c.discovery_prefix}/{HA_STATUS}")
+        if c.remote_speaker:
+            topics.append(play_finished_topic(c.remote_speaker))
+        return topics
+
+    def _subscriptions(self) -> list[tuple[str, SubscribeOptions]]:
+        # Never take retained messages: a retained command would be replayed on every connect.
+        options = SubscribeOptions(qos=1, retainHandling=SubscribeOptions.RETAIN_DO_NOT_SEND)
+        return [(topic, options) for topic in self._subscription_topics()]
+
+    # ---- dispatch (loop thread) -------------------------------------------------------------
+
+    def _dispatch(self, incoming: Incoming) -> None:
+        try:
+            self._handle(incoming)
+        except Exception:  # a bug here must never take the daemon down
+            log.exception("MQTT: handling a message on %s failed", incoming.topic)
+
+    def _handle(self, msg: Incoming) -> None:
+        c = self.config
+        if msg.topic == HERMES_SAY:
+            self._say(msg, None)
+        elif c.discovery and msg.topic == f"{c.discovery_prefix}/{HA_STATUS}":
+            self._ha_status(msg)
+        elif self.speaker is not None and msg.topic == play_finished_topic(c.remote_speaker):
+            self._play_finished(msg)
+        elif (parsed := parse_command_topic(c.prefix, msg.topic)) and parsed[0] in c.sites:
+            site, command = parsed
+            if command == "say":
+                self._say(msg, site)
+            elif command == "stop":
+                self._stop(msg, site)
+            else:
+                self._cancel(msg, site)
+        else:
+            log.debug("MQTT: ignoring a message on %s", msg.topic)
+
+    def _say(self, msg: Incoming, site: str | None) -> None:
+        """A say on our own topic (``site``) or on Hermes' (site from the payload)."""
+        try:
+            obj = decode_object(msg.payload, self.config.max_payload_bytes)
+        except RequestError as e:
+            # Unreadable, so we cannot tell whose it is: report it under our own site.
+            origin = self._origin(msg, None, site or self.config.site_id, None)
+            self._say_failed(origin, None, e)
+            return
+        site_id = site or optional_str(obj, "siteId") or "default"
+        if site_id not in self.config.sites:
+            log.debug("MQTT: say for site %r is not ours", site_id)
+            return
+        origin = self._origin(msg, optional_str(obj, "id"), site_id, optional_str(obj, "sessionId"))
+        key = origin.hermes_id or (msg.correlation.hex() if msg.correlation else None)
+        if key is not None and self._recent.seen(key):
+            log.info("MQTT: say %s on %s is a duplicate; ignored", key, msg.topic)
+            return
+        try:
+            request = self.control.build_request(
+                say_fields(obj),
+                origin=f"mqtt:{msg.topic}",
+                client=f"mqtt:{site_id}",
+                on_event=functools.partial(self._say_event, origin),
+            )
+        except RequestError as e:
+            self._say_failed(origin, None, e)
+            return
+        self.control.say(request)
+
+    def _origin(
+        self, msg: Incoming, hermes_id: str | None, site_id: str, session_id: str | None
+    ) -> SayOrigin:
+        response = msg.response_topic
+        if response is not None and (not response or "+" in response or "#" in response):
+            log.warning("MQTT: ignoring the invalid response topic %r", response)
+            response = None
+        return SayOrigin(hermes_id, site_id, session_id, response, msg.correlation)
+
+    def _say_event(self, origin: SayOrigin, event: Event) -> None:
+        if event.type == EventType.QUEUED:
+            self._reply(origin, event.request_id, "queued", {"position": event.data["position"]})
+        elif event.type == EventType.FINISHED:
+            self._publish(SayFinished(origin.hermes_id, origin.site_id, origin.session_id))
+            self._reply(origin, event.request_id, event.data["status"])
+        elif event.type == EventType.ERROR:
+            error = RequestError(event.data["code"], event.data["message"])
+            self._say_failed(origin, event.request_id, error)
+
+    def _say_failed(self, origin: SayOrigin, request_id: str | None, e: RequestError) -> None:
+        log.info("MQTT: say %s failed: %s: %s", request_id or origin.hermes_id, e.code, e)
+        self._publish(
+            TtsError(f"{e.code}: {e}", origin.site_id, origin.hermes_id, origin.session_id)
+        )
+        self._publish(SayFinished(origin.hermes_id, origin.site_id, origin.session_id))
+        self._reply(
+            origin, request_id or origin.hermes_id, "error", {"code": e.code, "message": str(e)}
+        )
+
+    def _reply(
+        self,
+        origin: SayOrigin,
+        request_id: str | None,
+        status: str,
+        detail: dict[str, Any] | None = None,
+    ) -> None:
+        if origin.response_topic is None:
+            return
+        props = Properties(PacketTypes.PUBLISH)
+        if origin.correlation is not None:
+            props.CorrelationData = origin.correlation
+        self._publish(Reply(origin.response_topic, request_id, status, detail or {}), props)
+
+    def _stop(self, msg: Incoming, site: str) -> None:
+        stopped = self.control.stop()
+        log.info("MQTT: stop on %s (%d requests)", msg.topic, stopped)
+        origin = self._origin(msg, None, site, None)
+        self._reply(origin, None, "stopped", {"stopped": stopped})
+
+    def _cancel(self, msg: Incoming, site: str) -> None:
+        origin = self._origin(msg, None, site, None)
+        try:
+            obj = decode_object(msg.payload, self.config.max_payload_bytes, empty_ok=True)
+        except RequestError as e:
+            self._publish(TtsError(f"{e.code}: {e}", site))
+            self._reply(origin, None, "error", {"code": e.code, "message": str(e)})
+            return
+        request_id = optional_str(obj, "id")
+        cancelled = self.control.cancel(request_id) if request_id else self.control.cancel()
+        log.info(
+            "MQTT: cancel %s on %s (%d requests)", request_id or "current", msg.topic, cancelled
+        )
+        self._reply(origin, request_id, "cancelled", {"cancelled": cancelled})
+
+    def _play_finished(self, msg: Incoming) -> None:
+        assert self.speaker is not None
+        try:
+            request_id = optional_str(
+                decode_object(msg.payload, self.config.max_payload_bytes), "id"
+            )
+        except RequestError as e:
+            log.warning("MQTT: unreadable playFinished on %s: %s", msg.topic, e)
+            return
+        if request_id:
+            self.speaker.play_finished(request_id)
+
+    # ---- state: availability, status, discovery ---------------------------------------------
+
+    def _on_connected(self) -> None:
+        self._publish(Availability(self.topics, online=True))
+        self._publish_status()
+        if self.config.discovery:
+            self._publish_discovery()
+
+    def _on_any_event(self, _event: Event) -> None:
+        """Scheduler listener: coalesce a burst of events into one status publish."""
+        if not self._status_pending and self._loop is not None:
+            self._status_pending = True
+            self._loop.call_soon(self._publish_status)
+
+    def _publish_status(self) -> None:
+        self._status_pending = False
+        self._publish_live(Status(self.topics, self.control.status()))
+
+    def _ha_status(self, msg: Incoming) -> None:
+        """Home Assistant (re)started: re-send discovery after a random delay (spreads load)."""
+        if msg.payload.strip() != b"online" or self._loop is None:
+            return
+        if self._discovery_timer is not None:
+            self._discovery_timer.cancel()
+        delay = random.uniform(0, self.config.discovery_delay_s)
+        self._discovery_timer = self._loop.call_later(delay, self._publish_discovery)
+
+    def _publish_discovery(self) -> None:
+        self._discovery_timer = None
+        for message in discovery_messages(
+            self.config.discovery_prefix, self.topics, __version__, self.control.engine.kind
+        ):
+            self._publish(message)
+
+    # ---- publishing -------------------------------------------------------------------------
+
+    def _publish(self, message: Message, properties: Properties | None = None) -> Any:
+        """Queue a QoS 1 publish; kept for the next connection when the broker is away."""
+        info = self._client.publish(
+            message.topic(), message.payload(), qos=1, retain=message.retain, properties=properties
+        )
+        if info.rc not in (MQTTErrorCode.MQTT_ERR_SUCCESS, MQTTErrorCode.MQTT_ERR_NO_CONN):
+            log.warning(
+                "MQTT: cannot publish to %s: %s", message.topic(), mqtt.error_string(info.rc)
+            )
+        return info
+
+    def _publish_live(self, message: Message) -> bool:
+        """Publish only while connected (status and audio are stale by the next connection)."""
+        if not self._connected:
+            return False
+        return self._publish(message).rc == MQTTErrorCode.MQTT_ERR_SUCCESS

@@ -1,0 +1,327 @@
+"""The MQTT messages speakd publishes and parses: one dataclass per message, each with its topic.
+
+Hermes messages (Rhasspy/Snips) use camelCase JSON keys, speakd's own topics snake_case; the
+conversion happens once, in ``Message.payload``. Commands arrive as JSON objects and are checked by
+``decode_object`` (size, UTF-8, JSON, object) before ``Control.build_request`` checks the fields.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
+
+from speakd.messages import RequestError
+
+HERMES_SAY = "hermes/tts/say"
+HA_STATUS = "status"  # under the discovery prefix: Home Assistant's birth/will topic
+COMMANDS = ("say", "stop", "cancel")
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(p.title() for p in rest)
+
+
+class Message:
+    """Something we publish: topic + JSON payload; ``retain`` is for state only, never commands."""
+
+    retain: ClassVar[bool] = False
+
+    def topic(self) -> str:
+        raise NotImplementedError
+
+    def to_dict(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def payload(self) -> bytes:
+        return json.dumps(self.to_dict(), ensure_ascii=False, separators=(",", ":")).encode()
+
+
+class HermesMessage(Message):
+    """Hermes JSON: every dataclass field, camelCase keys, nulls kept (as Rhasspy sends them)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {_camel(f.name): getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class SiteTopics:
+    """speakd's own topics for one site: ``<prefix>/<site>/{say,stop,cancel,status,availability}``.
+
+    $ mosquitto_pub -q 1 -t speakd/kitchen/say -m '{"text": "Dinner is ready", "id": "d1"}'
+    $ mosquitto_pub -q 1 -t speakd/kitchen/stop -n
+    $ mosquitto_pub -q 1 -t speakd/kitchen/cancel -m '{"id": "d1"}'
+    """
+
+    prefix: str
+    site: str
+
+    def command(self, name: str) -> str:
+        return f"{self.prefix}/{self.site}/{name}"
+
+    @property
+    def status(self) -> str:
+        return self.command("status")
+
+    @property
+    def availability(self) -> str:
+        return self.command("availability")
+
+
+def parse_command_topic(prefix: str, topic: str) -> tuple[str, str] | None:
+    """``speakd/kitchen/say`` → ("kitchen", "say"); None for anything else."""
+    if not topic.startswith(f"{prefix}/"):
+        return None
+    site, _, command = topic[len(prefix) + 1 :].partition("/")
+    if not site or command not in COMMANDS:
+        return None
+    return site, command
+
+
+@dataclass(frozen=True)
+class SayFinished(HermesMessage):
+    """After every say, also failed ones: ``{"id": "d1", "siteId": "kitchen", "sessionId": null}``.
+
+    $ mosquitto_sub -t hermes/tts/sayFinished
+    """
+
+    id: str | None
+    site_id: str
+    session_id: str | None = None
+
+    def topic(self) -> str:
+        return "hermes/tts/sayFinished"
+
+
+@dataclass(frozen=True)
+class TtsError(HermesMessage):
+    """``{"error": "unknown_voice: …", "siteId": "kitchen", "context": "d1", "sessionId": null}``.
+
+    $ mosquitto_sub -t hermes/error/tts
+    """
+
+    error: str
+    site_id: str
+    context: str | None = None  # the say's id
+    session_id: str | None = None
+
+    def topic(self) -> str:
+        return "hermes/error/tts"
+
+
+@dataclass(frozen=True)
+class Reply(Message):
+    """MQTT 5 answer on a request's Response Topic, sent with its Correlation Data.
+
+    ``{"id": "r1", "status": "queued", "position": 0}`` then ``{"id": "r1", "status": "done"}``;
+    status is a terminal status of the request (done, stopped, cancelled, interrupted, replaced,
+    discarded) or ``error`` with ``code`` and ``message``.
+
+    $ mosquitto_rr -t speakd/kitchen/say -e me/reply -q 1 -m '{"text": "hi"}' \\
+        -D publish correlation-data req-42 -F '%t %p | %D'
+    """
+
+    response_topic: str
+    id: str | None
+    status: str
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def topic(self) -> str:
+        return self.response_topic
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "status": self.status, **self.detail}
+
+
+@dataclass(frozen=True)
+class Status(Message):
+    """Retained ``<prefix>/<site>/status``: ``Control.status()`` (state, current, queue, engine…).
+
+    $ mosquitto_sub -t speakd/kitchen/status -C 1
+    """
+
+    retain: ClassVar[bool] = True
+    topics: SiteTopics
+    status: dict[str, Any]
+
+    def topic(self) -> str:
+        return self.topics.status
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.status
+
+
+@dataclass(frozen=True)
+class Availability(Message):
+    """Retained ``online``/``offline`` (plain text, Home Assistant's defaults); the will is offline.
+
+    $ mosquitto_sub -t speakd/kitchen/availability -C 1
+    """
+
+    retain: ClassVar[bool] = True
+    topics: SiteTopics
+    online: bool
+
+    def topic(self) -> str:
+        return self.topics.availability
+
+    def payload(self) -> bytes:
+        return b"online" if self.online else b"offline"
+
+
+@dataclass(frozen=True)
+class PlayBytes(Message):
+    """Remote speaker: a whole WAV file for a Hermes audio server to play; the id is in the topic.
+
+    $ mosquitto_sub -t 'hermes/audioServer/+/playBytes/+' -C 1 > say.wav
+    """
+
+    site: str
+    request_id: str
+    wav: bytes
+
+    def topic(self) -> str:
+        return f"hermes/audioServer/{self.site}/playBytes/{self.request_id}"
+
+    def payload(self) -> bytes:
+        return self.wav
+
+
+def play_finished_topic(site: str) -> str:
+    """Where a Hermes audio server reports ``{"id": <requestId>}`` after playing."""
+    return f"hermes/audioServer/{site}/playFinished"
+
+
+# ---- parsing ---------------------------------------------------------------------------------
+
+
+def decode_object(payload: bytes, limit: int, *, empty_ok: bool = False) -> dict[str, Any]:
+    """Size, UTF-8, JSON, object: each failure a RequestError naming what was wrong."""
+    if len(payload) > limit:
+        raise RequestError(
+            "payload_too_large", f"payload has {len(payload)} bytes, the limit is {limit}"
+        )
+    if not payload.strip() and empty_ok:
+        return {}
+    try:
+        text = payload.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise RequestError("bad_encoding", f"payload is not valid UTF-8 (byte {e.start})") from None
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise RequestError("bad_json", f"not JSON: {e.msg} at column {e.colno}") from None
+    if not isinstance(obj, dict):
+        raise RequestError("bad_request", "payload must be a JSON object")
+    return obj
+
+
+def say_fields(obj: dict[str, Any]) -> dict[str, Any]:
+    """Hermes/speakd say payload → ``Control.build_request`` fields (Hermes keys are camelCase).
+
+    Priority defaults to ``message``: Hermes clients expect every say to be spoken in turn, not
+    replaced by the next one as SSIP's default ``text`` would.
+    """
+    fields_ = {"priority": "message", **obj}
+    if "cacheOnly" in fields_:
+        fields_["cache_only"] = fields_.pop("cacheOnly")
+    return fields_
+
+
+def optional_str(obj: dict[str, Any], key: str) -> str | None:
+    """A Hermes string field that may be absent or null; ids may come as numbers."""
+    value = obj.get(key)
+    if value is None or isinstance(value, bool):
+        return None
+    return str(value) if isinstance(value, str | int) else None
+
+
+# ---- Home Assistant discovery ----------------------------------------------------------------
+
+
+def object_id(text: str) -> str:
+    """Home Assistant object ids allow [a-zA-Z0-9_-] only."""
+    return re.sub(r"[^a-zA-Z0-9_-]", "_", text)
+
+
+@dataclass(frozen=True)
+class Discovery(Message):
+    """``<discovery_prefix>/<component>/<unique_id>/config`` for one entity (not retained: re-sent
+    on every connect and after Home Assistant's birth message, as its docs recommend).
+
+    $ mosquitto_sub -t 'homeassistant/+/+/config' -v
+    """
+
+    discovery_prefix: str
+    component: str
+    config: dict[str, Any]
+
+    def topic(self) -> str:
+        return f"{self.discovery_prefix}/{self.component}/{self.config['unique_id']}/config"
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.config
+
+
+def discovery_messages(
+    discovery_prefix: str, topics: SiteTopics, version: str, engine: str
+) -> list[Discovery]:
+    """A notify entity that speaks, a stop button and a state sensor, on one device."""
+    base = object_id(f"{topics.prefix}_{topics.site}")
+    common = {
+        "availability_topic": topics.availability,
+        "device": {
+            "identifiers": [base],
+            "name": f"speakd {topics.site}",
+            "manufacturer": "speakd",
+            "model": f"speakd ({engine})",
+            "sw_version": version,
+        },
+        "origin": {"name": "speakd", "sw_version": version},
+    }
+    entities = [
+        (
+            "notify",
+            {
+                "name": "Say",
+                "unique_id": f"{base}_say",
+                "command_topic": topics.command("say"),
+                # HA renders the message as `value`; to_json quotes and escapes it.
+                "command_template": '{"text": {{ value | to_json }}}',
+                "qos": 1,
+                "retain": False,
+            },
+        ),
+        (
+            "button",
+            {
+                "name": "Stop speaking",
+                "unique_id": f"{base}_stop",
+                "command_topic": topics.command("stop"),
+                "qos": 1,
+                "retain": False,
+                "icon": "mdi:stop",
+            },
+        ),
+        (
+            "sensor",
+            {
+                "name": "State",
+                "unique_id": f"{base}_state",
+                "state_topic": topics.status,
+                "value_template": "{{ value_json.state }}",
+                "json_attributes_topic": topics.status,
+                "json_attributes_template": (
+                    '{{ {"current": value_json.current, "queue_length": value_json.queue_length}'
+                    " | to_json }}"
+                ),
+                "icon": "mdi:account-voice",
+            },
+        ),
+    ]
+    return [
+        Discovery(discovery_prefix, component, {**config, **common})
+        for component, config in entities
+    ]

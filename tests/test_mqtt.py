@@ -1,0 +1,480 @@
+"""MQTT front-end end to end: a real mosquitto, real ``speakd serve`` processes, the real voice.
+
+Clients are paho (``Watcher``) and the mosquitto command-line tools, as users would drive it.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from speakd.audio import read_wav
+from speakd.config import ConfigError, load_config
+from speakd.frontends.mqtt import RecentIds
+from speakd.frontends.mqtt_messages import decode_object, parse_command_topic
+from speakd.messages import RequestError
+from tests.daemon_proc import DaemonProc, start_daemon, write_config
+from tests.mosquitto import Mosquitto, Received, Watcher
+
+LONG_TEXT = (
+    "This is a long announcement for the stop test. It goes on for several sentences. "
+    "The kitchen is closed for cleaning until further notice. Please use the side door. "
+    "Thank you for your patience, and have a pleasant evening."
+)
+PAYLOAD_LIMIT = 4096
+
+
+def mqtt_toml(broker: Mosquitto, site: str, extra: str = "") -> str:
+    return f"""
+[mqtt]
+enabled = true
+host = "{broker.host}"
+port = {broker.port}
+site_id = "{site}"
+reconnect_min_s = 0.1
+reconnect_max_s = 0.5
+discovery_delay_s = 0.3
+max_payload_bytes = {PAYLOAD_LIMIT}
+{extra}
+"""
+
+
+def start_mqtt_daemon(
+    tmp: Path, broker: Mosquitto, watcher: Watcher, site: str, extra: str = ""
+) -> DaemonProc:
+    """Start speakd and wait for its live (not retained) ``online``."""
+    since = watcher.mark()
+    config = write_config(tmp, mqtt_toml(broker, site, extra), realtime=True)
+    daemon = start_daemon(config)
+    watcher.wait(f"speakd/{site}/availability", lambda m: m.payload == b"online", since, timeout=30)
+    return daemon
+
+
+def finished(rid: str | None, site: str | None = None):
+    return lambda m: m.json().get("id") == rid and (site is None or m.json()["siteId"] == site)
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mosquitto]:
+    b = Mosquitto(tmp_path_factory.mktemp("broker")).start()
+    yield b
+    b.stop()
+
+
+@pytest.fixture(scope="module")
+def watcher(broker: Mosquitto) -> Iterator[Watcher]:
+    w = Watcher(broker, "hermes/#", "speakd/#", "homeassistant/#", "test/#")
+    yield w
+    w.close()
+
+
+@pytest.fixture(scope="module")
+def kitchen(
+    tmp_path_factory: pytest.TempPathFactory, broker: Mosquitto, watcher: Watcher
+) -> Iterator[DaemonProc]:
+    d = start_mqtt_daemon(
+        tmp_path_factory.mktemp("kitchen"),
+        broker,
+        watcher,
+        "kitchen",
+        'site_ids = ["downstairs"]\n[limits]\nmax_text_chars = 1000',
+    )
+    yield d
+    assert d.stop() == 0, d.log_text()
+
+
+def wav_dir(d: DaemonProc) -> Path:
+    return d.config.parent / "wav"
+
+
+class MosquittoSub:
+    """``mosquitto_sub -v`` in the background, ready once it has seen its own marker message."""
+
+    def __init__(self, broker: Mosquitto, watcher: Watcher, *topics: str) -> None:
+        marker = f"test/ready/{id(self)}"
+        args = [arg for t in (*topics, marker) for arg in ("-t", t)]
+        self.proc = subprocess.Popen(
+            mosquitto_cli("mosquitto_sub", broker, "-v", *args), stdout=subprocess.PIPE, text=True
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            watcher.publish(marker, "ready")
+            try:
+                if self.lines.get(timeout=0.3).startswith(marker):
+                    return
+            except queue.Empty:
+                continue
+        raise RuntimeError("mosquitto_sub did not subscribe")
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line.rstrip("\n"))
+
+    def next(self, topic: str, timeout: float = 30) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            line = self.lines.get(timeout=max(0.01, deadline - time.monotonic()))
+            if line.startswith(topic + " "):
+                return line[len(topic) + 1 :]
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(5)
+
+
+def mosquitto_cli(tool: str, broker: Mosquitto, *args: str) -> list[str]:
+    return [tool, "-h", broker.host, "-p", str(broker.port), "-V", "5", *args]
+
+
+def mosquitto_pub(broker: Mosquitto, topic: str, message: str, *extra: str) -> None:
+    subprocess.run(
+        mosquitto_cli("mosquitto_pub", broker, "-q", "1", "-t", topic, "-m", message, *extra),
+        check=True,
+        timeout=10,
+    )
+
+
+# ---- the kitchen daemon ------------------------------------------------------------------------
+
+
+def test_hermes_say_round_trip_with_mosquitto_clients(
+    kitchen: DaemonProc, broker: Mosquitto, watcher: Watcher
+) -> None:
+    sub = MosquittoSub(broker, watcher, "hermes/tts/sayFinished")
+    try:
+        say = {"text": "Hello from the kitchen.", "siteId": "kitchen", "id": "rt1"}
+        mosquitto_pub(broker, "hermes/tts/say", json.dumps({**say, "sessionId": "sess-1"}))
+        line = sub.next("hermes/tts/sayFinished")
+    finally:
+        sub.close()
+    assert json.loads(line) == {"id": "rt1", "siteId": "kitchen", "sessionId": "sess-1"}
+    audio = read_wav(wav_dir(kitchen) / "rt1.wav")
+    assert audio.sample_rate == 22050 and 0.8 < audio.duration < 5.0
+    # what we publish about a say is never retained; state is
+    done = watcher.wait("hermes/tts/sayFinished", finished("rt1"))
+    assert done.retain is False
+    status = watcher.wait("speakd/kitchen/status", lambda m: m.retain)
+    fields = status.json()
+    assert {"state", "current", "queue_length", "engine", "audio", "source"} <= set(fields)
+    assert fields["engine"]["kind"] == "vits" and fields["audio"]["sink"] == "wav"
+
+
+def test_only_our_sites_are_spoken(kitchen: DaemonProc, watcher: Watcher) -> None:
+    since = watcher.mark()
+    watcher.publish(
+        "hermes/tts/say", json.dumps({"text": "Not here.", "siteId": "bedroom", "id": "s-other"})
+    )
+    watcher.publish("hermes/tts/say", json.dumps({"text": "No site.", "id": "s-default"}))
+    watcher.publish("speakd/bedroom/say", json.dumps({"text": "Not here.", "id": "s-topic"}))
+    watcher.publish(
+        "hermes/tts/say", json.dumps({"text": "Group.", "siteId": "downstairs", "id": "s-group"})
+    )
+    done = watcher.wait("hermes/tts/sayFinished", finished("s-group", "downstairs"), since)
+    assert done.json()["siteId"] == "downstairs"
+    assert (wav_dir(kitchen) / "s-group.wav").exists()
+    for rid in ("s-other", "s-default", "s-topic"):
+        assert not watcher.matching("hermes/tts/sayFinished", finished(rid), since)
+        assert not (wav_dir(kitchen) / f"{rid}.wav").exists()
+
+
+def test_cancel_queued_then_stop_mid_speech(kitchen: DaemonProc, watcher: Watcher) -> None:
+    since = watcher.mark()
+    for rid, text in (("long1", LONG_TEXT), ("next1", "Queued behind.")):
+        watcher.publish(
+            "speakd/kitchen/say",
+            json.dumps({"text": text, "id": rid}),
+            response_topic="test/replies",
+            correlation=rid.encode(),
+        )
+    watcher.wait(
+        "speakd/kitchen/status",
+        lambda m: m.json()["state"] == "speaking" and m.json()["current"] == "long1",
+        since,
+    )
+    watcher.publish("speakd/kitchen/cancel", json.dumps({"id": "next1"}))
+    reply = watcher.wait(
+        "test/replies",
+        lambda m: m.correlation == b"next1" and m.json()["status"] != "queued",
+        since,
+    )
+    assert reply.json() == {"id": "next1", "status": "cancelled"}
+    time.sleep(0.5)  # well into the first sentence
+    sent = watcher.publish("speakd/kitchen/stop", b"")
+    reply = watcher.wait(
+        "test/replies",
+        lambda m: m.correlation == b"long1" and m.json()["status"] != "queued",
+        since,
+    )
+    assert reply.json() == {"id": "long1", "status": "stopped"}
+    assert reply.at - sent < 1.0, "stop took effect too late"
+    watcher.wait("hermes/tts/sayFinished", finished("long1", "kitchen"), since)
+    assert watcher.matching("hermes/tts/sayFinished", finished("next1"), since)
+    assert read_wav(wav_dir(kitchen) / "long1.wav").duration < 5.0  # the full text is ~12 s
+
+
+BAD_PAYLOADS = [
+    ("hermes/tts/say", b"not json", "bad_json", None),
+    ("speakd/kitchen/say", b"[1, 2]", "bad_request", None),
+    ("speakd/kitchen/say", b'{"text": "\xff\xfe"}', "bad_encoding", None),
+    ("speakd/kitchen/say", b"{" + b" " * PAYLOAD_LIMIT + b"}", "payload_too_large", None),
+    ("hermes/tts/say", b'{"siteId": "kitchen", "id": "m-notext"}', "bad_text", "m-notext"),
+    (
+        "speakd/kitchen/say",
+        b'{"text": "Hi.", "voice": "nobody", "id": "m-voice"}',
+        "unknown_voice",
+        "m-voice",
+    ),
+    (
+        "speakd/kitchen/say",
+        b'{"text": "Hi.", "priority": "loud", "id": "m-prio"}',
+        "bad_priority",
+        "m-prio",
+    ),
+    (
+        "speakd/kitchen/say",
+        b'{"text": "Hi.", "speed": "fast", "id": "m-speed"}',
+        "bad_field",
+        "m-speed",
+    ),
+    ("speakd/kitchen/cancel", b"{", "bad_json", None),
+]
+
+
+def test_malformed_payloads_publish_errors_and_the_daemon_lives(
+    kitchen: DaemonProc, watcher: Watcher
+) -> None:
+    for topic, payload, code, rid in BAD_PAYLOADS:
+        since = watcher.mark()
+        watcher.publish(topic, payload)
+        error = watcher.wait("hermes/error/tts", lambda m: True, since, timeout=10).json()
+        assert error["error"].startswith(f"{code}: "), (payload, error)
+        assert error["siteId"] == "kitchen" and error["context"] == rid
+        if topic.endswith("/say"):  # every say gets its sayFinished, failed ones too
+            watcher.wait("hermes/tts/sayFinished", finished(rid, "kitchen"), since, timeout=10)
+    assert kitchen.proc.poll() is None
+    since = watcher.mark()
+    watcher.publish("speakd/kitchen/say", json.dumps({"text": "Still here.", "id": "alive1"}))
+    watcher.wait("hermes/tts/sayFinished", finished("alive1"), since)
+
+
+def test_qos1_duplicates_are_spoken_once(kitchen: DaemonProc, watcher: Watcher) -> None:
+    since = watcher.mark()
+    say = json.dumps({"text": "Only once.", "id": "dup1"})
+    watcher.publish("speakd/kitchen/say", say)
+    watcher.publish("speakd/kitchen/say", say)
+    # no id: the correlation data identifies a re-delivery
+    for _ in range(2):
+        watcher.publish(
+            "speakd/kitchen/say",
+            json.dumps({"text": "Once too."}),
+            response_topic="test/dup",
+            correlation=b"corr-dup",
+        )
+    watcher.publish("speakd/kitchen/say", json.dumps({"text": "Marker.", "id": "dup-marker"}))
+    watcher.wait("hermes/tts/sayFinished", finished("dup-marker"), since)
+    assert len(watcher.matching("hermes/tts/sayFinished", finished("dup1"), since)) == 1
+    replies = [m.json()["status"] for m in watcher.matching("test/dup", since=since)]
+    assert replies == ["queued", "done"]
+
+
+def test_mosquitto_rr_request_response_with_correlation_data(
+    kitchen: DaemonProc, broker: Mosquitto
+) -> None:
+    def rr(message: str, correlation: str) -> str:
+        args = ["-q", "1", "-t", "speakd/kitchen/say", "-e", "test/rr", "-m", message]
+        args += ["-D", "publish", "correlation-data", correlation, "-F", "%t %p | %D", "-W", "20"]
+        r = subprocess.run(
+            mosquitto_cli("mosquitto_rr", broker, *args),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert r.returncode == 0, r.stderr
+        return r.stdout.strip()
+
+    topic, _, rest = rr('{"text": "Request.", "id": "rr1"}', "req-42").partition(" ")
+    payload, _, correlation = rest.rpartition(" | ")
+    assert (topic, correlation) == ("test/rr", "req-42")
+    assert json.loads(payload)["id"] == "rr1" and json.loads(payload)["status"] == "queued"
+    out = rr('{"text": "Request.", "voice": "nobody", "id": "rr2"}', "req-43")
+    payload = json.loads(out.partition(" ")[2].rpartition(" | ")[0])
+    assert (payload["status"], payload["code"]) == ("error", "unknown_voice")
+    assert out.endswith("| req-43")
+
+
+def test_home_assistant_discovery(kitchen: DaemonProc, watcher: Watcher) -> None:
+    since = watcher.mark()
+    watcher.publish("homeassistant/status", "online")
+    for component in ("notify", "button", "sensor"):
+        watcher.wait(f"homeassistant/{component}/+/config", since=since, timeout=10)
+    configs = {m.topic: m for m in watcher.matching("homeassistant/+/+/config", since=since)}
+    notify = configs["homeassistant/notify/speakd_kitchen_say/config"].json()
+    button = configs["homeassistant/button/speakd_kitchen_stop/config"].json()
+    sensor = configs["homeassistant/sensor/speakd_kitchen_state/config"].json()
+    assert not any(m.retain for m in configs.values())
+    for entity in (notify, button, sensor):
+        assert entity["availability_topic"] == "speakd/kitchen/availability"
+        assert entity["device"]["identifiers"] == ["speakd_kitchen"]
+        assert entity["origin"]["name"] == "speakd"
+        assert entity["unique_id"] in {
+            "speakd_kitchen_say",
+            "speakd_kitchen_stop",
+            "speakd_kitchen_state",
+        }
+    assert button["command_topic"] == "speakd/kitchen/stop"
+    assert sensor["state_topic"] == "speakd/kitchen/status"
+    assert sensor["value_template"] == "{{ value_json.state }}"
+    # What Home Assistant sends for notify.send_message: the template rendered around the text.
+    message = 'Dinner "is" ready'
+    rendered = notify["command_template"].replace("{{ value | to_json }}", json.dumps(message))
+    since = watcher.mark()
+    watcher.publish(notify["command_topic"], rendered)
+    done = watcher.wait("hermes/tts/sayFinished", finished(None, "kitchen"), since)
+    assert done.json()["siteId"] == "kitchen"
+    assert not watcher.matching("hermes/error/tts", since=since)
+
+
+# ---- lifecycle: SIGKILL, offline queue, retained commands, broker restart, remote speaker -------
+
+
+def test_sigkill_will_offline_and_qos1_say_queued_while_down(
+    tmp_path: Path, broker: Mosquitto, watcher: Watcher
+) -> None:
+    # A retained command must never be acted on (it would replay on every connect).
+    watcher.publish(
+        "speakd/hall/say", json.dumps({"text": "Stale.", "id": "retained1"}), retain=True
+    )
+    try:
+        d = start_mqtt_daemon(tmp_path, broker, watcher, "hall")
+        since = watcher.mark()
+        watcher.publish("speakd/hall/say", json.dumps({"text": "First.", "id": "hall1"}))
+        watcher.wait("hermes/tts/sayFinished", finished("hall1"), since)
+        assert not watcher.matching("hermes/tts/sayFinished", finished("retained1"))
+
+        since = watcher.mark()
+        d.stop(signal.SIGKILL)
+        offline = watcher.wait(
+            "speakd/hall/availability", lambda m: m.payload == b"offline", since, timeout=10
+        )
+        assert offline.retain is True
+
+        say = {"text": "Said while you were away.", "siteId": "hall", "id": "while-down"}
+        mosquitto_pub(broker, "hermes/tts/say", json.dumps(say))
+        since = watcher.mark()
+        d = start_daemon(d.config)
+        watcher.wait("hermes/tts/sayFinished", finished("while-down", "hall"), since, timeout=60)
+        assert read_wav(wav_dir(d) / "while-down.wav").duration > 0.5
+        assert not (wav_dir(d) / "retained1.wav").exists()
+
+        since = watcher.mark()
+        assert d.stop() == 0, d.log_text()  # SIGTERM: offline published before a clean disconnect
+        watcher.wait(
+            "speakd/hall/availability", lambda m: m.payload == b"offline", since, timeout=10
+        )
+    finally:
+        watcher.publish("speakd/hall/say", b"", retain=True)  # clear the retained command
+
+
+def test_broker_restart_and_remote_speaker(tmp_path: Path) -> None:
+    broker = Mosquitto(tmp_path / "broker").start()
+    watcher = Watcher(broker, "hermes/#", "speakd/#")
+    d = None
+    try:
+        d = start_mqtt_daemon(tmp_path, broker, watcher, "porch", 'remote_speaker = "porch-spk"')
+
+        def say_remote(rid: str) -> tuple[Received, Received]:
+            since = watcher.mark()
+            watcher.publish("speakd/porch/say", json.dumps({"text": "On the speaker.", "id": rid}))
+            wav = watcher.wait(f"hermes/audioServer/porch-spk/playBytes/{rid}", since=since)
+            watcher.publish("hermes/audioServer/porch-spk/playFinished", json.dumps({"id": rid}))
+            done = watcher.wait("hermes/tts/sayFinished", finished(rid, "porch"), since)
+            return wav, done
+
+        wav, done = say_remote("rs1")
+        assert wav.payload[:4] == b"RIFF" and wav.retain is False
+        path = tmp_path / "rs1.wav"
+        path.write_bytes(wav.payload)
+        clip = read_wav(path)
+        assert clip.sample_rate == 22050 and clip.duration > 0.5
+        # playFinished ended the wait, not the duration + 1 s timeout
+        assert done.at - wav.at < clip.duration + 0.5
+        assert not list(wav_dir(d).glob("*.wav")), "remote mode must not play locally"
+
+        broker.restart()
+        say_remote("rs2")  # reconnected (and re-subscribed) on its own
+        assert "MQTT: connected" in d.log_text().split("disconnected", 1)[1]
+    finally:
+        if d is not None:
+            assert d.stop() == 0, d.log_text()
+        watcher.close()
+        broker.stop()
+
+
+# ---- in-process pieces -------------------------------------------------------------------------
+
+
+def test_recent_ids_window_and_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [1000.0]
+    monkeypatch.setattr("speakd.frontends.mqtt.time.monotonic", lambda: now[0])
+    ids = RecentIds(size=3, window_s=10)
+    assert not ids.seen("a") and ids.seen("a")
+    for key in "bcd":
+        assert not ids.seen(key)
+    assert not ids.seen("a"), "the oldest id is forgotten past the bound"
+    now[0] += 11
+    assert not ids.seen("d"), "ids expire after the window"
+
+
+def test_decode_object_and_command_topics() -> None:
+    assert decode_object(b"", 10, empty_ok=True) == {}
+    for payload, code in (
+        (b"", "bad_json"),
+        (b"x" * 11, "payload_too_large"),
+        (b'"s"', "bad_request"),
+    ):
+        with pytest.raises(RequestError) as e:
+            decode_object(payload, 10)
+        assert e.value.code == code
+    assert parse_command_topic("speakd", "speakd/kitchen/say") == ("kitchen", "say")
+    assert parse_command_topic("home/speakd", "home/speakd/hall/stop") == ("hall", "stop")
+    for topic in ("speakd/kitchen/status", "speakd/a/b/say", "other/kitchen/say", "speakd//say"):
+        assert parse_command_topic("speakd", topic) is None
+
+
+def test_mqtt_config_keys(tmp_path: Path) -> None:
+    secret = tmp_path / "pw"
+    secret.write_text("s3cret\n")
+    path = tmp_path / "c.toml"
+    path.write_text(
+        f'[mqtt]\nenabled = true\nsite_id = "kitchen"\nsite_ids = ["downstairs", "kitchen"]\n'
+        f'username = "speakd"\npassword_file = "{secret}"\n'
+    )
+    config = load_config(path, env={}).mqtt
+    assert config.sites == ["kitchen", "downstairs"]
+    assert config.password(env={}) == "s3cret"
+    assert config.password(env={"SPEAKD_MQTT_PASSWORD": "from-env"}) == "from-env"
+    env = {"SPEAKD_MQTT_SITE_IDS": '["a", "b"]'}
+    assert load_config(path, env=env).mqtt.site_ids == ["a", "b"]
+    for bad, key in (
+        ('site_ids = ["ok", 3]', "mqtt.site_ids"),
+        ('site_ids = ["a/b"]', r"mqtt.site_ids\[0\]"),
+        ('site_id = "kit+chen"', "mqtt.site_id"),
+        ('prefix = "a/#"', "mqtt.prefix"),
+        ('cert_file = "/etc/hostname"', "mqtt.key_file"),
+        ('ca_file = "/nonexistent"', "mqtt.ca_file"),
+        ("reconnect_max_s = 0.01", "mqtt.reconnect_max_s"),
+    ):
+        path.write_text(f"[mqtt]\nenabled = true\n{bad}\n")
+        with pytest.raises(ConfigError, match=key):
+            load_config(path, env={})
