@@ -3,32 +3,40 @@
 READY=1 goes out only after the model is loaded and every listener is up; WATCHDOG=1 is sent from
 the event loop itself, so a wedged loop stops the pings and systemd restarts the daemon. SIGHUP
 reloads the config (the model is reloaded only when the [engine] section changed); SIGTERM stops
-speech and exits 0.
+speech and exits 0. While a model loads, EXTEND_TIMEOUT_USEC keeps systemd's start (or reload)
+timeout from firing on a slow board; STATUS= follows what the daemon is doing (idle, speaking…).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from speakd.config import Config, ConfigError, load_config
+from speakd.config import Config, ConfigError, EngineConfig, load_config
 from speakd.control import Control
 from speakd.engines import load_engine
 from speakd.engines.base import Engine
 from speakd.frontends.jsonlines import JsonLinesFrontend
 from speakd.frontends.mqtt import MqttFrontend
 from speakd.frontends.ssip import SsipFrontend
-from speakd.frontends.unixserver import start_unix_server
+from speakd.frontends.unixserver import AccessPolicy, start_unix_server
 from speakd.notify import listen_fds, notify, watchdog_interval
 from speakd.scheduler import Scheduler
 from speakd.sinks import make_sink
 from speakd.source import AudioSource, EngineSource
 
 log = logging.getLogger(__name__)
+
+LOAD_EXTEND_S = 20.0  # while a model loads, ask systemd for this much more time, twice per period
+LOAD_EXTEND_MAX_S = 600.0  # a load still running after this is stuck: stop extending
+STATUS_INTERVAL_S = 2.0  # STATUS= refresh when there is no watchdog to ride on
+DEBUG_WEDGE_ENV = "SPEAKD_DEBUG_WEDGE"  # seconds SIGUSR2 blocks the event loop (watchdog tests)
 
 
 def make_source(engine: Engine, config: Config) -> AudioSource:
@@ -64,8 +72,7 @@ class Daemon:
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
-        notify(f"STATUS=loading {self.config.engine.kind} model")
-        self.engine = await asyncio.to_thread(load_engine, self.config.engine)
+        self.engine = await _load_engine(self.config.engine)
         scheduler = self._make_scheduler(self.engine)
         self.control = Control(scheduler, self.engine, self.config.limits.max_text_chars)
         self._tasks.append(asyncio.create_task(scheduler.run(), name="scheduler"))
@@ -73,9 +80,10 @@ class Daemon:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stopping.set)
         loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(self.reload()))
-        interval = watchdog_interval()
-        if interval:
-            self._tasks.append(asyncio.create_task(self._watchdog(interval), name="watchdog"))
+        _install_debug_wedge(loop)
+        if os.environ.get("NOTIFY_SOCKET"):
+            notifier = self._notifier(watchdog_interval())
+            self._tasks.append(asyncio.create_task(notifier, name="notifier"))
         notify("READY=1", f"STATUS={self._status_line()}")
         log.info("speakd ready: %s", self._status_line())
         await self._stopping.wait()
@@ -97,7 +105,10 @@ class Daemon:
         inherited = listen_fds()
         json_frontend = JsonLinesFrontend(self.control, self.config.limits.max_line_bytes)
         await self._listen(
-            json_frontend.handle, self.config.socket.path, inherited.pop("json", None)
+            json_frontend.handle,
+            self.config.socket.path,
+            inherited.pop("json", None),
+            JsonLinesFrontend.REFUSAL,
         )
         if self.config.socket.ssip_path:
             ssip_frontend = SsipFrontend(self.control, self.config.limits.max_line_bytes)
@@ -120,7 +131,9 @@ class Daemon:
             await asyncio.to_thread(old_sink.close)
         await self.mqtt.start()
 
-    async def _listen(self, handler: Any, path: str, inherited: Any) -> None:
+    async def _listen(
+        self, handler: Any, path: str, inherited: Any, refusal: bytes = b""
+    ) -> None:
         sock = self.config.socket
         server = await start_unix_server(
             handler,
@@ -129,22 +142,37 @@ class Daemon:
             group=sock.group,
             inherited=inherited,
             limit=self.config.limits.max_line_bytes,
+            policy=AccessPolicy(tuple(sock.allow_uids), tuple(sock.allow_gids)),
+            refusal=refusal,
         )
         self.servers.append(server)
         if inherited is None:
             self._owned_paths.append(Path(path))
 
     def _status_line(self) -> str:
-        assert self.engine is not None
+        """One line for `systemctl status`: what it is doing, then what it serves."""
+        assert self.engine is not None and self.control is not None
+        state = self.control.scheduler.status()
+        doing = f"{state['state']} {state['current']}" if state["current"] else "idle"
+        if state["queue_length"]:
+            doing += f", {state['queue_length']} queued"
         return (
-            f"serving {self.engine.kind} {self.engine.bundle_id} ({self.engine.precision}) "
+            f"{doing}; {self.engine.kind} {self.engine.bundle_id} ({self.engine.precision}) "
             f"on {self.config.socket.path}"
         )
 
-    async def _watchdog(self, interval: float) -> None:
+    async def _notifier(self, watchdog: float | None) -> None:
+        """WATCHDOG=1 and STATUS= changes, sent from the event loop: a wedged loop goes quiet."""
+        last = self._status_line()  # READY=1 carried it
         while True:
-            notify("WATCHDOG=1")
-            await asyncio.sleep(interval)
+            lines = ["WATCHDOG=1"] if watchdog else []
+            status = self._status_line()
+            if status != last:
+                lines.append(f"STATUS={status}")
+                last = status
+            if lines:
+                notify(*lines)
+            await asyncio.sleep(watchdog or STATUS_INTERVAL_S)
 
     async def reload(self) -> None:
         """SIGHUP: re-read the config; keep the loaded model unless [engine] changed."""
@@ -159,7 +187,7 @@ class Daemon:
         engine = self.engine
         if new.engine != self.config.engine:
             try:
-                engine = await asyncio.to_thread(load_engine, new.engine)
+                engine = await _load_engine(new.engine)
             except Exception as e:
                 log.error("reload: new engine failed to load, keeping the old one: %s", e)
                 notify("READY=1", f"STATUS=reload failed: {e}")
@@ -207,6 +235,37 @@ def _sink_key(config: Config) -> Any:
     """What decides the sink: the remote speaker's site when there is one, else [audio]."""
     mqtt = config.mqtt
     return mqtt.remote_speaker if mqtt.enabled and mqtt.remote_speaker else config.audio
+
+
+async def _load_engine(config: EngineConfig) -> Engine:
+    """Load a model in a worker thread; meanwhile extend systemd's timeout and say so in STATUS."""
+    what = f"{config.kind} model {config.bundle or '(embedded voice)'}"
+    loading = asyncio.ensure_future(asyncio.to_thread(load_engine, config))
+    t0 = time.monotonic()
+    while True:
+        elapsed = time.monotonic() - t0
+        if elapsed < LOAD_EXTEND_MAX_S:
+            notify(
+                f"EXTEND_TIMEOUT_USEC={int(LOAD_EXTEND_S * 1e6)}",
+                f"STATUS=loading {what} ({elapsed:.0f} s)",
+            )
+        done, _ = await asyncio.wait({loading}, timeout=LOAD_EXTEND_S / 2)
+        if done:
+            return loading.result()
+
+
+def _install_debug_wedge(loop: asyncio.AbstractEventLoop) -> None:
+    """With $SPEAKD_DEBUG_WEDGE=<seconds>, SIGUSR2 blocks the event loop that long (tests and
+    drills: the watchdog pings must stop and systemd must restart the daemon). Off otherwise."""
+    value = os.environ.get(DEBUG_WEDGE_ENV)
+    if not value:
+        return
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ConfigError(f"${DEBUG_WEDGE_ENV}: expected seconds, got {value!r}") from None
+    log.warning("debug: SIGUSR2 blocks the event loop for %.1f s ($%s)", seconds, DEBUG_WEDGE_ENV)
+    loop.add_signal_handler(signal.SIGUSR2, time.sleep, seconds)
 
 
 def serve(config_path: Path | None) -> int:
