@@ -1,0 +1,122 @@
+"""``speakd-tools precompute``: prompt files, keys that match the daemon's, pinned clips,
+idempotence, parallel workers and the summary — on the tone engine and real SQLite."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from speakd.cache.resolver import CachingSource
+from speakd.cache.store import CacheStore
+from speakd.messages import SpeakRequest
+from speakd_tools.precompute import Prompt, PromptError, precompute, read_prompts
+from tests.tone_engine import ToneEngine
+
+TOML = """
+voice = "high"
+
+[[prompt]]
+text = "Front door open."
+
+[[prompt]]
+text = "Back door open."
+voice = "low"
+speed = 2
+seed = 5
+"""
+
+
+def test_text_prompts_skip_blanks_and_comments(tmp_path: Path) -> None:
+    f = tmp_path / "p.txt"
+    f.write_text("# header\nHello there.\n\n  Second one.  \n#x\n")
+    assert read_prompts(f) == [Prompt("Hello there."), Prompt("Second one.")]
+    assert read_prompts(f, voice="high")[0].voice == "high"
+
+
+def test_toml_prompts_with_defaults_and_overrides(tmp_path: Path) -> None:
+    f = tmp_path / "p.toml"
+    f.write_text(TOML)
+    assert read_prompts(f, voice="ignored-when-file-says") == [
+        Prompt("Front door open.", voice="high"),
+        Prompt("Back door open.", voice="low", speed=2.0, seed=5),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ('[[prompt]]\ntext = ""\n', r"prompt\[0\]\.text: missing or empty"),
+        ('[[prompt]]\ntext = "a"\n[[prompt]]\ntxt = "b"\n', r"prompt\[1\]\.txt: unknown field"),
+        ('[[prompt]]\ntext = "a"\nspeed = "fast"\n', r"prompt\[0\]\.speed: expected int"),
+        ('[[prompt]]\ntext = "a"\nseed = true\n', r"prompt\[0\]\.seed: expected int"),
+        ('title = "x"\n', r"unknown top-level key 'title'"),
+        ("voice = \n", "not valid TOML"),
+        ('voice = "x"\n', r"expected \[\[prompt\]\] tables"),
+    ],
+)
+def test_bad_toml_names_the_prompt_and_field(tmp_path: Path, body: str, message: str) -> None:
+    f = tmp_path / "p.toml"
+    f.write_text(body)
+    with pytest.raises(PromptError, match=message):
+        read_prompts(f)
+
+
+def test_pack_keys_match_the_daemon_and_reruns_are_idempotent(tmp_path: Path) -> None:
+    engine = ToneEngine()
+    f = tmp_path / "p.toml"
+    f.write_text(TOML)
+    prompts = [*read_prompts(f), Prompt("one two"), Prompt("one  two"), Prompt("one two")]
+    pack = tmp_path / "pack.db"
+    report = precompute(prompts, pack, lambda: engine, progress=False)
+    assert report.synthesized == 3 and report.duplicates == 2 and report.failed == []
+    assert report.bundle == "tone-1" and report.pack_clips == 3
+    assert "synthesized" in report.table() and "clips/s" in report.table()
+    with CacheStore(pack) as store:
+        clips = list(store.clips())
+    assert all(c.pinned and c.expires is None and c.bundle == "tone-1" for c in clips)
+    # the daemon, asked with cache_only, finds every prompt: the keys are the same
+    source = CachingSource(engine, CacheStore(pack))
+    engine.calls.clear()
+    for text, voice, speed, seed in [
+        ("Front door open.", "high", None, None),
+        ("Back door open.", "low", 2.0, 5),
+        ("one two", None, None, None),
+    ]:
+        req = SpeakRequest(text, cache_only=True)
+        req.config = type(req.config)(voice=voice, speed=speed, seed=seed)
+        assert b"".join(c.pcm for c in source.stream(req, threading.Event()))
+    assert engine.calls == [] and source.counters["hits"] == 3
+    source.close()
+    # a second run synthesises nothing
+    again = precompute(prompts, pack, lambda: engine, progress=False)
+    assert again.synthesized == 0 and again.existing + again.duplicates == 5
+    assert engine.calls == []
+
+
+def test_parallel_workers_make_the_same_pack(tmp_path: Path) -> None:
+    prompts = [Prompt(f"prompt number {i} " + "word " * (i % 4)) for i in range(12)]
+    serial = precompute(prompts, tmp_path / "serial.db", ToneEngine, progress=False)
+    parallel = precompute(prompts, tmp_path / "parallel.db", ToneEngine, jobs=2, progress=False)
+    assert serial.synthesized == parallel.synthesized == 12
+    with CacheStore(tmp_path / "serial.db") as a, CacheStore(tmp_path / "parallel.db") as b:
+        assert {c.key: c.audio for c in a.clips()} == {c.key: c.audio for c in b.clips()}
+
+
+def test_failed_prompts_are_reported_and_the_rest_stored(tmp_path: Path) -> None:
+    prompts = [Prompt("fine words"), Prompt("this will FAIL"), Prompt("more fine words")]
+    report = precompute(prompts, tmp_path / "pack.db", ToneEngine, progress=False)
+    assert report.synthesized == 2
+    assert report.failed == [("this will FAIL", "the tone engine was asked to fail")]
+    assert "FAILED 'this will FAIL'" in report.table()
+
+
+def test_cli_subcommand_reports_bad_input(tmp_path: Path, capsys) -> None:
+    from speakd_tools.cli import main
+
+    bad = tmp_path / "p.toml"
+    bad.write_text('[[prompt]]\ntext = "a"\nvoice = 3\n')
+    assert main(["precompute", str(bad), "--out", str(tmp_path / "o.db")]) == 2
+    assert "prompt[0].voice: expected str" in capsys.readouterr().err
+    assert not (tmp_path / "o.db").exists()
