@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from speakd.audio import read_wav
+from speakd.engines.base import SynthesisConfig, VoiceInfo
 from tests.daemon_proc import DaemonProc, start_daemon, write_config
 from tests.ssip_harness import SsipClient, SsipServer, wav_server
 from tests.tone_engine import ToneEngine
@@ -565,3 +566,37 @@ def test_disconnect_lifts_a_pause(server: SsipServer) -> None:
         assert server.engine.calls == []
     server.wait_idle()
     assert server.engine.calls == ["held"]
+
+
+class BilingualTone(ToneEngine):
+    """Two voices in two languages; records the voice each synthesis was asked for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.voices_used: list[str | None] = []
+
+    def voices(self) -> list[VoiceInfo]:
+        return [VoiceInfo("low", "en_US"), VoiceInfo("high", "de_DE")]
+
+    def synthesize(self, text: str, config: SynthesisConfig, cancel=None):
+        self.voices_used.append(config.voice)
+        return super().synthesize(text, config, cancel)
+
+
+def test_language_picks_a_voice_of_that_language(tmp_path: Path) -> None:
+    engine = BilingualTone()
+    with (
+        SsipServer(tmp_path / "s.sock", engine=engine) as server,
+        SsipClient(server.path) as c,
+    ):
+        assert c.code("SET SELF NOTIFICATION end on") == 220
+        assert c.code("SET SELF PRIORITY MESSAGE") == 202
+        for language in ("C", "en-GB", "de", "DE_at", "fr"):
+            assert c.code(f"SET SELF LANGUAGE {language}") == 201
+            c.wait_event(702, c.speak("word"))
+        assert c.command("LIST SYNTHESIS_VOICES de") == [
+            "249-high\tde_DE\tnone",
+            "249 OK VOICE LIST SENT",
+        ]
+    # the default ("low", English) unless the language is another voice's; de-AT falls back to de
+    assert engine.voices_used == [None, None, "high", "high", None]

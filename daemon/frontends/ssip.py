@@ -465,6 +465,9 @@ class SsipFrontend:
         if not lang or lang in ("c", "posix"):
             return None
         matching = [v["name"] for v in voices if _language_matches(v["language"], lang)]
+        if not matching and "-" in lang:  # de-AT with only a de-DE voice: the language decides
+            base = lang.split("-")[0]
+            matching = [v["name"] for v in voices if _language_matches(v["language"], base)]
         default = self.control.status()["engine"]["default_voice"] if matching else None
         return matching[0] if matching and default not in matching else None
 
