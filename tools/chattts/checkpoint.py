@@ -8,6 +8,7 @@ sizes are read from the tensors themselves, and the files are hashed against Cha
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -156,8 +157,15 @@ def chattts_sha256_map() -> dict[str, str]:
 
 
 def _sha256(path: Path) -> str:
+    st = path.stat()
+    return _sha256_cached(str(path.resolve()), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _sha256_cached(path: str, size: int, mtime_ns: int) -> str:
+    """Checkpoints are large and exported repeatedly in one process (tests): hash once."""
     h = hashlib.sha256()
-    with path.open("rb") as f:
+    with open(path, "rb") as f:
         while chunk := f.read(1 << 22):
             h.update(chunk)
     return h.hexdigest()

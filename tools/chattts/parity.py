@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 import torch
+from torch.nn.utils import parametrize
 from tqdm import tqdm
 
 from .modules import ChatTTSModules
@@ -180,6 +181,12 @@ def check_gpt(mods, bundle: Path, emb, input_ids, attention_mask, steps: int) ->
     n = mods.sizes.num_audio_tokens
     eos = n - 1
     rec = _GreedyRecorder(eos)
+    for head in mods.embed.head_code:  # the value P.cached() recomputes every step, once
+        if parametrize.is_parametrized(head, "weight"):
+            parametrize.remove_parametrizations(head, "weight", leave_parametrized=True)
+    logging.getLogger("ChatTTS.model.gpt").setLevel(
+        logging.ERROR
+    )  # "hit max_new_token" is the plan
     gen = mods.gpt.generate(
         emb.clone(),
         input_ids,
