@@ -234,8 +234,10 @@ def test_precompute_import_say_plays_from_cache_without_the_engine(tmp_path: Pat
     from speakd_tools.precompute import main as precompute_main
     from tests.daemon_proc import start_daemon, write_config
 
-    prompts = tmp_path / "prompts.txt"
-    prompts.write_text("The front door is open.\nBattery low.\n")
+    from speakd.config import EngineConfig
+
+    prompts = tmp_path / "prompts.txt"  # with the fallback prompt the daemon readies at start
+    prompts.write_text(f"The front door is open.\nBattery low.\n{EngineConfig().fallback_text}\n")
     pack = tmp_path / "pack.db"
     assert precompute_main([str(prompts), "--out", str(pack), "--no-progress"]) == 0
     config = write_config(tmp_path)
@@ -247,7 +249,7 @@ def test_precompute_import_say_plays_from_cache_without_the_engine(tmp_path: Pat
             status = c.request({"op": "status"})
         assert [e["event"] for e in events] == ["queued", "started", "finished"]
         cache = status["source"]["cache"]
-        assert cache["hits"] == 1 and cache["hits_ram"] == 1 and cache["prewarmed"] == 2
+        assert cache["hits"] == 2 and cache["hits_ram"] == 2 and cache["prewarmed"] == 3
         assert cache["synth"] == 0 and cache["misses"] == 0  # the engine never ran
         with CacheStore(pack) as p:
             [clip] = [c for c in p.clips() if c.text == "The front door is open."]
@@ -256,4 +258,4 @@ def test_precompute_import_say_plays_from_cache_without_the_engine(tmp_path: Pat
         assert events[1]["latency_ms"] < 1000
     finally:
         assert daemon.stop() == 0
-    assert "2 pinned clips" in daemon.log_text()
+    assert "3 pinned clips" in daemon.log_text()
