@@ -20,8 +20,16 @@ class ConfigError(ValueError):
     """A config value is wrong; the message starts with the dotted key."""
 
 
+def _systemd_dir(variable: str) -> Path | None:
+    """The first of systemd's RuntimeDirectory=/CacheDirectory= paths given to the service."""
+    value = os.environ.get(variable)
+    return Path(value.split(":")[0]) if value else None
+
+
 def _runtime_dir() -> Path:
     """Where sockets go: /run/speakd for the system service, else a per-user directory."""
+    if systemd := _systemd_dir("RUNTIME_DIRECTORY"):
+        return systemd
     if os.geteuid() == 0:
         return Path("/run/speakd")
     xdg = os.environ.get("XDG_RUNTIME_DIR")
@@ -29,6 +37,8 @@ def _runtime_dir() -> Path:
 
 
 def _cache_dir() -> Path:
+    if systemd := _systemd_dir("CACHE_DIRECTORY"):
+        return systemd
     if os.geteuid() == 0:
         return Path("/var/cache/speakd")
     xdg = os.environ.get("XDG_CACHE_HOME")

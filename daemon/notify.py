@@ -42,6 +42,8 @@ def watchdog_interval() -> float | None:
 def listen_fds() -> dict[str, socket.socket]:
     """Sockets passed by systemd (or systemd-socket-activate), keyed by their LISTEN_FDNAMES.
 
+    Unnamed fds are keyed ``fd<N>``; a name given to several fds (a .socket unit with two
+    ListenStream= lines) keys the later ones ``<name>#2``, ``#3``… so none is silently dropped.
     The variables are removed so child processes do not inherit them.
     """
     if os.environ.get("LISTEN_PID") != str(os.getpid()):
@@ -55,6 +57,8 @@ def listen_fds() -> dict[str, socket.socket]:
     for i in range(count):
         fd = SD_LISTEN_FDS_START + i
         name = names[i] if i < len(names) and names[i] else f"fd{fd}"
+        if name in result:
+            name = f"{name}#{sum(k.split('#')[0] == name for k in result) + 1}"
         os.set_inheritable(fd, False)
         result[name] = socket.socket(fileno=fd)
     for var in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):

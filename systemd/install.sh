@@ -1,0 +1,89 @@
+#!/bin/sh
+# Install speakd as a system service: a venv under PREFIX (default /opt/speakd), the systemd
+# units, the sysusers.d entry for the `speakd` user and an example /etc/speakd/speakd.toml; then
+# create the user, reload systemd and enable + start the service and its sockets.
+#
+#   sudo systemd/install.sh [--prefix DIR] [--no-enable] [--no-venv] [CHECKOUT]
+#
+# CHECKOUT is the speakd source tree to pip-install (default: the one holding this script).
+# DESTDIR=/some/root stages every file under that root and touches nothing on the live system
+# (no user creation, no systemctl): for packaging and tests. Steps that need a running systemd
+# are skipped with a message when systemd is not PID 1 (containers, CI); files are still
+# installed. PYTHON (default python3) builds the venv; PIP_INSTALL_ARGS adds pip options.
+set -eu
+
+usage() { sed -n '2,12s/^# \{0,1\}//p' "$0"; exit "${1:-0}"; }
+
+here=$(cd "$(dirname "$0")" && pwd)
+prefix=/opt/speakd
+enable=yes
+venv=yes
+checkout=
+while [ $# -gt 0 ]; do
+    case $1 in
+        --prefix) [ $# -ge 2 ] || usage 2; prefix=$2; shift 2 ;;
+        --prefix=*) prefix=${1#--prefix=}; shift ;;
+        --no-enable) enable=no; shift ;;
+        --no-venv) venv=no; shift ;;
+        -h|--help) usage 0 ;;
+        -*) echo "install.sh: unknown option $1" >&2; usage 2 ;;
+        *) [ -z "$checkout" ] || usage 2; checkout=$1; shift ;;
+    esac
+done
+checkout=${checkout:-$(dirname "$here")}
+case $prefix in /*) ;; *) echo "install.sh: --prefix must be absolute: $prefix" >&2; exit 2 ;; esac
+[ -f "$checkout/pyproject.toml" ] || { echo "install.sh: $checkout is not a speakd checkout (no pyproject.toml)" >&2; exit 2; }
+DESTDIR=${DESTDIR:-}
+PYTHON=${PYTHON:-python3}
+say() { echo "install.sh: $*"; }
+
+# 1. The venv with speakd and its device dependencies.
+if [ "$venv" = yes ]; then
+    say "creating venv $DESTDIR$prefix/venv"
+    "$PYTHON" -m venv "$DESTDIR$prefix/venv"
+    # shellcheck disable=SC2086  # PIP_INSTALL_ARGS is a list of options
+    "$DESTDIR$prefix/venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+        ${PIP_INSTALL_ARGS:-} "$checkout"
+fi
+
+# 2. Units (ExecStart rewritten to PREFIX), sysusers.d, config (never overwritten).
+units=$DESTDIR/etc/systemd/system
+mkdir -p "$units" "$DESTDIR/etc/sysusers.d" "$DESTDIR/etc/speakd"
+for unit in speakd.service speakd.socket speakd-ssip.socket; do
+    sed "s#/opt/speakd/venv/#$prefix/venv/#g" "$here/$unit" > "$units/$unit.tmp"
+    chmod 0644 "$units/$unit.tmp"
+    mv "$units/$unit.tmp" "$units/$unit"
+done
+install -m 0644 "$here/speakd.sysusers" "$DESTDIR/etc/sysusers.d/speakd.conf"
+if [ -e "$DESTDIR/etc/speakd/speakd.toml" ]; then
+    install -m 0644 "$here/speakd.toml" "$DESTDIR/etc/speakd/speakd.toml.example"
+    say "kept the existing /etc/speakd/speakd.toml (new example: speakd.toml.example)"
+else
+    install -m 0644 "$here/speakd.toml" "$DESTDIR/etc/speakd/speakd.toml"
+fi
+say "installed units in $units"
+
+# 3. The live system: user, systemd, service.
+if [ -n "$DESTDIR" ]; then
+    say "DESTDIR set: not creating the user or touching systemd"
+    exit 0
+fi
+if command -v systemd-sysusers >/dev/null 2>&1; then
+    systemd-sysusers /etc/sysusers.d/speakd.conf
+elif ! getent passwd speakd >/dev/null; then
+    useradd --system --user-group --home-dir /var/lib/speakd --no-create-home \
+        --shell /usr/sbin/nologin speakd
+fi
+if [ ! -d /run/systemd/system ]; then
+    say "systemd is not running (container/CI?): skipped daemon-reload and enable;"
+    say "on a booted system run: systemctl daemon-reload && systemctl enable --now speakd.socket speakd-ssip.socket speakd.service"
+    exit 0
+fi
+systemctl daemon-reload
+if [ "$enable" = yes ]; then
+    systemctl enable --now speakd.socket speakd-ssip.socket speakd.service
+    systemctl restart speakd.service  # an upgrade must not keep running the old code
+    say "speakd enabled and started; check it with: systemctl status speakd"
+else
+    say "not enabled (--no-enable); start it with: systemctl enable --now speakd.socket speakd-ssip.socket speakd.service"
+fi
