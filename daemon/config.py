@@ -51,12 +51,23 @@ class EngineConfig:
     bundle: str = ""  # path to a bundle; empty = the embedded default voice
     voice: str = "default"
     threads: int = 2  # onnxruntime intra-op threads (= cores on a Pi-class board)
+    # Degradation: a failing, hung or too slow engine opens a circuit breaker; while it is open
+    # (and for requests the engine failed) the fallback prompt plays instead of silence.
+    fallback_text: str = "Sorry, I cannot say that right now."
+    hang_timeout_s: float = 30.0  # no audio for this long = the engine hung
+    max_rtf: float = 3.0  # slower than this (compute s per audio s) counts as a failure
+    breaker_failures: int = 3  # consecutive failures that open the breaker
+    breaker_reset_s: float = 30.0  # how long it stays open before one trial request
 
     def validate(self) -> None:
         _choice("engine.kind", self.kind, ("vits", "chattts"))
         if self.kind == "chattts" and not self.bundle:
             raise ConfigError("engine.bundle: kind 'chattts' needs a bundle path")
         _range("engine.threads", self.threads, 1, 64)
+        _range("engine.hang_timeout_s", self.hang_timeout_s, 0.5, 3600)
+        _range("engine.max_rtf", self.max_rtf, 0.1, 1000)
+        _range("engine.breaker_failures", self.breaker_failures, 1, 1000)
+        _range("engine.breaker_reset_s", self.breaker_reset_s, 0.1, 86400)
 
 
 @dataclass(frozen=True)

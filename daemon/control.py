@@ -118,6 +118,9 @@ class Control:
                 "sample_rate": self.engine.sample_rate,
                 "default_voice": self.engine.default_voice(),
             },
+            "breaker": breaker.status()
+            if (breaker := getattr(self.engine, "breaker", None))
+            else None,
             "uptime_s": round(time.monotonic() - self.started, 1),
             "reloads": self.reloads,
         }

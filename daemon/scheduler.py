@@ -86,6 +86,7 @@ class Scheduler:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="speakd-play")
         self._closing = False
+        self.fallback: AudioChunk | None = None  # played when the engine itself fails
         self._paused_all = False
         self._paused_clients: set[str] = set()
         self.counters = {"accepted": 0, "rejected": 0, "finished": 0, "cancelled": 0, "errors": 0}
@@ -293,7 +294,7 @@ class Scheduler:
 
     def _play(self, job: Job) -> tuple[str, dict[str, Any] | None]:
         """Play one request; returns (final status, error event data or None)."""
-        request, sink = job.request, self.sink  # a reload may swap self.sink meanwhile
+        sink = self.sink  # a reload may swap self.sink meanwhile
         chunks: queue.Queue[Any] = queue.Queue(maxsize=256)
         producer = threading.Thread(
             target=self._produce, args=(job, chunks), name=f"speakd-synth-{job.id}", daemon=True
@@ -304,24 +305,17 @@ class Scheduler:
         try:
             for chunk in _drain(chunks, job.cancel):
                 if isinstance(chunk, BaseException):
-                    return "error", _error_data(chunk)
-                if not job.started:
-                    sink.begin(job.id, chunk.sample_rate)
-                    job.started = True
-                    latency = time.monotonic() - request.received
-                    self._emit_threadsafe(
-                        request, EventType.STARTED, {"latency_ms": round(latency * 1000, 1)}
-                    )
-                    log.info("request %s started after %.1f ms", job.id, latency * 1000)
-                for block in _blocks(
-                    scale_volume(chunk, self.volume * request.volume), self.block_ms
-                ):
-                    if self._held(job):
-                        self._hold(job)
-                    if job.cancel.is_set():
-                        break
-                    sink.write(block)
-                    played += len(block) / 2 / chunk.sample_rate
+                    error = _error_data(chunk)
+                    if not job.started and self.fallback is not None and _degrades(chunk):
+                        log.warning("request %s: %s; playing the fallback prompt", job.id, chunk)
+                        self._write(job, sink, self.fallback)
+                        if job.cancel.is_set():
+                            sink.abort()
+                        else:
+                            sink.drain()
+                        error["fallback"] = True
+                    return "error", error
+                played += self._write(job, sink, chunk)
             if job.cancel.is_set():
                 if job.started:
                     sink.abort()
@@ -341,6 +335,27 @@ class Scheduler:
         finally:
             job.cancel.set()  # stops the producer if it is still running
             producer.join()
+
+    def _write(self, job: Job, sink: Sink, chunk: AudioChunk) -> float:
+        """Play one chunk in blocks, honouring pause and cancel; returns seconds played."""
+        request = job.request
+        if not job.started:
+            sink.begin(job.id, chunk.sample_rate)
+            job.started = True
+            latency = time.monotonic() - request.received
+            self._emit_threadsafe(
+                request, EventType.STARTED, {"latency_ms": round(latency * 1000, 1)}
+            )
+            log.info("request %s started after %.1f ms", job.id, latency * 1000)
+        played = 0.0
+        for block in _blocks(scale_volume(chunk, self.volume * request.volume), self.block_ms):
+            if self._held(job):
+                self._hold(job)
+            if job.cancel.is_set():
+                break
+            sink.write(block)
+            played += len(block) / 2 / chunk.sample_rate
+        return played
 
     def _hold(self, job: Job) -> None:
         """Wait between blocks while the job is paused; stop/cancel still end it at once."""
@@ -373,6 +388,14 @@ class Scheduler:
 
 def _order(job: Job) -> tuple[int, int]:
     return (int(job.priority), job.seq)
+
+
+def _degrades(e: BaseException) -> bool:
+    """Failures of the engine itself (not of the request) fall back to the cached prompt."""
+    from speakd.breaker import EngineTimeout, EngineUnavailable
+    from speakd.engines.base import EngineError
+
+    return isinstance(e, EngineUnavailable | EngineTimeout) or not isinstance(e, EngineError)
 
 
 def _error_data(e: BaseException) -> dict[str, Any]:

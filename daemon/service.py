@@ -13,11 +13,14 @@ import asyncio
 import logging
 import os
 import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from speakd.audio import AudioChunk, join_chunks
+from speakd.breaker import CircuitBreaker, GuardedEngine
 from speakd.config import Config, ConfigError, EngineConfig, load_config
 from speakd.control import Control
 from speakd.engines import load_engine
@@ -26,6 +29,7 @@ from speakd.frontends.jsonlines import JsonLinesFrontend
 from speakd.frontends.mqtt import MqttFrontend
 from speakd.frontends.ssip import SsipFrontend
 from speakd.frontends.unixserver import AccessPolicy, start_unix_server
+from speakd.messages import SpeakRequest
 from speakd.notify import listen_fds, notify, watchdog_interval
 from speakd.scheduler import Scheduler
 from speakd.sinks import make_sink
@@ -74,6 +78,9 @@ class Daemon:
         loop = asyncio.get_running_loop()
         self.engine = await _load_engine(self.config.engine)
         scheduler = self._make_scheduler(self.engine)
+        scheduler.fallback = await asyncio.to_thread(
+            _fallback_audio, scheduler.source, self.config.engine.fallback_text
+        )
         self.control = Control(scheduler, self.engine, self.config.limits.max_text_chars)
         self._tasks.append(asyncio.create_task(scheduler.run(), name="scheduler"))
         await self._start_listeners()
@@ -131,9 +138,7 @@ class Daemon:
             await asyncio.to_thread(old_sink.close)
         await self.mqtt.start()
 
-    async def _listen(
-        self, handler: Any, path: str, inherited: Any, refusal: bytes = b""
-    ) -> None:
+    async def _listen(self, handler: Any, path: str, inherited: Any, refusal: bytes = b"") -> None:
         sock = self.config.socket
         server = await start_unix_server(
             handler,
@@ -200,8 +205,16 @@ class Daemon:
         if _sink_key(new) != _sink_key(self.config):
             old_sink, scheduler.sink = scheduler.sink, make_sink(new.audio)
             await asyncio.to_thread(old_sink.close)
-        old_source, scheduler.source = scheduler.source, make_source(engine, new)
+        source = await asyncio.to_thread(make_source, engine, new)  # prewarm reads from disk
+        old_source, scheduler.source = scheduler.source, source
         await asyncio.to_thread(_close_source, old_source)
+        if (
+            engine is not self.engine
+            or new.engine.fallback_text != self.config.engine.fallback_text
+        ):
+            scheduler.fallback = await asyncio.to_thread(
+                _fallback_audio, scheduler.source, new.engine.fallback_text
+            )
         scheduler.max_queue = new.limits.max_queue
         scheduler.block_ms, scheduler.volume = new.audio.block_ms, new.audio.volume
         self.config, self.engine = new, engine
@@ -237,10 +250,28 @@ def _sink_key(config: Config) -> Any:
     return mqtt.remote_speaker if mqtt.enabled and mqtt.remote_speaker else config.audio
 
 
+def _guarded_engine(config: EngineConfig) -> Engine:
+    breaker = CircuitBreaker(config.breaker_failures, config.breaker_reset_s)
+    return GuardedEngine(load_engine(config), breaker, config.hang_timeout_s, config.max_rtf)
+
+
+def _fallback_audio(source: AudioSource, text: str) -> AudioChunk | None:
+    """The prompt played when the engine fails: synthesized (and cached) while it still works."""
+    if not text:
+        return None
+    try:
+        audio = join_chunks(source.stream(SpeakRequest(text=text), threading.Event()))
+    except Exception as e:
+        log.warning("no fallback prompt (%s): engine failures will be silent", e)
+        return None
+    log.info("fallback prompt ready: %r (%.2f s)", text, audio.duration if audio else 0.0)
+    return audio
+
+
 async def _load_engine(config: EngineConfig) -> Engine:
     """Load a model in a worker thread; meanwhile extend systemd's timeout and say so in STATUS."""
     what = f"{config.kind} model {config.bundle or '(embedded voice)'}"
-    loading = asyncio.ensure_future(asyncio.to_thread(load_engine, config))
+    loading = asyncio.ensure_future(asyncio.to_thread(_guarded_engine, config))
     t0 = time.monotonic()
     while True:
         elapsed = time.monotonic() - t0

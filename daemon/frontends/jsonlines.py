@@ -32,7 +32,7 @@ def _line(obj: dict[str, Any]) -> bytes:
 
 
 class JsonLinesFrontend:
-    REFUSAL = b'{"event":"error","id":null,"code":"forbidden","message":"not allowed to use speakd"}\n'
+    REFUSAL = b'{"event":"error","id":null,"code":"forbidden","message":"not allowed here"}\n'
 
     def __init__(self, control: Control, max_line_bytes: int) -> None:
         self.control = control

@@ -1,0 +1,118 @@
+"""Degradation: a failing, hung or slow engine opens the breaker and the fallback prompt plays."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from speakd.audio import AudioChunk, join_chunks, read_wav
+from speakd.breaker import CircuitBreaker, EngineTimeout, EngineUnavailable, GuardedEngine
+from speakd.engines.base import EngineError, SynthesisConfig
+from speakd.messages import Priority, SpeakRequest
+from speakd.scheduler import Scheduler
+from speakd.sinks import WavSink
+from speakd.source import EngineSource
+from tests.test_scheduler import Recorder, settle
+from tests.tone_engine import ToneEngine
+
+
+class FaultyEngine(ToneEngine):
+    """A tone engine that can be told to crash, hang or crawl."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mode = "ok"
+        self.release = threading.Event()
+
+    def synthesize(
+        self, text: str, config: SynthesisConfig, cancel: threading.Event | None = None
+    ) -> Iterator[AudioChunk]:
+        if self.mode == "crash":
+            raise RuntimeError("onnxruntime exploded")
+        if self.mode == "hang":
+            self.release.wait(30)
+        for chunk in super().synthesize(text, config, cancel):
+            if self.mode == "slow":
+                time.sleep(chunk.duration * 5)
+            yield chunk
+
+
+def drain(engine: GuardedEngine, text: str = "a b c") -> AudioChunk | None:
+    return join_chunks(engine.synthesize(text, SynthesisConfig()))
+
+
+def test_breaker_opens_after_failures_and_recovers_half_open() -> None:
+    inner = FaultyEngine()
+    engine = GuardedEngine(inner, CircuitBreaker(failure_threshold=2, reset_timeout_s=0.3))
+    inner.mode = "crash"
+    for _ in range(2):
+        with contextlib.suppress(RuntimeError):
+            drain(engine)
+    assert engine.breaker.state == "open"
+    try:
+        drain(engine)
+        raise AssertionError("an open breaker must refuse")
+    except EngineUnavailable as e:
+        assert "onnxruntime exploded" in str(e)
+    inner.mode = "ok"
+    time.sleep(0.35)
+    assert drain(engine) is not None  # the half-open trial succeeds
+    assert engine.breaker.status()["state"] == "closed"
+
+
+def test_hang_is_detected_and_counts_as_failure() -> None:
+    inner = FaultyEngine()
+    engine = GuardedEngine(inner, CircuitBreaker(failure_threshold=1), hang_timeout_s=0.3)
+    inner.mode = "hang"
+    t0 = time.monotonic()
+    try:
+        drain(engine)
+        raise AssertionError("a hang must time out")
+    except EngineTimeout:
+        pass
+    inner.release.set()
+    assert time.monotonic() - t0 < 2
+    assert engine.breaker.state == "open"
+
+
+def test_too_slow_counts_as_failure_but_the_audio_is_delivered() -> None:
+    inner = FaultyEngine()
+    engine = GuardedEngine(inner, CircuitBreaker(failure_threshold=1), max_rtf=2.0)
+    inner.mode = "slow"
+    audio = drain(engine, " ".join(["w"] * 12))  # 1.2 s of audio at RTF ~5
+    assert audio is not None and audio.duration > 1.0
+    assert engine.breaker.state == "open"
+    assert "too slow" in engine.breaker.status()["last_error"]
+
+
+def test_bad_requests_do_not_open_the_breaker() -> None:
+    engine = GuardedEngine(FaultyEngine(), CircuitBreaker(failure_threshold=1))
+    with contextlib.suppress(EngineError):
+        drain(engine, "please FAIL")  # a clean EngineError: the request's fault
+    assert engine.breaker.state == "closed"
+
+
+async def test_scheduler_plays_the_fallback_when_the_engine_fails(tmp_path: Path) -> None:
+    inner = FaultyEngine()
+    engine = GuardedEngine(inner, CircuitBreaker(failure_threshold=1, reset_timeout_s=60))
+    sched = Scheduler(EngineSource(engine), WavSink(tmp_path))
+    sched.fallback = join_chunks(inner.synthesize("sorry", SynthesisConfig(voice="high")))
+    task = asyncio.create_task(sched.run())
+    rec = Recorder()
+    inner.mode = "crash"
+    for rid in ("r1", "r2"):
+        request = SpeakRequest(text="hi there", id=rid, priority=Priority.MESSAGE, on_event=rec)
+        sched.submit(request)
+        await settle(rec, rid)
+    assert [e.data["code"] for e in rec.events if e.type.value == "error"] == [
+        "internal_error",
+        "engine_unavailable",
+    ]
+    assert all(e.data["fallback"] for e in rec.events if e.type.value == "error")
+    for rid in ("r1", "r2"):  # the listener heard the fallback prompt, not silence
+        assert read_wav(tmp_path / f"{rid}.wav").pcm == sched.fallback.pcm
+    task.cancel()
