@@ -77,6 +77,11 @@ class CircuitBreaker:
                     log.warning("circuit breaker open after %d failures: %s", self.failures, reason)
                 self.state, self.opened_at = self.OPEN, time.monotonic()
 
+    def release(self) -> None:
+        """A request ended without telling anything about the engine's health."""
+        with self._lock:
+            self._trial_running = False
+
     def status(self) -> dict[str, Any]:
         return {
             "state": self.state,
