@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -220,8 +221,12 @@ def test_make_source_reports_a_recovered_cache_and_reloads_leak_nothing(tmp_path
 
 
 def _target(fd: str) -> str:
+    return _fd("self", fd)
+
+
+def _fd(pid: int | str, fd: str) -> str:
     try:
-        return os.readlink(f"/proc/self/fd/{fd}")
+        return os.readlink(f"/proc/{pid}/fd/{fd}")
     except OSError:
         return ""
 
@@ -231,10 +236,9 @@ def _target(fd: str) -> str:
 
 def test_precompute_import_say_plays_from_cache_without_the_engine(tmp_path: Path) -> None:
     from speakd.cli import main as speakd_main
+    from speakd.config import EngineConfig
     from speakd_tools.precompute import main as precompute_main
     from tests.daemon_proc import start_daemon, write_config
-
-    from speakd.config import EngineConfig
 
     prompts = tmp_path / "prompts.txt"  # with the fallback prompt the daemon readies at start
     prompts.write_text(f"The front door is open.\nBattery low.\n{EngineConfig().fallback_text}\n")
@@ -256,6 +260,22 @@ def test_precompute_import_say_plays_from_cache_without_the_engine(tmp_path: Pat
         played = read_wav(tmp_path / "wav" / "hit1.wav")
         assert played.pcm == clip.audio and played.sample_rate == clip.sample_rate
         assert events[1]["latency_ms"] < 1000
+        # SIGHUP re-opens the cache (prewarming again) and the old one is closed, not leaked
+        daemon.proc.send_signal(signal.SIGHUP)
+        wait_until(lambda: daemon.log_text().count("3 pinned clips") == 2, timeout=30)
+        with daemon.client() as c:
+            assert list(c.say({"text": "Battery low.", "id": "hit2"}, wait=True))[-1] == {
+                "event": "finished",
+                "id": "hit2",
+                "status": "done",
+            }
+            cache = c.request({"op": "status"})["source"]["cache"]
+        assert cache["hits_ram"] == 1 and cache["synth"] == 0  # counters of the new source
+        db_fds = [
+            f
+            for f in os.listdir(f"/proc/{daemon.proc.pid}/fd")
+            if "cache.db" in _fd(daemon.proc.pid, f)
+        ]
+        assert len(db_fds) <= 6
     finally:
         assert daemon.stop() == 0
-    assert "3 pinned clips" in daemon.log_text()
