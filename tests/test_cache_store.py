@@ -124,7 +124,7 @@ def test_expiry_and_pinned_clips(tmp_path: Path) -> None:
         assert store.keys() == {"pin", "new"}
 
 
-def test_lru_respects_the_budget_and_never_evicts_pinned(tmp_path: Path) -> None:
+def test_lru_respects_the_budget_and_never_evicts_pinned(tmp_path: Path, caplog) -> None:
     with CacheStore(tmp_path / "c.db", max_bytes=1000) as store:
         store.put(clip("p1", 300, pinned=True))
         for i, t in enumerate([100.0, 200.0, 300.0]):
@@ -140,6 +140,8 @@ def test_lru_respects_the_budget_and_never_evicts_pinned(tmp_path: Path) -> None
         assert store.stats()["bytes"] == 900
         store.put_many([clip("p3", 600, pinned=True)])
         assert store.keys() == {"p1", "p2", "p3"}  # over budget, but pinned is never evicted
+        store.put_many([clip("p4", 10, pinned=True)])
+        assert caplog.text.count("over the 1000-byte budget") == 1  # said once, not per put
 
 
 def test_store_is_thread_safe(tmp_path: Path) -> None:
@@ -211,7 +213,7 @@ def test_tools_report_damage_instead_of_moving_files(tmp_path: Path) -> None:
 
 def _writer(path: Path, round_: int, out: int) -> None:
     """The child: commit clips forever, reporting each pinned key once it is committed."""
-    store = CacheStore(path, max_bytes=200_000, ttl_s=3600, recover=False)
+    store = CacheStore(path, max_bytes=400_000, ttl_s=3600, recover=False)
     for i in itertools.count():
         key = f"{round_}-{i}"
         common = dict(text=key, voice="v", params={}, bundle="b", sample_rate=16000)

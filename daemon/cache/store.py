@@ -186,6 +186,7 @@ class CacheStore:
         self._lock = threading.RLock()
         self._touches: dict[str, tuple[int, float]] = {}
         self._last_flush = time.monotonic()
+        self._over_budget = False
         self._db: Database | None = None
         self._open()
 
@@ -489,6 +490,7 @@ class CacheStore:
     def _evict(self, db: Database, keep: str | None = None) -> list[str]:
         total = db.execute("SELECT COALESCE(SUM(bytes), 0) FROM clips").fetchone()[0]
         if total <= self.max_bytes:
+            self._over_budget = False
             return []
         evicted: list[str] = []
         for key, size in db.execute(
@@ -501,7 +503,8 @@ class CacheStore:
             total -= size
         if evicted:
             db.execute(f"DELETE FROM clips WHERE key IN ({','.join('?' * len(evicted))})", evicted)
-        if total > self.max_bytes:
+        over = total > self.max_bytes
+        if over and not self._over_budget:  # once, not on every put while it lasts
             log.warning(
                 "cache %s: %d bytes over the %d-byte budget after evicting every unpinned clip "
                 "(pinned clips are never evicted)",
@@ -509,6 +512,7 @@ class CacheStore:
                 total - self.max_bytes,
                 self.max_bytes,
             )
+        self._over_budget = over
         return evicted
 
     def set_meta(self, key: str, value: str) -> None:
