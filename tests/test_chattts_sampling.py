@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from speakd.engines.chattts.sampling import (
     CodeSampler,
     SamplingParams,

@@ -7,6 +7,7 @@ import re
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from speakd.engines.chattts.text import (
     SplitPolicy,
     detect_language,
@@ -80,6 +81,11 @@ def test_word_tags_pass_through_and_control_tags_are_dropped() -> None:
 def test_language_detection_follows_chattts() -> None:
     assert detect_language("今天天气很好 ok") == "zh"
     assert detect_language("hello world 你") == "en"
+
+
+def test_each_sentence_speaks_its_numbers_in_its_language() -> None:
+    assert normalize("今天是12月2日。It costs $20.") == "今天是十二月二日。It costs twenty dollars."
+    assert normalize("I paid $20. 我付了$20。") == "I paid twenty dollars. 我付了二十美元。"
 
 
 def test_newlines_end_sentences() -> None:

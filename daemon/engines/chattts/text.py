@@ -10,7 +10,9 @@ pynini (no ARM wheels, heavy). We verbalise with two small maintained pure-Pytho
   and phone numbers ("2026-12-02" → "二千零二十六负十二负二"), so we only use its number
   conversion and do the pattern matching here, the same rules for both languages.
 
-After verbalising, ChatTTS's own character policy is applied (full-width punctuation for zh, its
+Each sentence is verbalised in its own language (ChatTTS's rule: zh when CJK characters outnumber
+English words), so mixed text reads "12月2日" in Chinese and "$20" in English. After verbalising,
+ChatTTS's own character policy is applied (full-width punctuation for zh, its
 simplifier table) except that ``?`` and ``？`` become sentence ends instead of being deleted.
 Word-level tags ``[uv_break]``, ``[laugh]`` and ``[lbreak]`` pass through untouched; other bracket
 tags are control tokens the prompt builder owns, so they are removed from user text.
@@ -296,33 +298,67 @@ def detect_language(text: str) -> Lang:
 
 
 def verbalize(text: str, lang: Lang) -> str:
-    """Numbers, dates, times, currencies, units and symbols → words (no tags inside ``text``)."""
+    """Numbers, dates, times, currencies, units and symbols → words (no tags inside ``text``).
+
+    Each match is spoken in the language of its own sentence ("今天12月2日。It costs $20." reads
+    the date in Chinese and the price in English); ``lang`` decides when a sentence has no words.
+    """
     for abbr, full in _ABBREVIATIONS.items():
         text = text.replace(abbr, full)
     for pattern, handler in _RULES:
-        text = pattern.sub(lambda m, h=handler: f" {_say(h(m, lang), lang)} ", text)
-    for sym, (en, zh) in _SYMBOLS.items():
-        text = text.replace(sym, f" {en} " if lang == "en" else zh)
-    return text
+        text = pattern.sub(lambda m, h=handler: _say(h, m, _lang_at(m, lang)), text)
+    return _SYMBOL_RE.sub(lambda m: _symbol(m.group(0), _lang_at(m, lang)), text)
 
 
-def _say(words: str, lang: Lang) -> str:
-    return words if lang == "zh" else _en_clean(words)
+def _say(handler: Handler, m: re.Match[str], lang: Lang) -> str:
+    words = handler(m, lang)
+    return f" {words if lang == 'zh' else _en_clean(words)} "
 
 
-def apply_chattts_charset(text: str, lang: Lang) -> str:
-    """ChatTTS's character policy (norm.py) with '?' kept as a sentence end."""
+def _symbol(sym: str, lang: Lang) -> str:
+    en, zh = _SYMBOLS[sym]
+    return f" {en} " if lang == "en" else zh
+
+
+_SYMBOL_RE = re.compile("|".join(re.escape(s) for s in _SYMBOLS))
+_CLAUSE_END = re.compile(r"[。！？!?\n.]")
+_CLAUSE_SPLIT = re.compile(r"(?<=[。！？!?\n.])")
+
+
+def _lang_at(m: re.Match[str], default: Lang) -> Lang:
+    """The language of the sentence around a match."""
+    s = m.string
+    starts = [e.end() for e in _CLAUSE_END.finditer(s, 0, m.start())]
+    end = _CLAUSE_END.search(s, m.end())
+    clause = s[starts[-1] if starts else 0 : end.start() if end else len(s)]
+    return _clause_lang(clause) or default
+
+
+def _clause_lang(clause: str) -> Lang | None:
+    """ChatTTS's rule on one sentence (tag placeholders ignored); None when it has no words."""
+    clause = _PLACEHOLDER_RE.sub(" ", clause)
+    if not _CJK.search(clause) and not _EN_WORD.search(clause):
+        return None
+    return detect_language(clause)
+
+
+def apply_chattts_charset(text: str) -> str:
+    """ChatTTS's character policy (norm.py) with '?' kept as a sentence end.
+
+    Half-width punctuation becomes full-width in Chinese sentences (ChatTTS does it to the whole
+    text when it is zh); spacing rules do not depend on the language, so the result is stable.
+    """
     text = re.sub(r"(?<=[A-Za-z])['’](?=[A-Za-z])", "", text)  # don't → dont, as ChatTTS does
     text = re.sub(r"(?<=[A-Za-z])-(?=[A-Za-z])", " ", text)  # well-known: no pause (ChatTTS: ',')
-    if lang == "zh":
-        text = text.translate(_HALF_TO_FULL)
+    text = "".join(
+        c.translate(_HALF_TO_FULL) if _clause_lang(c) == "zh" else c
+        for c in _CLAUSE_SPLIT.split(text)
+    )
     text = _REJECT.sub(" ", text.translate(_SIMPLIFY))
     text = re.sub(r"[\s，、,]*([。.])[\s，。、,.]*", r"\1 ", text)  # one stop, no comma before it
     text = re.sub(r"\s*([，、,])[\s，、,]*", r"\1 ", text)
-    text = re.sub(r"\s+", " ", text)
-    if lang == "zh":
-        text = re.sub(r"\s*([，。、])\s*", r"\1", text)
-        text = re.sub(r"(?<=[\u4e00-\u9fff]) (?=[\u4e00-\u9fff])", "", text)
+    text = re.sub(r"\s*([，。、])\s*", r"\1", re.sub(r"\s+", " ", text))
+    text = re.sub(r"(?<=[\u4e00-\u9fff]) (?=[\u4e00-\u9fff])", "", text)
     return text.strip(" ，,、。.") + _final_stop(text)
 
 
@@ -337,22 +373,30 @@ def normalize(text: str, lang: Lang | None = None) -> str:
     lang = lang or detect_language(_TAG.sub(" ", text))
     # Word tags ride through the rules as letter-only placeholders; other tags are dropped.
     text = _TAG.sub(lambda m: f" {_PLACEHOLDER.get(m.group(1), '')} ", text)
-    text = _end_lines([ln.strip() for ln in text.splitlines()], lang)
-    text = apply_chattts_charset(verbalize(text, lang), lang)
-    sep = "" if lang == "zh" else " "
-    text = _PLACEHOLDER_RE.sub(lambda m: f"{sep}{_TAG_OF[m.group(1)]}{sep}", text)
-    return re.sub(r"\s+([，。、,.])", r"\1", re.sub(r"\s+", " ", text)).strip()
+    text = _end_lines([ln.strip() for ln in text.splitlines()])
+    text = apply_chattts_charset(verbalize(text, lang))
+    text = _PLACEHOLDER_RE.sub(lambda m: f" {_TAG_OF[m.group(1)]} ", text)
+    text = re.sub(r"\s+([，。、,.])", r"\1", re.sub(r"\s+", " ", text))
+    # a tag touches CJK and full-width punctuation, and is spaced from Latin words
+    return _TAG_SPACE.sub("", text).strip()
 
 
 _PLACEHOLDER = {tag: f"TAGqxq{c}" for tag, c in zip(sorted(WORD_TAGS), "abc", strict=True)}
 _TAG_OF = {p: tag for tag, p in _PLACEHOLDER.items()}
 _PLACEHOLDER_RE = re.compile(r"\s*(TAGqxq[abc])\s*")
+_TAG_SPACE = re.compile(r"(?<=[\u4e00-\u9fff，。、\]]) (?=\[)|(?<=\]) (?=[\u4e00-\u9fff，。、\[])")
 
 
-def _end_lines(lines: list[str], lang: Lang) -> str:
+def _end_lines(lines: list[str]) -> str:
     """A line break ends a sentence: give unterminated lines a full stop."""
-    stop = "。" if lang == "zh" else "."
-    ended = [ln if not ln or ln[-1] in "。.!?！？" else ln + stop for ln in lines[:-1]]
+
+    def end(ln: str) -> str:
+        ln_lang = _clause_lang(ln)
+        if ln_lang is None or ln[-1] in "。.!?！？":
+            return ln  # a tag alone is no sentence
+        return ln + ("。" if ln_lang == "zh" else ".")
+
+    ended = [end(ln) for ln in lines[:-1]]
     return " ".join([*ended, lines[-1]] if lines else [])
 
 
