@@ -1,7 +1,7 @@
 """Cache bench: precompute throughput, and `say` of a cached clip → first sample at the sink.
 
     python -m speakd_tools.bench_cache [--prompts 24] [--jobs 1,2] [--says 200] [--misses 5]
-                                       [--bundle PATH] [--json]
+                                       [--bundle PATH] [--pack PACK] [--json]
 
 1. ``precompute`` of N short device prompts into a fresh pack, once per ``--jobs`` value
    (clips/s = synthesised clips / synthesis wall time; engine load time excluded and reported).
@@ -153,13 +153,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {"precompute": []}
     with tempfile.TemporaryDirectory(prefix="speakd-bench-cache-") as tmp:
         work = Path(tmp)
-        for jobs in args.jobs:  # a fresh pack each time: every prompt is synthesised
+        for jobs in [] if args.pack else args.jobs:  # a fresh pack each time
             out = work / f"pack-{jobs}.db"
             result["precompute"].append(
                 bench_precompute(prompts, args.bundle, jobs, out, args.threads)
             )
         with CacheStore(work / "cache.db") as store:
-            import_pack(store, work / f"pack-{args.jobs[0]}.db")
+            import_pack(store, args.pack or work / f"pack-{args.jobs[0]}.db")
+            if args.pack:
+                prompts = [row["text"] for row in store.listing(pinned_only=True)]
         proc, sock = _serve(work, args.bundle)
         try:
             for i, text in enumerate(prompts[:3]):  # warm-up: first connection, first block
@@ -184,7 +186,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def table(result: dict[str, Any]) -> str:
-    lines = ["precompute (embedded VITS unless --bundle):"]
+    lines = ["precompute (embedded VITS unless --bundle):"] if result["precompute"] else []
     for r in result["precompute"]:
         lines.append(
             f"  jobs={r['jobs']} threads/job={r['threads_per_job']}: {r['clips']} clips, "
@@ -218,6 +220,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--says", type=int, default=200, help="cached say requests")
     p.add_argument("--misses", type=int, default=5, help="uncached say requests")
     p.add_argument("--bundle", type=Path, default=None, help="model bundle (default: embedded)")
+    p.add_argument(
+        "--pack", type=Path, default=None, help="use this pack (made with --bundle), skip step 1"
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = p.parse_args(argv)
     result = run(args)
