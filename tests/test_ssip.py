@@ -201,7 +201,7 @@ def test_important_interrupts(speakd: Speakd) -> None:
 
 def test_pipe_mode_speaks_each_line_in_order(speakd: Speakd) -> None:
     before = speakd.ids()
-    lines = ["First line.", "Second line.", "Third line."]
+    lines = ["One.", "Two.", "Three."]
     r = spd_say(speakd.ssip, "-e", stdin="\n".join(lines) + "\n")
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.splitlines() == lines  # pipe mode echoes stdin

@@ -32,6 +32,7 @@ FUZZ = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 MAX_LINE = 1024  # the fuzz server's line limit: huge lines are cheap to make
+TIMEOUT = 30.0  # generous: CI machines stall for seconds under load; a hang still fails
 REPLY_LINE = re.compile(rb"[1-7]\d\d[- ][^\r\n]*")
 
 
@@ -178,7 +179,7 @@ def check_well_formed(output: bytes) -> None:
 
 def assert_served(server: SsipServer) -> None:
     """A fresh client is served; its cleanup keeps one example's pauses out of the next."""
-    with SsipClient(server.path) as c:
+    with SsipClient(server.path, timeout=TIMEOUT) as c:
         assert c.code("HISTORY GET CLIENT_ID") == 245
         assert c.code("RESUME ALL") in (212, 417)
         assert c.code("CANCEL ALL") == 213
@@ -194,7 +195,7 @@ def test_fuzz_never_crashes_and_next_client_is_served(
     server: SsipServer, payload: bytes, cuts: list[int], ending: str
 ) -> None:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(10)
+        s.settimeout(TIMEOUT)
         s.connect(str(server.path))
         try:
             for chunk in chunked(payload, cuts):
@@ -215,7 +216,7 @@ def test_fuzz_never_crashes_and_next_client_is_served(
 def test_half_closed_client_gets_every_reply(server: SsipServer, commands: list[bytes]) -> None:
     """Commands sent before a half-close are all answered before the server closes."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(10)
+        s.settimeout(TIMEOUT)
         s.connect(str(server.path))
         s.sendall(b"".join(c + b"\r\n" for c in commands))
         s.shutdown(socket.SHUT_WR)

@@ -26,8 +26,8 @@ from typing import Any
 
 from speakd.control import Control
 from speakd.frontends.ssip_parser import (
-    LINE_TOO_LONG,
     LineFramer,
+    LineTooLong,
     SpeakBody,
     decode_text,
     event,
@@ -176,7 +176,6 @@ class Message:
     msg_id: int
     client_id: int
     conn: Connection
-    request_id: str = ""
     accepted: bool = False
     rejected: Event | None = None
 
@@ -229,23 +228,14 @@ class SsipFrontend:
                         break
                     conn.busy = True
                     try:
-                        if body is not None:
-                            if not body.add(line):
-                                continue
-                            out = self._speak(conn, body)
-                            body = None
-                        elif line is LINE_TOO_LONG:
-                            out = reply(500, f"ERR LINE TOO LONG (limit {self.max_line_bytes})")
-                        else:
-                            assert isinstance(line, bytes)
-                            out, body = self._command(conn, line)
+                        out, body = self._process(conn, line, body)
                     except Exception:  # a bug here must cost one reply, not the daemon
                         log.exception("ssip client %d: command failed", conn.client_id)
-                        out = reply(300, "ERR INTERNAL")
-                        body = None
+                        out, body = reply(300, "ERR INTERNAL"), None
                     finally:
                         conn.busy = False
-                    conn.answer(out)
+                    if out is not None:
+                        conn.answer(out)
                 await writer.drain()
         except (ConnectionError, BrokenPipeError):
             log.debug("ssip client %d went away", conn.client_id)
@@ -260,6 +250,19 @@ class SsipFrontend:
         self._clients.pop(conn.client_id, None)
         self.control.resume(conn.key)
         log.debug("ssip client %d disconnected", conn.client_id)
+
+    def _process(
+        self, conn: Connection, line: bytes | LineTooLong, body: SpeakBody | None
+    ) -> tuple[bytes | None, SpeakBody | None]:
+        """One framed line → its reply (None while a SPEAK body is still coming) and the body
+        being collected, if any."""
+        if body is not None:
+            if not body.add(line):
+                return None, body
+            return self._speak(conn, body), None
+        if isinstance(line, LineTooLong):
+            return reply(500, f"ERR LINE TOO LONG (limit {self.max_line_bytes})"), None
+        return self._command(conn, line)
 
     # ---- commands -------------------------------------------------------------------------
 
@@ -423,7 +426,6 @@ class SsipFrontend:
             )
         except RequestError as e:
             return _error_reply(e.code, str(e))
-        msg.request_id = request.id
         self._inflight[request.id] = msg
         self.control.say(request)
         if msg.rejected is not None:
