@@ -38,6 +38,18 @@ path = "{tmp_path / "cache.db"}"
     return config
 
 
+def synth(text: str, out: Path, *args: str) -> Path:
+    """``speakd synth`` in a fresh process (no daemon): the reference audio for a text."""
+    r = subprocess.run(
+        [sys.executable, "-m", "speakd", "synth", text, "-o", str(out), *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert r.returncode == 0, r.stderr
+    return out
+
+
 @dataclass
 class DaemonProc:
     config: Path

@@ -271,6 +271,9 @@ def test_precompute_import_say_plays_from_cache_without_the_engine(tmp_path: Pat
             }
             cache = c.request({"op": "status"})["source"]["cache"]
         assert cache["hits_ram"] == 1 and cache["synth"] == 0  # counters of the new source
+        refused = daemon.cli("say", "--cache-only", "--wait", "Never made in advance.")
+        assert refused.returncode == 1 and "not_cached" in refused.stderr
+        assert daemon.cli("say", "--cache-only", "--wait", "Battery low.").returncode == 0
         db_fds = [
             f
             for f in os.listdir(f"/proc/{daemon.proc.pid}/fd")

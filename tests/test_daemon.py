@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from speakd.audio import read_wav
 
-from tests.daemon_proc import DaemonProc, start_daemon, write_config
+from speakd.audio import read_wav
+from tests.daemon_proc import DaemonProc, start_daemon, synth, write_config
 
 HELLO = "Hello from speakd. The door is open."
 
@@ -29,15 +29,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="module")
 def hello_wav(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``speakd synth`` of the same text, no daemon: the reference the daemon must reproduce."""
-    out = tmp_path_factory.mktemp("synth") / "hello.wav"
-    r = subprocess.run(
-        [sys.executable, "-m", "speakd", "synth", HELLO, "-o", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert r.returncode == 0, r.stderr
-    return out
+    return synth(HELLO, tmp_path_factory.mktemp("synth") / "hello.wav")
 
 
 def raw_exchange(d: DaemonProc, payload: bytes, replies: int = 1) -> list[dict]:
@@ -145,8 +137,9 @@ def test_stop_mid_utterance(tmp_path: Path) -> None:
             assert next(events)["event"] == "queued"
             assert next(events)["event"] == "started"
             time.sleep(0.5)
-            assert d.cli("stop").returncode == 0
             t0 = time.monotonic()
+            with d.client() as control:
+                assert control.request({"op": "stop"})["stopped"] == 1
             final = next(events)
         assert time.monotonic() - t0 < 0.5
         assert final == {"event": "finished", "id": "long", "status": "stopped"}

@@ -119,21 +119,13 @@ def test_fp16_export_loads_and_runs(
     assert [s.shape for s in spec] == [(1, 513, 12)] * 2 and np.isfinite(spec[0]).all()
 
 
-def test_numpy_istft_matches_torch_istft() -> None:
-    import torch
+def test_cli_refuses_a_context_too_small_for_parity(
+    tiny_checkpoint: Path, tmp_path, capsys
+) -> None:
+    from speakd_tools.cli import main
 
-    from speakd_tools.chattts.parity import istft
-
-    rng = np.random.default_rng(0)
-    real, imag = rng.normal(size=(2, 2, 513, 37)).astype(np.float32)
-    ref = torch.istft(
-        torch.complex(torch.from_numpy(real), torch.from_numpy(imag)),
-        1024,
-        256,
-        1024,
-        torch.hann_window(1024),
-        center=True,
-    ).numpy()
-    out = istft(real, imag)
-    assert out.shape == ref.shape == (2, 36 * 256)
-    np.testing.assert_allclose(out, ref, atol=1e-5 * np.abs(ref).max())
+    args = ["export", "--checkpoint", str(tiny_checkpoint), "--out", str(tmp_path / "b")]
+    assert main([*args, "--max-context", "128"]) == 2
+    assert "--max-context 128 is too small" in capsys.readouterr().err
+    assert main([*args, "--parity-steps", "50"]) == 2
+    assert "at least 200" in capsys.readouterr().err

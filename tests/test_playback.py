@@ -7,15 +7,13 @@ with what the engine produced.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from speakd.audio import read_wav
 
-from tests.daemon_proc import start_daemon, write_config
+from speakd.audio import read_wav
+from tests.daemon_proc import start_daemon, synth, write_config
 
 pytest.importorskip("sounddevice", exc_type=OSError)
 
@@ -34,14 +32,7 @@ def asound_home(tmp_path: Path) -> tuple[Path, Path]:
 
 def test_played_pcm_reaches_the_device_unchanged(tmp_path: Path) -> None:
     home, captured = asound_home(tmp_path)
-    reference = tmp_path / "ref.wav"
-    r = subprocess.run(
-        [sys.executable, "-m", "speakd", "synth", TEXT, "-o", str(reference)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert r.returncode == 0, r.stderr
+    reference = synth(TEXT, tmp_path / "ref.wav")
     d = start_daemon(write_config(tmp_path, sink="sounddevice"), env={"HOME": str(home)})
     try:
         status = d.cli("status")
