@@ -44,6 +44,8 @@ def cmd_say(args: argparse.Namespace) -> int:
     for key in ("voice", "speed", "volume", "id", "seed"):
         if getattr(args, key) is not None:
             fields[key] = getattr(args, key)
+    if args.cache_only:
+        fields["cache_only"] = True
     timeout = None if args.wait else 30.0
     with Client(_socket_path(args), timeout=timeout) as client:
         for event in client.say(fields, wait=args.wait):
@@ -136,6 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--speed", type=float, help="speaking rate, 1.0 = normal")
     p.add_argument("--volume", type=float, help="gain, 1.0 = unchanged")
     p.add_argument("--seed", type=int, help="sampling seed (default: derived from the text)")
+    p.add_argument(
+        "--cache-only", action="store_true", help="play only from the cache (error not_cached)"
+    )
     p.add_argument("--id", help="request id (default: generated)")
     p.add_argument("--json", action="store_true", help="print every event as JSON")
 
