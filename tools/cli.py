@@ -88,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--parity-steps",
         type=int,
         default=200,
-        help="greedy decode steps compared (default 200, the minimum for a pass)",
+        help="greedy decode steps compared (default and minimum 200)",
     )
     e.set_defaults(func=cmd_export)
 
@@ -97,6 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
     pc = sub.add_parser("precompute", help="fixed prompts → a prompt pack of pinned clips")
     precompute_arguments(pc)
     pc.set_defaults(func=cmd_precompute)
+
+    from .calibrate.cli import add_parser as add_calibrate
+
+    add_calibrate(sub)
     return p
 
 
@@ -110,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return args.func(args)
-    except CheckpointError as e:
+    except (CheckpointError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 

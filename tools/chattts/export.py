@@ -202,6 +202,13 @@ def export_bundle(opts: ExportOptions) -> ExportResult:
     """Write the bundle into ``opts.out`` (created); the manifest is written last."""
     if opts.precision not in ("fp32", "fp16"):
         raise ValueError(f"precision {opts.precision!r}: export writes fp32 or fp16")
+    if opts.parity and opts.parity_steps < MIN_STEPS:
+        raise ValueError(f"--parity-steps {opts.parity_steps}: parity needs at least {MIN_STEPS}")
+    if opts.max_context < (opts.parity_steps + 64 if opts.parity else 16):
+        raise ValueError(
+            f"--max-context {opts.max_context} is too small"
+            + (f" for {opts.parity_steps} parity steps plus the prompt" if opts.parity else "")
+        )
     t0 = time.perf_counter()
     root, out = opts.checkpoint, opts.out
     bar = tqdm(total=8, desc="export", unit="step")

@@ -6,7 +6,7 @@ takes the argmax; the ONNX graph is driven step by step through IOBinding with t
 updated in place, choosing its own argmax. Both start from the same prompt embedding, built by
 ChatTTS's Tokenizer, Embed and ``Speaker.apply``. Codes must be identical for every step and the
 logits close. The hiddens that torch produced then go through ChatTTS's Decoder module and
-``vocos.decode`` (torch.istft) vs decoder.onnx → vocos.onnx → numpy ISTFT.
+``vocos.decode`` (torch.istft) vs decoder.onnx → vocos.onnx → the device's numpy ISTFT.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ import onnxruntime as ort
 import torch
 from torch.nn.utils import parametrize
 from tqdm import tqdm
+
+from speakd.engines.chattts.vocoder import istft
 
 from .modules import ChatTTSModules
 
@@ -76,23 +78,6 @@ class OnnxGpt:
         self.sess.run_with_iobinding(self.binding)
         self.past_len += s
         return hidden, logits
-
-
-def istft(real: np.ndarray, imag: np.ndarray, n_fft: int = 1024, hop: int = 256) -> np.ndarray:
-    """numpy twin of ``torch.istft(center=True)`` with a periodic Hann window; [B,513,F] → [B,N]."""
-    frames = np.fft.irfft(real + 1j * imag, n=n_fft, axis=1)  # [B, n_fft, F]
-    win = 0.5 - 0.5 * np.cos(2 * np.pi * np.arange(n_fft) / n_fft)
-    frames = frames * win[None, :, None]
-    b, _, f = frames.shape
-    k = n_fft // hop
-    blocks = np.zeros((b, f + k - 1, hop))
-    env = np.zeros((f + k - 1, hop))
-    for j in range(k):
-        blocks[:, j : j + f] += frames[:, j * hop : (j + 1) * hop, :].transpose(0, 2, 1)
-        env[j : j + f] += (win[j * hop : (j + 1) * hop] ** 2)[None, :]
-    y, env = blocks.reshape(b, -1), env.reshape(-1)
-    pad = n_fft // 2
-    return (y[:, pad:-pad] / env[pad:-pad]).astype(np.float32)
 
 
 class _GreedyRecorder:
@@ -197,7 +182,7 @@ def check_gpt(mods, bundle: Path, emb, input_ids, attention_mask, steps: int) ->
         min_new_token=steps,
         logits_processors=(rec,),
         return_hidden=True,
-        show_tqdm=False,
+        show_tqdm=True,
         ensure_non_empty=False,
     )
     out = list(gen)[-1]
@@ -250,7 +235,7 @@ def check_decoders(mods, bundle: Path, hiddens: np.ndarray) -> tuple[dict, dict]
     real, imag = session(bundle / "vocos.onnx").run(
         ["spec_real", "spec_imag"], {"mel": ref_mel.astype(np.float32)}
     )
-    wave = istft(real, imag)
+    wave = istft(real[0], imag[0])[None]  # the device's ISTFT
     dec = {"frames": int(mel.shape[-1]), "mel_rel": _rel(mel, ref_mel), "bound_rel": REL_BOUND}
     dec["ok"] = mel.shape == ref_mel.shape and dec["mel_rel"] <= REL_BOUND
     voc = {
