@@ -13,6 +13,7 @@ import asyncio
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -41,6 +42,7 @@ LOAD_EXTEND_S = 20.0  # while a model loads, ask systemd for this much more time
 LOAD_EXTEND_MAX_S = 600.0  # a load still running after this is stuck: stop extending
 STATUS_INTERVAL_S = 2.0  # STATUS= refresh when there is no watchdog to ride on
 DEBUG_WEDGE_ENV = "SPEAKD_DEBUG_WEDGE"  # seconds SIGUSR2 blocks the event loop (watchdog tests)
+EXIT_GRACE_S = 1.0  # how long cancelled engine threads get to leave onnxruntime at exit
 
 
 def make_source(engine: Engine, config: Config) -> AudioSource:
@@ -299,6 +301,25 @@ def _install_debug_wedge(loop: asyncio.AbstractEventLoop) -> None:
     loop.add_signal_handler(signal.SIGUSR2, time.sleep, seconds)
 
 
+def _exit_when_workers_done(code: int) -> int:
+    """Let cancelled synthesis threads (daemon threads inside onnxruntime) finish first:
+    finalizing the interpreter under a running session aborts the process (SIGABRT), which
+    systemd would count as a failure. One still busy after EXIT_GRACE_S is skipped with
+    os._exit, so SIGTERM always ends in a prompt exit 0."""
+    deadline = time.monotonic() + EXIT_GRACE_S
+    for thread in threading.enumerate():
+        if thread.daemon and thread is not threading.current_thread():
+            thread.join(max(0.0, deadline - time.monotonic()))
+    busy = [t.name for t in threading.enumerate() if t.daemon and t.is_alive()]
+    if busy:
+        log.warning("exiting without waiting for busy threads: %s", ", ".join(busy))
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
 def serve(config_path: Path | None) -> int:
     config = load_config(config_path)
-    return asyncio.run(Daemon(config, config_path).run())
+    return _exit_when_workers_done(asyncio.run(Daemon(config, config_path).run()))

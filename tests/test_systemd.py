@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -81,9 +82,7 @@ class NotifySocket:
                 self.lines.extend((now, line) for line in data.decode().split("\n"))
                 self._cond.notify_all()
 
-    def wait_for(
-        self, match: Callable[[str], bool], start: int = 0, timeout: float = 90
-    ) -> int:
+    def wait_for(self, match: Callable[[str], bool], start: int = 0, timeout: float = 90) -> int:
         """Index of the first line from ``start`` on that matches; fails after ``timeout``."""
         deadline = time.monotonic() + timeout
         with self._cond:
@@ -133,7 +132,9 @@ def templated_units(dest: Path, exec_path: Path, source: Path = UNITS_DIR) -> li
 def verify(units: list[Path]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         ["systemd-analyze", "verify", "--man=no", *map(str, units)],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
@@ -187,7 +188,9 @@ def test_security_exposure_is_the_recorded_one(tmp_path: Path) -> None:
     (service,) = templated_units(tmp_path, SPEAKD_BIN)[:1]
     r = subprocess.run(
         ["systemd-analyze", "security", "--offline=true", "--no-pager", str(service)],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert r.returncode == 0, r.stderr
     m = re.search(r"Overall exposure level for speakd\.service: (\d+\.\d) (\w+)", r.stdout)
@@ -263,8 +266,10 @@ def test_install_into_destdir(tmp_path: Path) -> None:
     )
     assert (dest / "etc/speakd/speakd.toml").read_text() == EXAMPLE_CONFIG.read_text()
     # The installed units verify once ExecStart points at the staged venv.
-    staged = [p.read_text().replace("/opt/speakd-test", str(dest / "opt/speakd-test"))
-              for p in (units / n for n in UNITS)]
+    staged = [
+        p.read_text().replace("/opt/speakd-test", str(dest / "opt/speakd-test"))
+        for p in (units / n for n in UNITS)
+    ]
     check = tmp_path / "check"
     check.mkdir()
     for name, text in zip(UNITS, staged, strict=True):
@@ -274,8 +279,9 @@ def test_install_into_destdir(tmp_path: Path) -> None:
 
     # A second run keeps the admin's config and leaves the new example beside it.
     (dest / "etc/speakd/speakd.toml").write_text("[audio]\nvolume = 0.5\n")
-    r = subprocess.run([*run[:1], "--no-venv", *run[1:]], capture_output=True, text=True,
-                       timeout=60, env=env)
+    r = subprocess.run(
+        [*run[:1], "--no-venv", *run[1:]], capture_output=True, text=True, timeout=60, env=env
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert (dest / "etc/speakd/speakd.toml").read_text() == "[audio]\nvolume = 0.5\n"
     assert (dest / "etc/speakd/speakd.toml.example").read_text() == EXAMPLE_CONFIG.read_text()
@@ -284,7 +290,9 @@ def test_install_into_destdir(tmp_path: Path) -> None:
 def test_install_refuses_a_non_checkout(tmp_path: Path) -> None:
     r = subprocess.run(
         [str(UNITS_DIR / "install.sh"), str(tmp_path)],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
         env={**os.environ, "DESTDIR": str(tmp_path / "root")},
     )
     assert r.returncode == 2
@@ -323,7 +331,7 @@ def test_ready_status_and_watchdog_in_order(notified: tuple[DaemonProc, NotifySo
     time.sleep(1.0)
     pings = notify.pings(ready)
     assert len(pings) >= 5
-    interval = statistics.median(b - a for a, b in zip(pings, pings[1:], strict=False))
+    interval = statistics.median(b - a for a, b in itertools.pairwise(pings))
     assert 0.05 < interval < 0.3  # half of WATCHDOG_USEC
 
 
@@ -343,7 +351,7 @@ def test_wedged_loop_stops_the_watchdog(notified: tuple[DaemonProc, NotifySocket
     d.proc.send_signal(signal.SIGUSR2)  # $SPEAKD_DEBUG_WEDGE: the loop sleeps WEDGE_S
     time.sleep(WEDGE_S + 1.0)
     pings = notify.pings(start)
-    gaps = [b - a for a, b in zip(pings, pings[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(pings)]
     longest = max(gaps)
     assert longest > WEDGE_S - 0.2, f"pings kept coming while the loop was blocked: {gaps}"
     resumed = pings[gaps.index(longest) + 1 :]
@@ -394,9 +402,22 @@ def test_sigterm_while_speaking_exits_0_promptly(
     d, notify = notified
     start = len(notify.texts())
     speaker = subprocess.Popen(
-        [sys.executable, "-m", "speakd", "say", LONG_TEXT, "--id", "long1", "--wait",
-         "--socket", d.socket],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=d.env,
+        [
+            sys.executable,
+            "-m",
+            "speakd",
+            "say",
+            LONG_TEXT,
+            "--id",
+            "long1",
+            "--wait",
+            "--socket",
+            d.socket,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=d.env,
     )
     notify.wait_for(lambda line: line.startswith("STATUS=speaking long1"), start, timeout=60)
     stopping_from = len(notify.texts())
@@ -436,10 +457,26 @@ def test_socket_activation_json_and_ssip(tmp_path: Path) -> None:
     notify = NotifySocket(tmp_path / "notify.sock")
     log = tmp_path / "daemon.log"
     proc = subprocess.Popen(
-        [_socket_activate(), "-l", str(json_sock), "-l", str(ssip_sock), "--fdname=json:ssip",
-         "-E", f"NOTIFY_SOCKET={notify.path}",
-         sys.executable, "-m", "speakd", "--log-level", "DEBUG", "serve", "--config", str(config)],
-        stdout=log.open("wb"), stderr=subprocess.STDOUT,
+        [
+            _socket_activate(),
+            "-l",
+            str(json_sock),
+            "-l",
+            str(ssip_sock),
+            "--fdname=json:ssip",
+            "-E",
+            f"NOTIFY_SOCKET={notify.path}",
+            sys.executable,
+            "-m",
+            "speakd",
+            "--log-level",
+            "DEBUG",
+            "serve",
+            "--config",
+            str(config),
+        ],
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
     )
     try:
         deadline = time.monotonic() + 15
@@ -448,20 +485,33 @@ def test_socket_activation_json_and_ssip(tmp_path: Path) -> None:
         assert notify.texts() == [], "speakd must not start before the first connection"
         # The first connection starts speakd; the client waits on the socket meanwhile.
         r = subprocess.run(
-            [str(SPEAKD_BIN), "say", "Hello through an activated socket.", "--wait",
-             "--socket", str(json_sock)],
-            capture_output=True, text=True, timeout=180,
+            [
+                str(SPEAKD_BIN),
+                "say",
+                "Hello through an activated socket.",
+                "--wait",
+                "--socket",
+                str(json_sock),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=180,
         )
         assert r.returncode == 0, r.stderr + log.read_text()[-2000:]
         notify.wait_for(lambda line: line == "READY=1", timeout=10)
         r = subprocess.run(
             ["spd-say", "-w", "Hello from spd-say."],
-            capture_output=True, text=True, timeout=60, env=spd_env(ssip_sock),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=spd_env(ssip_sock),
         )
         assert r.returncode == 0, r.stderr + log.read_text()[-2000:]
         status = subprocess.run(
             [str(SPEAKD_BIN), "status", "--socket", str(json_sock)],
-            capture_output=True, text=True, timeout=30,
+            capture_output=True,
+            text=True,
+            timeout=30,
         )
         assert '"finished": 2' in status.stdout, status.stdout
         assert not Path(own.path).exists() and not Path(own.ssip_path).exists()
