@@ -133,6 +133,10 @@ class MqttFrontend:
         self._discovery_timer: asyncio.TimerHandle | None = None
         self._client = self._make_client()
 
+    @property
+    def connected(self) -> bool:
+        return self._connected
+
     # ---- lifecycle --------------------------------------------------------------------------
 
     def _make_client(self) -> mqtt.Client:
