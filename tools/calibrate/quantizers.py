@@ -1,0 +1,219 @@
+"""One function per scheme, each turning a float ONNX file into a quantized one.
+
+* ``dynamic``: ``quantize_dynamic`` with ``DefaultTensorType FLOAT`` (graphs with com.microsoft
+  ops have no type info for their outputs, GPT-RUNTIME.md pitfall 4) and ``MatMulConstBOnly`` so
+  attention's activation × activation MatMuls stay float.
+* ``static``: ``quantize_static`` in QDQ format with a ``CalibrationDataReader`` fed by the real
+  pipeline; MinMax / Entropy / Percentile ranges.
+* ``int4``: ``MatMulNBitsQuantizer`` (4-bit weight-only, block-wise scales).
+
+Node selection is by op type plus ``exclude`` prefixes, and every ``exclude`` entry must match a
+node of the graph, so a recipe that names a node that is not there fails before any work.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import onnx
+from onnxruntime.quantization import (
+    CalibrationDataReader,
+    CalibrationMethod,
+    QuantFormat,
+    QuantType,
+    quantize_dynamic,
+    quantize_static,
+)
+
+from .errors import CalibrationError
+from .recipe import GraphScheme
+
+log = logging.getLogger(__name__)
+
+_QTYPE = {"int8": QuantType.QInt8, "uint8": QuantType.QUInt8}
+_METHOD = {
+    "minmax": CalibrationMethod.MinMax,
+    "entropy": CalibrationMethod.Entropy,
+    "percentile": CalibrationMethod.Percentile,
+}
+
+
+class IterReader(CalibrationDataReader):
+    """Adapts a generator of feed dicts (produced lazily by the pipeline) to ORT's reader API.
+
+    ORT runs each feed before asking for the next, so a generator may hand out views of live
+    buffers. The reader is driven one feed per ``collect_data`` call (``CalibStridedMinMax`` = 1
+    with ``set_range``): ORT's histogram calibrators (entropy, percentile) otherwise stack every
+    feed's tensors into one array, which fails for variable-length inputs and holds them all in
+    memory. ``length`` must be the number of feeds the generator yields.
+    """
+
+    def __init__(self, feeds: Iterable[dict[str, Any]], length: int) -> None:
+        self._it: Iterator[dict[str, Any]] = iter(feeds)
+        self._length = length
+        self._left = length
+        self.count = 0
+
+    def __len__(self) -> int:
+        return self._length
+
+    def set_range(self, start_index: int, end_index: int) -> None:
+        self._left = end_index - start_index
+
+    def get_next(self) -> dict[str, Any] | None:
+        if self._left <= 0:
+            return None
+        feed = next(self._it, None)
+        if feed is not None:
+            self.count += 1
+            self._left -= 1
+        return feed
+
+
+def excluded_nodes(model: onnx.ModelProto, scheme: GraphScheme, where: str) -> list[str]:
+    """Node names matching ``scheme.exclude``; an entry matching nothing is a recipe error."""
+    names = [n.name for n in model.graph.node]
+    out: list[str] = []
+    for entry in scheme.exclude:
+        hits = [n for n in names if n == entry or (entry and n.startswith(entry))]
+        if not hits:
+            sample = ", ".join(n for n in names[:4] if n) or "(nodes are unnamed)"
+            raise CalibrationError(
+                f"{where}: exclude entry {entry!r} matches no node of the graph "
+                f"(node names look like: {sample})"
+            )
+        out.extend(hits)
+    return out
+
+
+def selected_count(model: onnx.ModelProto, scheme: GraphScheme, excluded: list[str]) -> int:
+    """How many nodes the scheme will touch (for the report; 0 is reported, not hidden)."""
+    consts = {i.name for i in model.graph.initializer}
+    skip = set(excluded)
+    ops = ("MatMul",) if scheme.scheme == "int4" else scheme.op_types
+    return sum(
+        1
+        for n in model.graph.node
+        if n.op_type in ops
+        and n.name not in skip
+        and (n.op_type != "MatMul" or (len(n.input) > 1 and n.input[1] in consts))
+    )
+
+
+def quantize_graph(
+    src: Path,
+    dst: Path,
+    scheme: GraphScheme,
+    *,
+    where: str,
+    method: str = "minmax",
+    feeds: Iterable[dict[str, Any]] | None = None,
+    feed_count: int | None = None,
+) -> dict[str, Any]:
+    """Write ``dst`` from ``src`` per ``scheme``; return what was done (for the report).
+
+    ``feeds`` (static only) yields ``feed_count`` input dicts (``len(feeds)`` for a list)."""
+    model = onnx.load(str(src), load_external_data=False)
+    excluded = excluded_nodes(model, scheme, where)
+    touched = selected_count(model, scheme, excluded)
+    del model
+    info: dict[str, Any] = {
+        "scheme": scheme.scheme,
+        "how": scheme.describe(),
+        "nodes_quantized": touched,
+        "nodes_excluded": len(excluded),
+    }
+    if scheme.why:
+        info["why"] = scheme.why
+    if scheme.scheme == "float" or touched == 0:
+        if scheme.scheme != "float":
+            log.warning(
+                "%s: the recipe selects no node (%s); the graph stays float",
+                where,
+                "/".join(scheme.op_types),
+            )
+            info["note"] = "no node matched the recipe; graph kept float"
+        dst.write_bytes(src.read_bytes())
+        return info
+    if scheme.scheme == "dynamic":
+        quantize_dynamic(
+            src,
+            dst,
+            op_types_to_quantize=list(scheme.op_types),
+            per_channel=scheme.per_channel,
+            weight_type=_QTYPE[scheme.weight_type],
+            nodes_to_exclude=excluded,
+            extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT, "MatMulConstBOnly": True},
+        )
+    elif scheme.scheme == "static":
+        if feeds is None:
+            raise CalibrationError(f"{where}: static quantization needs calibration data")
+        count = feed_count if feed_count is not None else len(feeds)  # type: ignore[arg-type]
+        if count < 1:
+            raise CalibrationError(f"{where}: the calibration data reader produced no input")
+        reader = IterReader(feeds, count)
+        with tempfile.TemporaryDirectory(prefix="speakd-calib-") as tmp:
+            extra = {
+                "DefaultTensorType": onnx.TensorProto.FLOAT,
+                "MatMulConstBOnly": True,
+                "ActivationSymmetric": scheme.activation_symmetric,
+                "WeightSymmetric": scheme.weight_symmetric,
+                "CalibStridedMinMax": 1,  # one feed per collect (see IterReader)
+            }
+            quantize_static(
+                src,
+                dst,
+                reader,
+                quant_format=QuantFormat.QDQ,
+                op_types_to_quantize=list(scheme.op_types),
+                per_channel=scheme.per_channel,
+                activation_type=_QTYPE[scheme.activation_type],
+                weight_type=_QTYPE[scheme.weight_type],
+                nodes_to_exclude=excluded,
+                calibrate_method=_METHOD[method],
+                extra_options=extra,
+                calibration_providers=["CPUExecutionProvider"],
+            )
+            del tmp
+        if reader.count != count:
+            raise CalibrationError(
+                f"{where}: the calibration data reader yielded {reader.count} "
+                f"inputs, {count} expected"
+            )
+        info["calibration_feeds"] = reader.count
+        info["method"] = method
+    elif scheme.scheme == "int4":
+        _int4(src, dst, scheme, excluded)
+    info["bytes_in"] = src.stat().st_size
+    info["bytes_out"] = dst.stat().st_size
+    return info
+
+
+def _int4(src: Path, dst: Path, scheme: GraphScheme, excluded: list[str]) -> None:
+    from onnxruntime.quantization.matmul_nbits_quantizer import (
+        DefaultWeightOnlyQuantConfig,
+        MatMulNBitsQuantizer,
+    )
+
+    model = onnx.load(str(src))
+    config = DefaultWeightOnlyQuantConfig(
+        block_size=scheme.block_size,
+        is_symmetric=scheme.symmetric,
+        accuracy_level=scheme.accuracy_level,
+        bits=4,
+    )
+    q = MatMulNBitsQuantizer(
+        model,
+        bits=4,
+        block_size=scheme.block_size,
+        is_symmetric=scheme.symmetric,
+        accuracy_level=scheme.accuracy_level,
+        nodes_to_exclude=excluded,
+        algo_config=config,
+    )
+    q.process()
+    onnx.save(q.model.model, str(dst))
