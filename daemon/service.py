@@ -122,7 +122,10 @@ class Daemon:
         if self.config.socket.ssip_path:
             ssip_frontend = SsipFrontend(self.control, self.config.limits.max_line_bytes)
             await self._listen(
-                ssip_frontend.handle, self.config.socket.ssip_path, inherited.pop("ssip", None)
+                ssip_frontend.handle,
+                self.config.socket.ssip_path,
+                inherited.pop("ssip", None),
+                SsipFrontend.REFUSAL,
             )
         for name in inherited:
             log.warning("ignoring inherited socket %r (known names: json, ssip)", name)

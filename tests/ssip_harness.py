@@ -16,7 +16,7 @@ from typing import Any
 
 from speakd.control import Control
 from speakd.frontends.ssip import SsipFrontend
-from speakd.frontends.unixserver import start_unix_server
+from speakd.frontends.unixserver import AccessPolicy, start_unix_server
 from speakd.scheduler import Scheduler
 from speakd.sinks import NullSink, Sink, WavSink
 from speakd.source import EngineSource
@@ -35,8 +35,10 @@ class SsipServer:
         max_line_bytes: int = 4096,
         max_queue: int = 32,
         block_ms: int = 20,
+        policy: AccessPolicy | None = None,
     ) -> None:
         self.path = path
+        self.policy = policy
         self.engine = engine or ToneEngine()
         self.sink = sink or NullSink()
         self.max_line_bytes = max_line_bytes
@@ -68,7 +70,12 @@ class SsipServer:
         self.frontend = SsipFrontend(self.control, self.max_line_bytes)
         self._task = asyncio.create_task(scheduler.run())
         self._server = await start_unix_server(
-            self.frontend.handle, str(self.path), mode=0o600, limit=self.max_line_bytes
+            self.frontend.handle,
+            str(self.path),
+            mode=0o666 if self.policy else 0o600,
+            limit=self.max_line_bytes,
+            policy=self.policy or AccessPolicy(),
+            refusal=SsipFrontend.REFUSAL,
         )
 
     async def _stop(self) -> None:

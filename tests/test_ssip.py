@@ -15,6 +15,7 @@ import re
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -23,6 +24,7 @@ import pytest
 
 from speakd.audio import read_wav
 from speakd.engines.base import SynthesisConfig, VoiceInfo
+from speakd.frontends.unixserver import AccessPolicy
 from tests.daemon_proc import DaemonProc, start_daemon, write_config
 from tests.ssip_harness import SsipClient, SsipServer, wav_server
 from tests.tone_engine import ToneEngine
@@ -610,3 +612,40 @@ def test_language_picks_a_voice_of_that_language(tmp_path: Path) -> None:
         ]
     # the default ("low", English) unless the language is another voice's; de-AT falls back to de
     assert engine.voices_used == [None, None, "high", "high", None]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
+def test_peer_outside_the_allow_list_reads_an_ssip_error() -> None:
+    public = Path(tempfile.mkdtemp(prefix="speakd-ssip-"))
+    public.chmod(0o755)
+    try:
+        policy = AccessPolicy(allow_uids=(4242,))
+        with SsipServer(public / "ssip.sock", policy=policy) as server:
+            assert as_nobody(server.path) == "400 ERR NOT ALLOWED HERE\r\n"
+            with SsipClient(server.path) as c:  # root is always allowed
+                assert c.code("HISTORY GET CLIENT_ID") == 245
+    finally:
+        shutil.rmtree(public, ignore_errors=True)
+
+
+def as_nobody(path: Path) -> str:
+    """Connect as uid nobody (forked child) and return the first bytes the server sends."""
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            with socket.socket(socket.AF_UNIX) as s:
+                s.settimeout(10)
+                s.connect(str(path))
+                result = s.recv(1024).decode()
+        except OSError as e:
+            result = f"{type(e).__name__}: {e}"
+        os.write(write_fd, result.encode())
+        os._exit(0)
+    os.close(write_fd)
+    with os.fdopen(read_fd, newline="") as f:  # keep the CRLF
+        result = f.read()
+    os.waitpid(pid, 0)
+    return result

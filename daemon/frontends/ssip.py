@@ -181,6 +181,9 @@ class Message:
 
 
 class SsipFrontend:
+    # What a peer outside the socket's allow-list reads before the connection closes.
+    REFUSAL = reply(400, "ERR NOT ALLOWED HERE")
+
     def __init__(self, control: Control, max_line_bytes: int) -> None:
         self.control = control
         self.max_line_bytes = max_line_bytes
