@@ -157,6 +157,7 @@ def test_stale_while_revalidate_plays_old_audio_and_refreshes(make, tmp_path) ->
         store.put(Clip(key, "stale words", "low", {}, "tone-1", 16000, bytes(640), expires=1.0))
     plain = make(engine)
     assert pcm(plain, "stale words") != bytes(640)  # expired, no SWR: a miss
+    wait_until(lambda: plain.counters["stored"] == 1)
     plain.close()
     with CacheStore(tmp_path / "cache.db") as store:
         store.put(Clip(key, "stale words", "low", {}, "tone-1", 16000, bytes(640), expires=1.0))

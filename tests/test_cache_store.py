@@ -171,6 +171,36 @@ def test_store_is_thread_safe(tmp_path: Path) -> None:
     store.close()
 
 
+def test_two_processes_worth_of_connections_write_without_locking_errors(tmp_path: Path) -> None:
+    """The daemon and `speakd cache import` write the same file through separate connections."""
+    import threading
+
+    path = tmp_path / "c.db"
+    stores = [CacheStore(path, max_bytes=30_000), CacheStore(path, max_bytes=30_000)]
+    errors: list[BaseException] = []
+
+    def work(n: int) -> None:
+        try:
+            for i in range(25):
+                stores[n].put(clip(f"s{n}-{i}", 800))
+                stores[n].put_many([clip(f"p{n}-{i}", 100, pinned=True), clip(f"s{n}-{i}", 800)])
+                stores[n].prune()
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert {c.key for c in stores[0].clips(pinned_only=True)} == {
+        f"p{n}-{i}" for n in range(2) for i in range(25)
+    }
+    for store in stores:
+        store.close()
+
+
 # ---- corruption ------------------------------------------------------------------------------
 
 

@@ -127,6 +127,26 @@ class Clip:
         )
 
 
+@contextmanager
+def _write(db: Database) -> Iterator[None]:
+    """A write transaction that takes the write lock up front (BEGIN IMMEDIATE).
+
+    A deferred BEGIN that reads and then writes fails at once with "database is locked" when
+    another connection (the daemon vs `speakd cache import`) committed in between; IMMEDIATE
+    waits for the lock under the busy timeout instead.
+    """
+    if db.conn.in_transaction:
+        yield
+        return
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        db.rollback()
+        raise
+    db.execute("COMMIT")
+
+
 # ---- schema -------------------------------------------------------------------------------
 
 
@@ -236,7 +256,7 @@ class CacheStore:
             )
         if version == 0 and db["clips"].exists():
             raise CacheError(f"{self.path}: has a clips table but no schema version")
-        with db.atomic():
+        with _write(db):
             for n in range(version, SCHEMA_VERSION):
                 MIGRATIONS[n](db)
                 db["meta"].upsert({"key": "schema_version", "value": str(n + 1)}, pk="key")
@@ -418,7 +438,7 @@ class CacheStore:
 
         def write(db: Database) -> list[str]:
             self._flush_touches()
-            with db.atomic():
+            with _write(db):
                 db["clips"].upsert(clip.row(), pk="key")
                 return self._evict(db, keep=clip.key)
 
@@ -429,7 +449,7 @@ class CacheStore:
 
         def write(db: Database) -> int:
             added = 0
-            with db.atomic():
+            with _write(db):
                 for clip in clips:
                     exists = db.execute("SELECT 1 FROM clips WHERE key = ?", [clip.key]).fetchone()
                     if exists and skip_existing:
@@ -457,7 +477,7 @@ class CacheStore:
     def _flush_touches(self) -> None:
         if not self._touches or self._db is None:
             return
-        with self._db.atomic():
+        with _write(self._db):
             for key, (count, last) in self._touches.items():
                 self._db.execute(
                     "UPDATE clips SET hits = hits + ?, last_used = MAX(last_used, ?) WHERE key = ?",
@@ -477,7 +497,7 @@ class CacheStore:
 
         def write(db: Database) -> dict[str, int]:
             self._flush_touches()
-            with db.atomic():
+            with _write(db):
                 expired = db.execute(
                     "DELETE FROM clips WHERE pinned = 0 AND expires IS NOT NULL AND expires <= ?",
                     [now],
