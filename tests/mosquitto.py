@@ -35,7 +35,10 @@ def free_port() -> int:
 
 
 class Mosquitto:
-    def __init__(self, directory: Path, port: int | None = None, extra: str = "") -> None:
+    def __init__(
+        self, directory: Path, port: int | None = None, listener: str = "", anonymous: bool = True
+    ) -> None:
+        """``listener``: more config lines for the listener (TLS files, password_file…)."""
         self.directory = directory
         self.port = port or free_port()
         self.host = "127.0.0.1"
@@ -46,13 +49,13 @@ class Mosquitto:
         user = "user root\n" if os.geteuid() == 0 else ""
         self.config.write_text(
             f"listener {self.port} 127.0.0.1\n"
-            "allow_anonymous true\n"
+            f"{listener}"
+            f"allow_anonymous {'true' if anonymous else 'false'}\n"
             f"{user}"
             "persistence true\n"
             f"persistence_location {directory}/\n"
             f"log_dest file {self.log}\n"
             "log_type all\n"
-            f"{extra}"
         )
         self.proc: subprocess.Popen[bytes] | None = None
 

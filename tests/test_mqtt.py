@@ -5,7 +5,10 @@ Clients are paho (``Watcher``) and the mosquitto command-line tools, as users wo
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
+import logging
 import queue
 import signal
 import subprocess
@@ -17,12 +20,17 @@ from pathlib import Path
 import pytest
 
 from speakd.audio import read_wav
-from speakd.config import ConfigError, load_config
-from speakd.frontends.mqtt import RecentIds
+from speakd.config import ConfigError, MqttConfig, load_config
+from speakd.control import Control
+from speakd.frontends.mqtt import MqttFrontend, RecentIds
 from speakd.frontends.mqtt_messages import decode_object, parse_command_topic
-from speakd.messages import RequestError
+from speakd.messages import Event, RequestError
+from speakd.scheduler import Scheduler
+from speakd.sinks import NullSink
+from speakd.source import EngineSource
 from tests.daemon_proc import DaemonProc, start_daemon, write_config
 from tests.mosquitto import Mosquitto, Received, Watcher
+from tests.tone_engine import ToneEngine
 
 LONG_TEXT = (
     "This is a long announcement for the stop test. It goes on for several sentences. "
@@ -386,7 +394,7 @@ def test_sigkill_will_offline_and_qos1_say_queued_while_down(
         watcher.publish("speakd/hall/say", b"", retain=True)  # clear the retained command
 
 
-def test_broker_restart_and_remote_speaker(tmp_path: Path) -> None:
+def test_remote_speaker_broker_restart_and_reload(tmp_path: Path) -> None:
     broker = Mosquitto(tmp_path / "broker").start()
     watcher = Watcher(broker, "hermes/#", "speakd/#")
     d = None
@@ -414,6 +422,17 @@ def test_broker_restart_and_remote_speaker(tmp_path: Path) -> None:
         broker.restart()
         say_remote("rs2")  # reconnected (and re-subscribed) on its own
         assert "MQTT: connected" in d.log_text().split("disconnected", 1)[1]
+
+        # SIGHUP with the remote speaker gone: MQTT restarts, audio plays locally again.
+        since = watcher.mark()
+        write_config(tmp_path, mqtt_toml(broker, "porch"), realtime=True)
+        d.proc.send_signal(signal.SIGHUP)
+        watcher.wait("speakd/porch/availability", lambda m: m.payload == b"online", since)
+        since = watcher.mark()
+        watcher.publish("speakd/porch/say", json.dumps({"text": "Here.", "id": "local1"}))
+        watcher.wait("hermes/tts/sayFinished", finished("local1", "porch"), since)
+        assert (wav_dir(d) / "local1.wav").exists()
+        assert not watcher.matching("hermes/audioServer/+/playBytes/local1")
     finally:
         if d is not None:
             assert d.stop() == 0, d.log_text()
@@ -422,6 +441,84 @@ def test_broker_restart_and_remote_speaker(tmp_path: Path) -> None:
 
 
 # ---- in-process pieces -------------------------------------------------------------------------
+
+
+def make_tls_files(d: Path) -> dict[str, Path]:
+    """A throw-away CA, a server certificate for 127.0.0.1 and a mosquitto password file."""
+    ec = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes"
+    (d / "ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    for cmd in (
+        f"openssl req -x509 {ec} -keyout ca.key -out ca.crt -subj /CN=speakd-test-ca -days 1",
+        f"openssl req {ec} -keyout server.key -out server.csr -subj /CN=localhost",
+        "openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial"
+        " -out server.crt -days 1 -extfile ext",
+        "mosquitto_passwd -c -b passwd speakd s3cret",
+    ):
+        subprocess.run(cmd.split(), cwd=d, check=True, capture_output=True, timeout=30)
+    return {name: d / name for name in ("ca.crt", "server.crt", "server.key", "passwd")}
+
+
+async def test_tls_and_password_in_process(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The front-end on its own (tone engine): TLS to the broker, user + password from a file."""
+    files = make_tls_files(tmp_path)
+    broker = Mosquitto(
+        tmp_path / "broker",
+        listener=f"cafile {files['ca.crt']}\ncertfile {files['server.crt']}\n"
+        f"keyfile {files['server.key']}\npassword_file {files['passwd']}\n",
+        anonymous=False,
+    ).start()
+    (tmp_path / "secret").write_text("s3cret\n")
+    engine = ToneEngine()
+    scheduler = Scheduler(EngineSource(engine), NullSink())
+    control = Control(scheduler, engine, 1000)
+    events: list[Event] = []
+    scheduler.listeners.append(events.append)
+    task = asyncio.create_task(scheduler.run())
+    tls = MqttConfig(
+        enabled=True,
+        host=broker.host,
+        port=broker.port,
+        site_id="tls",
+        username="speakd",
+        password_file=str(tmp_path / "secret"),
+        tls=True,
+        ca_file=str(files["ca.crt"]),
+        reconnect_min_s=0.1,
+        reconnect_max_s=0.2,
+    )
+    tls.validate()
+    frontends = [MqttFrontend(control, tls)]
+    try:
+        await frontends[0].start()
+        async with asyncio.timeout(10):
+            while not frontends[0].connected:
+                await asyncio.sleep(0.02)
+        say = ["-t", "speakd/tls/say", "-m", '{"text": "one two", "id": "tls1"}', "-q", "1"]
+        auth = ["--cafile", str(files["ca.crt"]), "-u", "speakd", "-P", "s3cret"]
+        await asyncio.to_thread(
+            subprocess.run, mosquitto_cli("mosquitto_pub", broker, *say, *auth), check=True
+        )
+        async with asyncio.timeout(10):
+            while not any(e.request_id == "tls1" and e.terminal for e in events):
+                await asyncio.sleep(0.02)
+        assert [e.data.get("status") for e in events if e.terminal] == ["done"]
+
+        # A wrong password (the environment wins over the file): refused, logged, no crash.
+        monkeypatch.setenv("SPEAKD_MQTT_PASSWORD", "wrong")
+        bad = dataclasses.replace(tls, site_id="bad", client_id="bad")
+        frontends.append(MqttFrontend(control, bad))
+        with caplog.at_level(logging.ERROR, logger="speakd.frontends.mqtt"):
+            await frontends[1].start()
+            await asyncio.sleep(1.0)
+        assert not frontends[1].connected
+        assert "refused the connection" in caplog.text
+    finally:
+        for frontend in frontends:
+            await frontend.close()
+        task.cancel()
+        broker.stop()
 
 
 def test_recent_ids_window_and_bound(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -128,6 +128,7 @@ class MqttFrontend:
         self._recent = RecentIds()
         self._connected = False
         self._unreachable_logged = False
+        self._refused = ""  # the last CONNACK refusal logged
         self._closing = False
         self._status_pending = False
         self._discovery_timer: asyncio.TimerHandle | None = None
@@ -204,12 +205,14 @@ class MqttFrontend:
         self, client: mqtt.Client, _userdata: Any, flags: Any, reason: Any, _props: Any
     ) -> None:
         if reason.is_failure:
-            log.error(
-                "MQTT: broker %s:%d refused the connection: %s",
-                self.config.host,
-                self.config.port,
-                reason,
-            )
+            if str(reason) != self._refused:  # once per reason, not once per retry
+                self._refused = str(reason)
+                log.error(
+                    "MQTT: broker %s:%d refused the connection: %s",
+                    self.config.host,
+                    self.config.port,
+                    reason,
+                )
             return
         sock = client.socket()
         try:  # MQTT packets are small: don't let Nagle hold them back (~40 ms stalls)
@@ -218,7 +221,7 @@ class MqttFrontend:
             log.debug("MQTT: cannot set TCP_NODELAY", exc_info=True)
         client.subscribe(self._subscriptions())
         self._connected = True
-        self._unreachable_logged = False
+        self._unreachable_logged, self._refused = False, ""
         log.info(
             "MQTT: connected to %s:%d (session %s)",
             self.config.host,
