@@ -83,6 +83,20 @@ def test_row_round_trip_wal_and_schema_version(tmp_path: Path) -> None:
     assert raw.execute("SELECT encoding, bytes FROM clips").fetchone() == ("pcm_s16le", 3200)
 
 
+def _open_and_close(path: str) -> int:
+    with CacheStore(path) as store:
+        return store.stats()["schema_version"]
+
+
+def test_processes_creating_the_same_fresh_file_at_once(tmp_path: Path) -> None:
+    import multiprocessing
+
+    for r in range(3):
+        path = str(tmp_path / f"c{r}.db")
+        with multiprocessing.get_context("fork").Pool(4) as pool:
+            assert pool.map(_open_and_close, [path] * 4) == [SCHEMA_VERSION] * 4
+
+
 def test_newer_schema_is_refused_with_the_file_named(tmp_path: Path) -> None:
     path = tmp_path / "c.db"
     CacheStore(path).close()

@@ -245,6 +245,19 @@ class CacheStore:
         return db
 
     def _migrate(self, db: Database) -> None:
+        if self._version(db) == SCHEMA_VERSION:
+            return
+        with _write(db):  # re-read under the lock: another process may have just migrated
+            version = self._version(db)
+            if version == 0 and db["clips"].exists():
+                raise CacheError(f"{self.path}: has a clips table but no schema version")
+            for n in range(version, SCHEMA_VERSION):
+                MIGRATIONS[n](db)
+                db["meta"].upsert({"key": "schema_version", "value": str(n + 1)}, pk="key")
+        if version < SCHEMA_VERSION:
+            log.info("cache %s: schema %d → %d", self.path, version, SCHEMA_VERSION)
+
+    def _version(self, db: Database) -> int:
         version = 0
         if db["meta"].exists():
             row = db.execute("SELECT value FROM meta WHERE key = ?", ["schema_version"]).fetchone()
@@ -254,14 +267,7 @@ class CacheStore:
                 f"{self.path}: schema version {version} is newer than this speakd understands "
                 f"({SCHEMA_VERSION}); upgrade speakd or point cache.path elsewhere"
             )
-        if version == 0 and db["clips"].exists():
-            raise CacheError(f"{self.path}: has a clips table but no schema version")
-        with _write(db):
-            for n in range(version, SCHEMA_VERSION):
-                MIGRATIONS[n](db)
-                db["meta"].upsert({"key": "schema_version", "value": str(n + 1)}, pk="key")
-        if version < SCHEMA_VERSION:
-            log.info("cache %s: schema %d → %d", self.path, version, SCHEMA_VERSION)
+        return version
 
     def _move_aside(self, reason: str) -> None:
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
