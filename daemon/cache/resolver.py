@@ -114,6 +114,18 @@ class CachingSource:
                 self._ram[key] = clip
                 used += size
         self._ram_bytes = used
+        foreign = {
+            b: n for b, n in self.store.pinned_by_bundle().items() if b != self.engine.bundle_id
+        }
+        if foreign:
+            log.warning(
+                "cache %s: %d pinned clips were made with other bundles (%s) and cannot play "
+                "with %s; rebuild those packs with this model (precompute --bundle)",
+                self.store.path,
+                sum(foreign.values()),
+                ", ".join(sorted(foreign)),
+                self.engine.bundle_id,
+            )
         log.info(
             "cache %s: %d pinned clips (%d bytes) prewarmed into RAM in %.0f ms%s",
             self.store.path,

@@ -354,6 +354,13 @@ class CacheStore:
             ).fetchall()
         )
 
+    def pinned_by_bundle(self) -> dict[str, int]:
+        return self._run(
+            lambda db: dict(
+                db.execute("SELECT bundle, COUNT(*) FROM clips WHERE pinned = 1 GROUP BY bundle")
+            )
+        )
+
     def keys(self) -> set[str]:
         return self._run(lambda db: {r[0] for r in db.execute("SELECT key FROM clips")})
 
