@@ -293,7 +293,7 @@ def test_qos1_duplicates_are_spoken_once(kitchen: DaemonProc, watcher: Watcher) 
     watcher.wait("hermes/tts/sayFinished", finished("dup-marker"), since)
     assert len(watcher.matching("hermes/tts/sayFinished", finished("dup1"), since)) == 1
     replies = [m.json()["status"] for m in watcher.matching("test/dup", since=since)]
-    assert replies == ["queued", "done"]
+    assert replies == ["queued", "duplicate", "done"]
 
 
 def test_mosquitto_rr_request_response_with_correlation_data(

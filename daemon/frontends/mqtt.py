@@ -339,6 +339,7 @@ class MqttFrontend:
         key = origin.hermes_id or (msg.correlation.hex() if msg.correlation else None)
         if key is not None and self._recent.seen(key):
             log.info("MQTT: say %s on %s is a duplicate; ignored", key, msg.topic)
+            self._reply(origin, origin.hermes_id, "duplicate")  # a retrying client hears why
             return
         try:
             request = self.control.build_request(
