@@ -561,6 +561,10 @@ def test_mqtt_config_keys(tmp_path: Path) -> None:
     assert config.sites == ["kitchen", "downstairs"]
     assert config.password(env={}) == "s3cret"
     assert config.password(env={"SPEAKD_MQTT_PASSWORD": "from-env"}) == "from-env"
+    credential = tmp_path / "mqtt_password"  # systemd: SPEAKD_MQTT_PASSWORD_FILE=%d/mqtt_password
+    credential.write_text("from-credential")
+    env = {"SPEAKD_MQTT_PASSWORD_FILE": str(credential)}
+    assert load_config(path, env=env).mqtt.password(env=env) == "from-credential"
     env = {"SPEAKD_MQTT_SITE_IDS": '["a", "b"]'}
     assert load_config(path, env=env).mqtt.site_ids == ["a", "b"]
     for bad, key in (
