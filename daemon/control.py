@@ -138,8 +138,10 @@ def _number(fields: dict[str, Any], key: str, lo: float, hi: float) -> Any:
     value = fields.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, int | float):
         raise RequestError("bad_field", f"{key} must be a number")
+    if isinstance(value, float) and not math.isfinite(value):  # (a huge int overflows isfinite)
+        raise RequestError("bad_field", f"{key} must be a finite number")
     if not lo <= value <= hi:
         raise RequestError("bad_field", f"{key} must be within {lo}..{hi}, got {value}")
     return value

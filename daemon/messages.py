@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -93,12 +94,36 @@ class Event:
         return {"event": self.type.value, "id": self.request_id, **self.data}
 
 
+def parse_json(text: str) -> Any:
+    """``json.loads`` for untrusted input: every failure is a ``bad_json`` RequestError — not only
+    syntax, also nesting past the parser's recursion limit and integers too long to convert."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise RequestError("bad_json", f"not JSON: {e.msg} at column {e.colno}") from None
+    except RecursionError:
+        raise RequestError("bad_json", "not usable JSON: nested too deeply") from None
+    except ValueError as e:  # int_max_str_digits
+        raise RequestError("bad_json", f"not usable JSON: {str(e).split(':')[0]}") from None
+
+
+def dump_json(obj: Any) -> bytes:
+    """Compact UTF-8 JSON. A lone surrogate echoed from a client's ``\\ud800`` escape cannot be
+    UTF-8 encoded: it goes out as that same JSON escape instead of failing the reply."""
+    text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    return text.encode("utf-8", "backslashreplace")
+
+
 def validate_text(text: Any, max_chars: int) -> str:
     """Shared by every front-end so each rejects bad text the same way."""
     if not isinstance(text, str):
         raise RequestError("bad_text", "text must be a string")
     if "\x00" in text:
         raise RequestError("bad_text", "text contains a NUL character")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate (JSON "\ud800"): not text an engine can read
+        raise RequestError("bad_text", "text contains a lone UTF-16 surrogate") from None
     stripped = text.strip()
     if not stripped:
         raise RequestError("empty_text", "text is empty")

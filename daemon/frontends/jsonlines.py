@@ -16,19 +16,18 @@ A malformed line gets an ``error`` event and the connection stays usable; a line
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from typing import Any
 
 from speakd.control import Control
 from speakd.frontends.unixserver import peer_of
-from speakd.messages import Event, RequestError
+from speakd.messages import Event, RequestError, dump_json, parse_json
 
 log = logging.getLogger(__name__)
 
 
 def _line(obj: dict[str, Any]) -> bytes:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+    return dump_json(obj) + b"\n"
 
 
 class JsonLinesFrontend:
@@ -74,9 +73,9 @@ class JsonLinesFrontend:
 
     def _dispatch(self, text: str, send: Any, origin: str, client: str) -> None:
         try:
-            msg = json.loads(text)
-        except json.JSONDecodeError as e:
-            send(_error(None, "bad_json", f"not JSON: {e.msg} at column {e.colno}"))
+            msg = parse_json(text)
+        except RequestError as e:
+            send(_error(None, e.code, str(e)))
             return
         if not isinstance(msg, dict):
             send(_error(None, "bad_request", "a request must be a JSON object"))

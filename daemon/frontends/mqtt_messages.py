@@ -7,12 +7,11 @@ conversion happens once, in ``Message.payload``. Commands arrive as JSON objects
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
-from speakd.messages import RequestError
+from speakd.messages import RequestError, dump_json, parse_json
 
 HERMES_SAY = "hermes/tts/say"
 HA_STATUS = "status"  # under the discovery prefix: Home Assistant's birth/will topic
@@ -36,7 +35,7 @@ class Message:
         raise NotImplementedError
 
     def payload(self) -> bytes:
-        return json.dumps(self.to_dict(), ensure_ascii=False, separators=(",", ":")).encode()
+        return dump_json(self.to_dict())
 
 
 class HermesMessage(Message):
@@ -209,10 +208,7 @@ def decode_object(payload: bytes, limit: int, *, empty_ok: bool = False) -> dict
         text = payload.decode("utf-8")
     except UnicodeDecodeError as e:
         raise RequestError("bad_encoding", f"payload is not valid UTF-8 (byte {e.start})") from None
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise RequestError("bad_json", f"not JSON: {e.msg} at column {e.colno}") from None
+    obj = parse_json(text)
     if not isinstance(obj, dict):
         raise RequestError("bad_request", "payload must be a JSON object")
     return obj

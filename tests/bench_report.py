@@ -1,0 +1,29 @@
+"""Bench mode for the reliability tests: measurements appended to ``$SPEAKD_BENCH_REPORT``.
+
+``tools/bench_reliability.py`` runs the fuzz, overload and fault tests with bench-sized budgets
+and collects what they measured here (one JSON object per line); a normal test run writes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+REPORT_ENV = "SPEAKD_BENCH_REPORT"
+
+
+def report(name: str, **values: Any) -> None:
+    path = os.environ.get(REPORT_ENV)
+    if path:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"name": name, **values}) + "\n")
+
+
+def rss_kb(pid: int) -> int:
+    """VmRSS of a live process, in kB (from /proc/<pid>/status)."""
+    with open(f"/proc/{pid}/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no VmRSS for pid {pid}")
