@@ -1,0 +1,134 @@
+"""Overload: a burst of 1000 requests at a real ``speakd serve`` over its JSON socket.
+
+The queue is bounded (``limits.max_queue``): every request is answered at once, either ``queued``
+or a ``queue_full`` error that says so; ``status`` keeps answering promptly during the burst; the
+daemon's resident memory (VmRSS) does not grow with the burst; the breaker stays closed (overload
+is not an engine failure). The null sink is paced like a real device, so the queue really fills.
+
+Bench mode (tools/bench_reliability.py) repeats the burst: SPEAKD_BURST_ROUNDS=5.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tests.bench_report import report, rss_kb
+from tests.daemon_proc import DaemonProc, start_daemon, write_config
+
+REQUESTS = 1000
+CONNECTIONS = 8
+MAX_QUEUE = 32
+ROUNDS = int(os.environ.get("SPEAKD_BURST_ROUNDS", "1"))
+TEXTS = ["Burst one.", "Burst two.", "Burst three."]
+RSS_GROWTH_LIMIT_MB = 20
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProc]:
+    tmp = tmp_path_factory.mktemp("overload")
+    config = write_config(tmp, f"[limits]\nmax_queue = {MAX_QUEUE}", sink="null", realtime=True)
+    d = start_daemon(config)
+    yield d
+    assert d.stop() == 0, d.log_text()[-3000:]
+
+
+def send_batch(path: str, first: int, count: int) -> list[dict]:
+    """Pipeline ``count`` says on one connection, then read exactly one answer for each."""
+    lines = b"".join(
+        json.dumps(
+            {"op": "say", "text": TEXTS[i % len(TEXTS)], "priority": "message", "id": f"b{i}"}
+        ).encode()
+        + b"\n"
+        for i in range(first, first + count)
+    )
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(60)
+        s.connect(path)
+        s.sendall(lines)
+        f = s.makefile("rb")
+        return [json.loads(f.readline()) for _ in range(count)]
+
+
+def status_poller(d: DaemonProc, stop: threading.Event, latencies: list[float]) -> None:
+    while not stop.is_set():
+        t0 = time.monotonic()
+        with d.client(timeout=30) as c:
+            assert c.request({"op": "status"})["event"] == "status"
+        latencies.append(time.monotonic() - t0)
+        time.sleep(0.02)
+
+
+def burst(d: DaemonProc, offset: int) -> tuple[list[dict], list[float]]:
+    """REQUESTS says from CONNECTIONS clients at once, with a status poller alongside."""
+    per = REQUESTS // CONNECTIONS
+    latencies: list[float] = []
+    stop = threading.Event()
+    poller = threading.Thread(target=status_poller, args=(d, stop, latencies))
+    poller.start()
+    try:
+        with ThreadPoolExecutor(CONNECTIONS) as pool:
+            batches = pool.map(
+                lambda k: send_batch(d.socket, offset + k * per, per), range(CONNECTIONS)
+            )
+            answers = [a for batch in batches for a in batch]
+    finally:
+        stop.set()
+        poller.join()
+    return answers, latencies
+
+
+def settle(d: DaemonProc) -> dict:
+    """Stop everything and wait until the daemon is idle again; its status."""
+    with d.client() as c:
+        c.request({"op": "stop"})
+        deadline = time.monotonic() + 30
+        while (status := c.request({"op": "status"}))["state"] != "idle":
+            assert time.monotonic() < deadline, status
+            time.sleep(0.05)
+    return status
+
+
+def test_burst_is_bounded_answered_and_memory_flat(daemon: DaemonProc) -> None:
+    # Warm-up: the first burst fills the cache and the allocator's pools.
+    answers, _ = burst(daemon, 0)
+    settle(daemon)
+    base = rss_kb(daemon.proc.pid)
+    for r in range(1, ROUNDS + 1):
+        answers, latencies = burst(daemon, r * REQUESTS)
+        kinds = Counter(a["event"] for a in answers)
+        errors = [a for a in answers if a["event"] == "error"]
+        assert len(answers) == REQUESTS
+        assert set(kinds) <= {"queued", "error"}, kinds
+        assert kinds["queued"] >= MAX_QUEUE  # the queue filled up to its bound ...
+        assert len(errors) > REQUESTS // 2  # ... and the rest was refused at once
+        assert {e["code"] for e in errors} == {"queue_full"}
+        assert all(f"queue is full ({MAX_QUEUE} pending)" in e["message"] for e in errors)
+        assert len(latencies) >= 3 and max(latencies) < 5.0, latencies
+        status = settle(daemon)
+        assert status["queue_length"] == 0 and status["breaker"]["state"] == "closed"
+        growth_mb = (rss_kb(daemon.proc.pid) - base) / 1024
+        report(
+            "burst",
+            round=r,
+            requests=REQUESTS,
+            queued=kinds["queued"],
+            rejected=len(errors),
+            status_p50_ms=round(sorted(latencies)[len(latencies) // 2] * 1000, 1),
+            status_max_ms=round(max(latencies) * 1000, 1),
+            rss_base_mb=round(base / 1024, 1),
+            rss_growth_mb=round(growth_mb, 2),
+        )
+        assert growth_mb < RSS_GROWTH_LIMIT_MB, f"VmRSS grew {growth_mb:.1f} MB in round {r}"
+    with daemon.client() as c:  # served as before, and every refusal counted
+        assert c.request({"op": "voices"})["event"] == "voices"
+        counters = c.request({"op": "status"})["counters"]
+    assert counters["rejected"] >= (ROUNDS + 1) * REQUESTS // 2
