@@ -79,7 +79,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mosquitto]:
 
 @pytest.fixture(scope="module")
 def watcher(broker: Mosquitto) -> Iterator[Watcher]:
-    w = Watcher(broker, "hermes/#", "speakd/#", "homeassistant/#", "test/#")
+    w = Watcher(broker, "hermes/#", "rhasspy/#", "speakd/#", "homeassistant/#", "test/#")
     yield w
     w.close()
 
@@ -319,6 +319,15 @@ def test_mosquitto_rr_request_response_with_correlation_data(
     payload = json.loads(out.partition(" ")[2].rpartition(" | ")[0])
     assert (payload["status"], payload["code"]) == ("error", "unknown_voice")
     assert out.endswith("| req-43")
+
+
+def test_rhasspy_get_voices(kitchen: DaemonProc, watcher: Watcher) -> None:
+    since = watcher.mark()
+    watcher.publish("rhasspy/tts/getVoices", json.dumps({"id": "gv-other", "siteId": "bedroom"}))
+    watcher.publish("rhasspy/tts/getVoices", json.dumps({"id": "gv1", "siteId": "kitchen"}))
+    answer = watcher.wait("rhasspy/tts/voices", since=since, timeout=10).json()
+    assert (answer["id"], answer["siteId"]) == ("gv1", "kitchen")  # not bedroom's
+    assert "en_US-joe-medium" in [v["voiceId"] for v in answer["voices"]]
 
 
 def test_home_assistant_discovery(kitchen: DaemonProc, watcher: Watcher) -> None:

@@ -6,6 +6,7 @@ In (QoS 1; only for our site ids — ``site_id`` and ``site_ids``):
   ``<prefix>/<site>/say``     the same JSON; the site comes from the topic
   ``<prefix>/<site>/stop``    any payload: stop speaking and drop the queue
   ``<prefix>/<site>/cancel``  empty (the current request) or ``{"id": …}``
+  ``rhasspy/tts/getVoices``   ``{"id"?, "siteId"}`` → ``rhasspy/tts/voices``
 Out:
   ``hermes/tts/sayFinished``  ``{"id", "siteId", "sessionId"}`` after every say, failed ones too
   ``hermes/error/tts``        ``{"error": "<code>: <message>", "siteId", "context": <say id>, …}``
@@ -50,6 +51,7 @@ from speakd.frontends.mqtt_messages import (
     COMMANDS,
     HA_STATUS,
     HERMES_SAY,
+    RHASSPY_GET_VOICES,
     Availability,
     Message,
     Reply,
@@ -57,6 +59,7 @@ from speakd.frontends.mqtt_messages import (
     SiteTopics,
     Status,
     TtsError,
+    Voices,
     decode_object,
     discovery_messages,
     optional_str,
@@ -281,7 +284,7 @@ class MqttFrontend:
 
     def _subscription_topics(self) -> list[str]:
         c = self.config
-        topics = [HERMES_SAY]
+        topics = [HERMES_SAY, RHASSPY_GET_VOICES]
         for site in c.sites:
             topics += [SiteTopics(c.prefix, site).command(name) for name in COMMANDS]
         if c.discovery:
@@ -307,6 +310,8 @@ class MqttFrontend:
         c = self.config
         if msg.topic == HERMES_SAY:
             self._say(msg, None)
+        elif msg.topic == RHASSPY_GET_VOICES:
+            self._get_voices(msg)
         elif c.discovery and msg.topic == f"{c.discovery_prefix}/{HA_STATUS}":
             self._ha_status(msg)
         elif self.speaker is not None and msg.topic == play_finished_topic(c.remote_speaker):
@@ -395,6 +400,20 @@ class MqttFrontend:
         if origin.correlation is not None:
             props.CorrelationData = origin.correlation
         self._publish(Reply(origin.response_topic, request_id, status, detail or {}), props)
+
+    def _get_voices(self, msg: Incoming) -> None:
+        try:
+            obj = decode_object(msg.payload, self.config.max_payload_bytes, empty_ok=True)
+        except RequestError as e:
+            log.info("MQTT: unreadable getVoices: %s", e)
+            return
+        site_id = optional_str(obj, "siteId") or "default"
+        if site_id in self.config.sites:
+            voices = [
+                {"voiceId": v["name"], "description": v["description"]}
+                for v in self.control.voices()
+            ]
+            self._publish(Voices(voices, optional_str(obj, "id"), site_id))
 
     def _stop(self, msg: Incoming, site: str) -> None:
         stopped = self.control.stop()

@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 from speakd.messages import RequestError, dump_json, parse_json
 
 HERMES_SAY = "hermes/tts/say"
+RHASSPY_GET_VOICES = "rhasspy/tts/getVoices"
 HA_STATUS = "status"  # under the discovery prefix: Home Assistant's birth/will topic
 COMMANDS = ("say", "stop", "cancel")
 
@@ -108,6 +109,22 @@ class TtsError(HermesMessage):
 
     def topic(self) -> str:
         return "hermes/error/tts"
+
+
+@dataclass(frozen=True)
+class Voices(HermesMessage):
+    """Rhasspy's answer to ``rhasspy/tts/getVoices`` ``{"id", "siteId"}``:
+    ``{"voices": [{"voiceId": "en_US-joe-medium", "description": "…"}], "id", "siteId"}``.
+
+    $ mosquitto_rr -t rhasspy/tts/getVoices -e rhasspy/tts/voices -m '{"siteId": "kitchen"}'
+    """
+
+    voices: list[dict[str, str]]
+    id: str | None
+    site_id: str
+
+    def topic(self) -> str:
+        return "rhasspy/tts/voices"
 
 
 @dataclass(frozen=True)
