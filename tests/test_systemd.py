@@ -449,7 +449,7 @@ def test_socket_activation_json_and_ssip(tmp_path: Path) -> None:
         pytest.skip("spd-say missing (Debian package speech-dispatcher)")
     from tests.test_ssip import spd_env
 
-    config = write_config(tmp_path, sink="null")
+    config = write_config(tmp_path, sink="null", realtime=True)
     own = load_config(config, env={}).socket  # where speakd would bind by itself
     act = tmp_path / "activated"
     act.mkdir()
@@ -466,6 +466,8 @@ def test_socket_activation_json_and_ssip(tmp_path: Path) -> None:
             "--fdname=json:ssip",
             "-E",
             f"NOTIFY_SOCKET={notify.path}",
+            "-E",
+            "WATCHDOG_USEC=30000000",  # the unit's WatchdogSec=30
             sys.executable,
             "-m",
             "speakd",
@@ -498,7 +500,9 @@ def test_socket_activation_json_and_ssip(tmp_path: Path) -> None:
             timeout=180,
         )
         assert r.returncode == 0, r.stderr + log.read_text()[-2000:]
-        notify.wait_for(lambda line: line == "READY=1", timeout=10)
+        ready = notify.wait_for(lambda line: line == "READY=1", timeout=10)
+        # STATUS follows the speech even though pings are only needed every 15 s.
+        assert any(t.startswith("STATUS=speaking") for t in notify.texts(ready)), notify.texts()
         r = subprocess.run(
             ["spd-say", "-w", "Hello from spd-say."],
             capture_output=True,
