@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 
 LOAD_EXTEND_S = 20.0  # while a model loads, ask systemd for this much more time, twice per period
 LOAD_EXTEND_MAX_S = 600.0  # a load still running after this is stuck: stop extending
-STATUS_INTERVAL_S = 2.0  # STATUS= refresh when there is no watchdog to ride on
+STATUS_INTERVAL_S = 1.0  # how often STATUS= may change (WatchdogSec/2 is far coarser)
 DEBUG_WEDGE_ENV = "SPEAKD_DEBUG_WEDGE"  # seconds SIGUSR2 blocks the event loop (watchdog tests)
 EXIT_GRACE_S = 1.0  # how long cancelled engine threads get to leave onnxruntime at exit
 
@@ -172,7 +172,8 @@ class Daemon:
         )
 
     async def _notifier(self, watchdog: float | None) -> None:
-        """WATCHDOG=1 and STATUS= changes, sent from the event loop: a wedged loop goes quiet."""
+        """WATCHDOG=1 and STATUS= changes, sent from the event loop: a wedged loop goes quiet.
+        Ticks every STATUS_INTERVAL_S (or faster for a short WatchdogSec); extra pings are free."""
         last = self._status_line()  # READY=1 carried it
         while True:
             lines = ["WATCHDOG=1"] if watchdog else []
@@ -182,7 +183,7 @@ class Daemon:
                 last = status
             if lines:
                 notify(*lines)
-            await asyncio.sleep(watchdog or STATUS_INTERVAL_S)
+            await asyncio.sleep(min(watchdog or STATUS_INTERVAL_S, STATUS_INTERVAL_S))
 
     async def reload(self) -> None:
         """SIGHUP: re-read the config; keep the loaded model unless [engine] changed."""
