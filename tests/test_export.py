@@ -129,3 +129,39 @@ def test_cli_refuses_a_context_too_small_for_parity(
     assert "--max-context 128 is too small" in capsys.readouterr().err
     assert main([*args, "--parity-steps", "50"]) == 2
     assert "at least 200" in capsys.readouterr().err
+
+
+def test_parity_catches_a_wrong_graph(tiny_checkpoint: Path, tiny_bundle: Path, tmp_path) -> None:
+    """The bounds are not vacuous: a 1 % error in one weight vector breaks them."""
+    import onnx
+    import torch
+    from safetensors.numpy import load_file
+
+    from speakd_tools.chattts import parity
+    from speakd_tools.chattts.export import DecoderForExport, _torch_export
+    from speakd_tools.chattts.gpt_graph import GptGraphSpec, build_gpt_graph
+    from speakd_tools.chattts.modules import load_modules
+
+    mods = load_modules(tiny_checkpoint)
+    asset = tiny_checkpoint / "asset"
+    trunk = load_file(str(asset / "gpt" / "model.safetensors"))
+    trunk["norm.weight"] = trunk["norm.weight"] * 1.01
+    spec = GptGraphSpec.from_sizes(mods.sizes, 512)
+    onnx.save(
+        build_gpt_graph(spec, trunk, load_file(str(asset / "Embed.safetensors"))),
+        str(tmp_path / "gpt.onnx"),
+    )
+    (tmp_path / "emb_code.npy").symlink_to(tiny_bundle / "emb_code.npy")
+    (tmp_path / "vocos.onnx").symlink_to(tiny_bundle / "vocos.onnx")
+    spk = json.loads((tiny_bundle / "manifest.json").read_text())["voices"]["default"]["spk_emb"]
+    _, ids, mask, emb = parity.chattts_prompt(mods, asset / "tokenizer", spk, "hello")
+    gpt = parity.check_gpt(mods, tmp_path, emb, ids, mask, steps=8)
+    assert not gpt["ok"] and gpt["logits_max_abs"] > 1e-3
+
+    wrong = DecoderForExport(mods.decoder)
+    wrong.coef.mul_(1.01)
+    _torch_export(
+        wrong, torch.randn(1, 768, 4), tmp_path / "decoder.onnx", "hidden", ["mel"], "steps"
+    )
+    dec, voc = parity.check_decoders(mods, tmp_path, np.random.default_rng(0).normal(size=(6, 768)))
+    assert not dec["ok"] and dec["mel_rel"] > 1e-4 and voc["ok"]

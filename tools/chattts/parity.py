@@ -138,7 +138,8 @@ def round_reference_to_fp16(mods: ChatTTSModules, head_matrix: np.ndarray) -> No
             par.original0.copy_(w.norm(dim=1, keepdim=True))
 
 
-def _prompt(mods: ChatTTSModules, tokenizer_dir: Path, spk_emb: str, text: str):
+def chattts_prompt(mods: ChatTTSModules, tokenizer_dir: Path, spk_emb: str, text: str):
+    """ChatTTS's code-pass prompt: Tokenizer.encode, Embed, Speaker.apply (as _infer_code)."""
     from ChatTTS.model.speaker import Speaker
     from ChatTTS.model.tokenizer import Tokenizer
 
@@ -223,7 +224,7 @@ def check_gpt(mods, bundle: Path, emb, input_ids, attention_mask, steps: int) ->
 
 
 def check_decoders(mods, bundle: Path, hiddens: np.ndarray) -> tuple[dict, dict]:
-    h = torch.from_numpy(hiddens.T[None].copy())  # [1, 768, T]
+    h = torch.from_numpy(np.ascontiguousarray(hiddens.T[None], np.float32))  # [1, 768, T]
     with torch.inference_mode():
         ref_mel = mods.decoder(h.clone()).numpy()
         ref_wave = mods.vocos.decode(torch.from_numpy(ref_mel)).numpy()
@@ -281,7 +282,7 @@ def run_parity(
 
         embed = load_file(str(checkpoint / "asset" / "Embed.safetensors"))
         round_reference_to_fp16(mods, code_head_matrix(embed, mods.sizes.num_vq))
-    prompt, input_ids, attention_mask, emb = _prompt(
+    prompt, input_ids, attention_mask, emb = chattts_prompt(
         mods, checkpoint / "asset" / "tokenizer", spk_emb, text
     )
     gpt = check_gpt(mods, bundle, emb, input_ids, attention_mask, steps)
