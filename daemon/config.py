@@ -49,6 +49,9 @@ def _cache_dir() -> Path:
 class EngineConfig:
     kind: str = "vits"  # "vits" (embedded default voice) | "chattts"
     bundle: str = ""  # path to a bundle; empty = the embedded default voice
+    # "int8": load <bundle>-int8 instead when that calibrated sibling exists (the default that
+    # ships); "exact": load exactly `bundle` (speakd.engines.resolve_bundle)
+    precision: str = "int8"
     voice: str = "default"
     threads: int = 2  # onnxruntime intra-op threads (= cores on a Pi-class board)
     # Degradation: a failing, hung or too slow engine opens a circuit breaker; while it is open
@@ -61,6 +64,7 @@ class EngineConfig:
 
     def validate(self) -> None:
         _choice("engine.kind", self.kind, ("vits", "chattts"))
+        _choice("engine.precision", self.precision, ("int8", "exact"))
         if self.kind == "chattts" and not self.bundle:
             raise ConfigError("engine.bundle: kind 'chattts' needs a bundle path")
         _range("engine.threads", self.threads, 1, 64)

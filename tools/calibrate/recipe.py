@@ -14,7 +14,7 @@ from typing import Any
 from .errors import CalibrationError
 
 REPO_RECIPES = Path(__file__).resolve().parents[2] / "calibration" / "recipes"
-SCHEMES = ("float", "dynamic", "static", "int4")
+SCHEMES = ("float", "dynamic", "static", "int4", "weight_only")
 METHODS = ("minmax", "entropy", "percentile")
 INT_TYPES = ("int8", "uint8")
 
@@ -43,6 +43,10 @@ class GraphScheme:
     def describe(self) -> str:
         if self.scheme == "float":
             return "float32"
+        if self.scheme == "weight_only":
+            return (
+                f"int8 weight-only {'/'.join(self.op_types)} (per-channel symmetric, float compute)"
+            )
         if self.scheme == "int4":
             sym = "symmetric" if self.symmetric else "asymmetric"
             return (
