@@ -51,13 +51,15 @@ def _ms_per_step_at(stamps: list[float], prompt_len: int) -> dict[str, float | N
     return out
 
 
-def stream_snr(engine: Any, config: Any, schedules: list[Any]) -> dict[str, float]:
+def stream_snr(
+    engine: Any, config: Any, schedules: list[Any], text: str = TEXT
+) -> dict[str, float]:
     """SNR (dB) of each streaming schedule against the one-shot waveform of the same codes."""
     import numpy as np
 
     from speakd.engines.chattts.vocoder import StreamingVocoder
 
-    utt = engine.decode(engine.normalize_text(TEXT), config, seed=1)
+    utt = engine.decode(engine.normalize_text(text), config, seed=1)
     ref = engine.vocoder.waveform(utt.hiddens).astype(np.float64)
     out = {}
     for sched in schedules:
@@ -70,7 +72,7 @@ def stream_snr(engine: Any, config: Any, schedules: list[Any]) -> dict[str, floa
     return out
 
 
-def run_speakd(bundle: Path, steps: int, threads: int) -> dict[str, Any]:
+def run_speakd(bundle: Path, steps: int, threads: int, text: str = TEXT) -> dict[str, Any]:
     from speakd.engines.base import SynthesisConfig
     from speakd.engines.chattts.engine import ChatTTSEngine
 
@@ -87,10 +89,10 @@ def run_speakd(bundle: Path, steps: int, threads: int) -> dict[str, Any]:
 
     engine.gpt.step = timed_step  # type: ignore[method-assign]
     config = SynthesisConfig(seed=1, extra={"max_new_token": steps, "min_new_token": steps})
-    prompt_len = engine.prompt_embeds(engine.normalize_text(TEXT), engine.audio_params(config))
+    prompt_len = engine.prompt_embeds(engine.normalize_text(text), engine.audio_params(config))
     t0 = time.perf_counter()
     first, samples = None, 0
-    for chunk in engine.synthesize(TEXT, config):
+    for chunk in engine.synthesize(text, config):
         first = first if first is not None else time.perf_counter() - t0
         samples += chunk.frames
     total = time.perf_counter() - t0
@@ -98,7 +100,7 @@ def run_speakd(bundle: Path, steps: int, threads: int) -> dict[str, Any]:
     engine.gpt.step = step  # type: ignore[method-assign]
     from speakd.engines.chattts.vocoder import StreamSchedule
 
-    snr = stream_snr(engine, config, [engine.schedule, StreamSchedule.exact()])
+    snr = stream_snr(engine, config, [engine.schedule, StreamSchedule.exact()], text)
     return {
         **snr,
         "side": "speakd", "load_s": load_s, "first_audio_s": first, "total_s": total,
@@ -108,7 +110,9 @@ def run_speakd(bundle: Path, steps: int, threads: int) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def run_torch(checkpoint: Path, bundle: Path, steps: int, threads: int) -> dict[str, Any]:
+def run_torch(
+    checkpoint: Path, bundle: Path, steps: int, threads: int, text: str = TEXT
+) -> dict[str, Any]:
     import numpy as np
     import torch
     from ChatTTS.model.processors import gen_logits
@@ -135,7 +139,7 @@ def run_torch(checkpoint: Path, bundle: Path, steps: int, threads: int) -> dict[
 
     def generate(stream: bool):
         torch.manual_seed(1)
-        prompts = Speaker.decorate_code_prompts([normalize(TEXT)], "[speed_5]", None, spk_emb)
+        prompts = Speaker.decorate_code_prompts([normalize(text)], "[speed_5]", None, spk_emb)
         input_ids, attention_mask, text_mask = tok.encode(prompts, mods.sizes.num_vq)
         emb = mods.embed(input_ids, text_mask)
         spk.apply(emb, spk_emb, input_ids, tok.spk_emb_ids, "cpu")
