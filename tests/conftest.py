@@ -11,6 +11,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("ChatTTS", reason="needs the host stack: pip install -e '.[host]'")
     from speakd_tools.cli import main
 
     out = tmp_path_factory.mktemp("chattts") / "checkpoint-tiny"

@@ -69,17 +69,28 @@ def test_gpt_graph_io_and_batched_rows_match_single(tiny_bundle: Path) -> None:
     assert ins["seqlens_k"].type == "tensor(int32)" and ins["total_sequence_length"].shape == []
     assert ins["past_key_1"].shape == ["batch", 12, "max_context", 64]
     assert [o.name for o in sess.get_outputs()[:2]] == ["hidden", "logits"]
+    # Batch 2 with prompts of 7 and 5 tokens (right-padded, per-row seqlens_k) equals two
+    # single-row runs: the batched prompt pass and decode steps the bundle format promises.
     rng = np.random.default_rng(0)
-    prompt = rng.normal(0, 0.1, (1, 7, 768)).astype(np.float32)
-    steps = rng.normal(0, 0.1, (3, 1, 1, 768)).astype(np.float32)
-    one, two = OnnxGpt(sess, batch=1), OnnxGpt(sess, batch=2)
-    for x in [prompt, *steps]:
-        _, l1 = one.run(x)
-        _, l2 = two.run(np.concatenate([x, x]))
-        assert l1.shape == (1, x.shape[1], 2504)
-        np.testing.assert_allclose(l2[0], l1[0], atol=1e-5)
-        np.testing.assert_allclose(l2[1], l1[0], atol=1e-5)
-    assert one.past_len == 10
+    prompts = [rng.normal(0, 0.1, (1, n, 768)).astype(np.float32) for n in (7, 5)]
+    steps = rng.normal(0, 0.1, (3, 2, 1, 768)).astype(np.float32)
+    singles = []
+    for r, p in enumerate(prompts):
+        g = OnnxGpt(sess)
+        logits = [g.run(p)[1][0, -1]] + [g.run(x[r : r + 1])[1][0, -1] for x in steps]
+        singles.append(logits)
+    both = OnnxGpt(sess, batch=2)
+    padded = np.zeros((2, 7, 768), np.float32)
+    padded[0], padded[1, :5] = prompts[0][0], prompts[1][0]
+    _, first = both.run(padded, lengths=[7, 5])
+    np.testing.assert_allclose(first[0, 6], singles[0][0], atol=1e-5)
+    np.testing.assert_allclose(first[1, 4], singles[1][0], atol=1e-5)
+    for i, x in enumerate(steps, start=1):
+        _, lg = both.run(x)
+        assert lg.shape == (2, 1, 2504)
+        np.testing.assert_allclose(lg[0, 0], singles[0][i], atol=1e-5)
+        np.testing.assert_allclose(lg[1, 0], singles[1][i], atol=1e-5)
+    assert both.past_len.tolist() == [10, 8]
 
 
 def test_tampered_file_fails_with_its_name(tiny_bundle: Path, tmp_path: Path) -> None:

@@ -61,22 +61,30 @@ class OnnxGpt:
                 self.binding.bind_ortvalue_input(f"past_{kind}_{i}", v)
                 self.binding.bind_ortvalue_output(f"present_{kind}_{i}", v)
                 self.kv.append(v)
-        self.past_len = 0
+        self.past_len = np.zeros(batch, np.int64)
 
-    def run(self, embeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Append ``embeds`` [B,S,H] at the current position; returns hidden, logits."""
+    def run(
+        self, embeds: np.ndarray, lengths: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Append ``embeds`` [B,S,H] at each row's position; returns hidden, logits [B,S,·].
+
+        Rows of different lengths are right-padded: row b's valid tokens are the first
+        ``lengths[b]`` (GroupQueryAttention reads seqlens_k per row; padded outputs are junk).
+        """
         b, s, h = embeds.shape
-        if self.past_len + s > self.max_context:
-            raise ValueError(f"context {self.past_len + s} exceeds max_context {self.max_context}")
+        n = np.full(b, s, np.int64) if lengths is None else np.asarray(lengths, np.int64)
+        end = self.past_len + n
+        if end.max() > self.max_context:
+            raise ValueError(f"context {end.max()} exceeds max_context {self.max_context}")
         hidden = np.empty((b, s, h), np.float32)
         logits = np.empty((b, s, self.sess.get_outputs()[1].shape[-1]), np.float32)
         self.binding.bind_cpu_input("inputs_embeds", np.ascontiguousarray(embeds, np.float32))
-        self.binding.bind_cpu_input("seqlens_k", np.full((b,), self.past_len + s - 1, np.int32))
-        self.binding.bind_cpu_input("total_sequence_length", np.array(self.past_len + s, np.int32))
+        self.binding.bind_cpu_input("seqlens_k", (end - 1).astype(np.int32))
+        self.binding.bind_cpu_input("total_sequence_length", np.array(end.max(), np.int32))
         self.binding.bind_ortvalue_output("hidden", ort.OrtValue.ortvalue_from_numpy(hidden))
         self.binding.bind_ortvalue_output("logits", ort.OrtValue.ortvalue_from_numpy(logits))
         self.sess.run_with_iobinding(self.binding)
-        self.past_len += s
+        self.past_len = end
         return hidden, logits
 
 
