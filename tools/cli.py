@@ -32,6 +32,8 @@ def cmd_export(args: argparse.Namespace) -> int:
             parity_steps=args.parity_steps,
         )
     )
+    if result.parity is not None:
+        print(result.parity.format())
     src = result.manifest["source"]
     print(
         f"bundle {result.bundle} ({result.manifest['precision']}), "
@@ -45,6 +47,12 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_precompute(args: argparse.Namespace) -> int:
     from .precompute import run
+
+    return run(args)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from .bench import run
 
     return run(args)
 
@@ -101,6 +109,14 @@ def build_parser() -> argparse.ArgumentParser:
     from .calibrate.cli import add_parser as add_calibrate
 
     add_calibrate(sub)
+
+    from .bench import add_arguments as bench_arguments
+
+    b = sub.add_parser(
+        "bench", help="ChatTTS torch vs speakd fp32/int8/int4: speed, RSS, start-up, cache hits"
+    )
+    bench_arguments(b)
+    b.set_defaults(func=cmd_bench)
     return p
 
 

@@ -14,6 +14,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -26,16 +27,25 @@ from tqdm import tqdm
 
 from speakd.bundle import FORMAT, FORMAT_VERSION, MANIFEST, file_entry
 
-from .checkpoint import CheckpointSizes, read_sizes, source_report
+from .checkpoint import CheckpointError, CheckpointSizes, read_sizes, source_report
 from .gpt_graph import build_gpt_from_checkpoint
 from .modules import ChatTTSModules, load_modules
 from .parity import FP16_MIN_ELEMENTS, MIN_STEPS, ParityReport, run_parity
 from .tokenizer_asset import FIRST_SPECIAL_ID, SPECIAL_TOKENS
-from .voices import DEFAULT_VOICE_SEEDS, sample_voices
+from .voices import DEFAULT_VOICE_SEEDS, Voice, sample_voices
 
 log = logging.getLogger(__name__)
 
 TORCH_OPSET = 17
+BUNDLE_FILES = (
+    "gpt.onnx",
+    "decoder.onnx",
+    "vocos.onnx",
+    "emb_text.npy",
+    "emb_code.npy",
+    "tokenizer.json",
+    "voices.npz",
+)
 DEFAULTS = {
     "temperature": 0.3,
     "top_p": 0.7,
@@ -187,8 +197,6 @@ def _check_special_ids(tokenizer_json: Path) -> None:
     """Real and generated tokenizers must agree with the ids the manifest promises."""
     from tokenizers import Tokenizer
 
-    from .checkpoint import CheckpointError
-
     tok = Tokenizer.from_file(str(tokenizer_json))
     for i, t in enumerate(SPECIAL_TOKENS):
         if tok.token_to_id(t) != FIRST_SPECIAL_ID + i:
@@ -198,8 +206,7 @@ def _check_special_ids(tokenizer_json: Path) -> None:
             )
 
 
-def export_bundle(opts: ExportOptions) -> ExportResult:
-    """Write the bundle into ``opts.out`` (created); the manifest is written last."""
+def _check_options(opts: ExportOptions) -> None:
     if opts.precision not in ("fp32", "fp16"):
         raise ValueError(f"precision {opts.precision!r}: export writes fp32 or fp16")
     if opts.parity and opts.parity_steps < MIN_STEPS:
@@ -209,79 +216,50 @@ def export_bundle(opts: ExportOptions) -> ExportResult:
             f"--max-context {opts.max_context} is too small"
             + (f" for {opts.parity_steps} parity steps plus the prompt" if opts.parity else "")
         )
-    t0 = time.perf_counter()
-    root, out = opts.checkpoint, opts.out
-    bar = tqdm(total=8, desc="export", unit="step")
 
-    def step(what: str) -> None:
-        bar.set_postfix_str(what)
-        bar.update()
 
-    source = source_report(root)  # raises CheckpointError naming a missing file
-    sizes = read_sizes(root)
-    _check_special_ids(root / "asset" / "tokenizer" / "tokenizer.json")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / MANIFEST).unlink(missing_ok=True)  # a half-written bundle never looks valid
-    step("hashed checkpoint")
+def _write_conv_nets(mods: ChatTTSModules, out: Path, precision: str) -> None:
+    """decoder.onnx and vocos.onnx through the legacy exporter (dynamic batch and time)."""
+    for module, example, name, inp, outs, axis in (
+        (
+            DecoderForExport(mods.decoder),
+            torch.randn(1, mods.sizes.hidden_size, 16),
+            "decoder.onnx",
+            "hidden",
+            ["mel"],
+            "steps",
+        ),
+        (
+            VocosForExport(mods.vocos),
+            torch.randn(1, 100, 32),
+            "vocos.onnx",
+            "mel",
+            ["spec_real", "spec_imag"],
+            "frames",
+        ),
+    ):
+        _torch_export(module, example, out / name, inp, outs, axis)
+        _save(onnx.load(str(out / name)), out / name, precision)
 
-    gpt = build_gpt_from_checkpoint(root, sizes, opts.max_context)
-    _save(gpt, out / "gpt.onnx", opts.precision, keep=frozenset({"cos_cache", "sin_cache"}))
-    del gpt
-    step("gpt.onnx")
 
-    mods = load_modules(root)
-    dec_path, voc_path = out / "decoder.onnx", out / "vocos.onnx"
-    _torch_export(
-        DecoderForExport(mods.decoder),
-        torch.randn(1, sizes.hidden_size, 16),
-        dec_path,
-        "hidden",
-        ["mel"],
-        "steps",
-    )
-    _save(onnx.load(str(dec_path)), dec_path, opts.precision)
-    step("decoder.onnx")
-    _torch_export(
-        VocosForExport(mods.vocos),
-        torch.randn(1, 100, 32),
-        voc_path,
-        "mel",
-        ["spec_real", "spec_imag"],
-        "frames",
-    )
-    _save(onnx.load(str(voc_path)), voc_path, opts.precision)
-    step("vocos.onnx")
-
+def _write_tables(root: Path, sizes: CheckpointSizes, out: Path) -> None:
     embed = load_file(str(root / "asset" / "Embed.safetensors"))
     np.save(out / "emb_text.npy", embed["emb_text.weight"].astype(np.float16))
-    np.save(
-        out / "emb_code.npy",
-        np.stack([embed[f"emb_code.{q}.weight"] for q in range(sizes.num_vq)]).astype(np.float32),
-    )
-    del embed
+    codes = np.stack([embed[f"emb_code.{q}.weight"] for q in range(sizes.num_vq)])
+    np.save(out / "emb_code.npy", codes.astype(np.float32))
     shutil.copyfile(root / "asset" / "tokenizer" / "tokenizer.json", out / "tokenizer.json")
-    step("tables + tokenizer")
 
-    voices = sample_voices(dict(opts.voice_seeds))
-    np.savez(out / "voices.npz", **{v.name: v.vector for v in voices})
-    step("voices.npz")
 
-    report = None
-    if opts.parity:
-        report = _parity(mods, out, root, voices[0].spk_emb, opts)
-        print(report.format())
-    step("parity" if report else "parity skipped")
-
-    files = [
-        "gpt.onnx",
-        "decoder.onnx",
-        "vocos.onnx",
-        "emb_text.npy",
-        "emb_code.npy",
-        "tokenizer.json",
-        "voices.npz",
-    ]
-    manifest = {
+def _manifest(
+    opts: ExportOptions,
+    sizes: CheckpointSizes,
+    source: dict,
+    voices: list[Voice],
+    report: ParityReport | None,
+    seconds: float,
+) -> dict[str, Any]:
+    out = opts.out
+    return {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "name": out.name,
@@ -289,9 +267,9 @@ def export_bundle(opts: ExportOptions) -> ExportResult:
         "precision": opts.precision,
         "sample_rate": 24000,
         "created": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "files": {f: file_entry(out / f) for f in files},
+        "files": {f: file_entry(out / f) for f in BUNDLE_FILES},
         "model": _model_section(sizes, opts.max_context),
-        "source": {**source, "sizes": sizes.to_dict(), "chattts_version": _chattts_version()},
+        "source": {**source, "sizes": sizes.to_dict(), "chattts_version": version("chattts")},
         "defaults": dict(DEFAULTS),
         "voices": {
             v.name: {"file": "voices.npz", "key": v.name, "seed": v.seed, "spk_emb": v.spk_emb}
@@ -300,26 +278,62 @@ def export_bundle(opts: ExportOptions) -> ExportResult:
         "parity": report.to_dict() if report else None,
         "calibration": None,
         "export": {
-            "seconds": round(time.perf_counter() - t0, 1),
-            "weights_storage": "float16 (Cast to float32 at load)"
+            "seconds": round(seconds, 1),
+            "weights_storage": "float16, Cast to float32 at load"
             if opts.precision == "fp16"
             else "float32",
             "compute": "float32",
         },
     }
+
+
+def export_bundle(opts: ExportOptions) -> ExportResult:
+    """Write the bundle into ``opts.out`` (created); the manifest is written last, so a bundle
+    whose export stopped half-way never loads. A failed parity still writes the bundle (with the
+    report, ``ok: false``); the caller decides (the CLI exits 1)."""
+    _check_options(opts)
+    t0 = time.perf_counter()
+    root, out = opts.checkpoint, opts.out
+    bar = tqdm(total=7, desc="export", unit="step")
+
+    def done(what: str) -> None:
+        bar.set_postfix_str(what)
+        bar.update()
+
+    source = source_report(root)  # raises CheckpointError naming a missing file
+    sizes = read_sizes(root)
+    _check_special_ids(root / "asset" / "tokenizer" / "tokenizer.json")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MANIFEST).unlink(missing_ok=True)
+    done("hashed checkpoint")
+
+    gpt = build_gpt_from_checkpoint(root, sizes, opts.max_context)
+    _save(gpt, out / "gpt.onnx", opts.precision, keep=frozenset({"cos_cache", "sin_cache"}))
+    del gpt
+    done("gpt.onnx")
+    mods = load_modules(root)
+    _write_conv_nets(mods, out, opts.precision)
+    done("decoder.onnx, vocos.onnx")
+    _write_tables(root, sizes, out)
+    done("tables, tokenizer")
+    voices = sample_voices(dict(opts.voice_seeds))
+    np.savez(out / "voices.npz", **{v.name: v.vector for v in voices})
+    done("voices.npz")
+
+    report = None
+    if opts.parity:
+        report = run_parity(
+            mods,
+            out,
+            root,
+            voices[0].spk_emb,
+            steps=opts.parity_steps,
+            fp16_weights=opts.precision == "fp16",
+        )
+    done("parity" if report else "parity skipped")
+
+    manifest = _manifest(opts, sizes, source, voices, report, time.perf_counter() - t0)
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
-    step("manifest.json")
+    done("manifest.json")
     bar.close()
     return ExportResult(out, manifest, report)
-
-
-def _parity(mods: ChatTTSModules, out: Path, root: Path, spk_emb: str, opts: ExportOptions):
-    return run_parity(
-        mods, out, root, spk_emb, steps=opts.parity_steps, fp16_weights=opts.precision == "fp16"
-    )
-
-
-def _chattts_version() -> str:
-    from importlib.metadata import version
-
-    return version("chattts")
