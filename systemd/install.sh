@@ -1,7 +1,8 @@
 #!/bin/sh
 # Install speakd as a system service: a venv under PREFIX (default /opt/speakd), the systemd
-# units, the sysusers.d entry for the `speakd` user and an example /etc/speakd/speakd.toml; then
-# create the user, reload systemd and enable + start the service and its sockets.
+# units and the sysusers.d entry for the `speakd` user under /usr/local/lib (so /etc stays free
+# for your drop-ins and masks) and an example /etc/speakd/speakd.toml; then create the user,
+# reload systemd and enable + start the service and its sockets.
 #
 #   sudo systemd/install.sh [--prefix DIR] [--no-enable] [--no-venv] [CHECKOUT]
 #
@@ -47,14 +48,15 @@ if [ "$venv" = yes ]; then
 fi
 
 # 2. Units (ExecStart rewritten to PREFIX), sysusers.d, config (never overwritten).
-units=$DESTDIR/etc/systemd/system
-mkdir -p "$units" "$DESTDIR/etc/sysusers.d" "$DESTDIR/etc/speakd"
+units=$DESTDIR/usr/local/lib/systemd/system
+sysusers=$DESTDIR/usr/local/lib/sysusers.d
+mkdir -p "$units" "$sysusers" "$DESTDIR/etc/speakd"
 for unit in speakd.service speakd.socket speakd-ssip.socket; do
     sed "s#/opt/speakd/venv/#$prefix/venv/#g" "$here/$unit" > "$units/$unit.tmp"
     chmod 0644 "$units/$unit.tmp"
     mv "$units/$unit.tmp" "$units/$unit"
 done
-install -m 0644 "$here/speakd.sysusers" "$DESTDIR/etc/sysusers.d/speakd.conf"
+install -m 0644 "$here/speakd.sysusers" "$sysusers/speakd.conf"
 if [ -e "$DESTDIR/etc/speakd/speakd.toml" ]; then
     install -m 0644 "$here/speakd.toml" "$DESTDIR/etc/speakd/speakd.toml.example"
     say "kept the existing /etc/speakd/speakd.toml (new example: speakd.toml.example)"
@@ -69,7 +71,7 @@ if [ -n "$DESTDIR" ]; then
     exit 0
 fi
 if command -v systemd-sysusers >/dev/null 2>&1; then
-    systemd-sysusers /etc/sysusers.d/speakd.conf
+    systemd-sysusers /usr/local/lib/sysusers.d/speakd.conf
 elif ! getent passwd speakd >/dev/null; then
     useradd --system --user-group --home-dir /var/lib/speakd --no-create-home \
         --shell /usr/sbin/nologin speakd

@@ -256,12 +256,12 @@ def test_install_into_destdir(tmp_path: Path) -> None:
 
     venv_speakd = dest / "opt/speakd-test/venv/bin/speakd"
     assert venv_speakd.is_file() and os.access(venv_speakd, os.X_OK)
-    units = dest / "etc/systemd/system"
+    units = dest / "usr/local/lib/systemd/system"  # /etc stays free for drop-ins and masks
     assert sorted(p.name for p in units.iterdir()) == sorted(UNITS)
     exec_start = one(unit_settings(units / "speakd.service"), "Service", "ExecStart")
     assert exec_start.startswith("/opt/speakd-test/venv/bin/speakd serve ")  # final path
     assert str(dest) not in (units / "speakd.service").read_text()
-    assert (dest / "etc/sysusers.d/speakd.conf").read_text() == (
+    assert (dest / "usr/local/lib/sysusers.d/speakd.conf").read_text() == (
         (UNITS_DIR / "speakd.sysusers").read_text()
     )
     assert (dest / "etc/speakd/speakd.toml").read_text() == EXAMPLE_CONFIG.read_text()
