@@ -187,6 +187,7 @@ class Scheduler:
             "source": self.source.status(),
             "counters": dict(self.counters),
             "paused": self._paused_all or sorted(self._paused_clients),
+            "fallback_ready": self.fallback is not None,
         }
 
     # ---- the loop ---------------------------------------------------------------------------

@@ -75,14 +75,13 @@ class Daemon:
     _stopping: asyncio.Event = field(default_factory=asyncio.Event)
     _tasks: list[asyncio.Task[Any]] = field(default_factory=list)
     _owned_paths: list[Path] = field(default_factory=list)  # sockets we bound (not inherited)
+    _halt: threading.Event = field(default_factory=threading.Event)  # stops background synthesis
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
         self.engine = await _load_engine(self.config.engine)
         scheduler = self._make_scheduler(self.engine)
-        scheduler.fallback = await asyncio.to_thread(
-            _fallback_audio, scheduler.source, self.config.engine.fallback_text
-        )
+        self._prepare_fallback(scheduler, self.config.engine.fallback_text)
         self.control = Control(scheduler, self.engine, self.config.limits.max_text_chars)
         self._tasks.append(asyncio.create_task(scheduler.run(), name="scheduler"))
         await self._start_listeners()
@@ -98,6 +97,17 @@ class Daemon:
         await self._stopping.wait()
         await self.shutdown()
         return 0
+
+    def _prepare_fallback(self, scheduler: Scheduler, text: str) -> None:
+        """Make the fallback prompt in the background: a cache hit in a few ms, a synthesis on a
+        first run — either way READY does not wait for it."""
+
+        async def prepare() -> None:
+            scheduler.fallback = await asyncio.to_thread(
+                _fallback_audio, scheduler.source, text, self._halt
+            )
+
+        self._tasks.append(asyncio.create_task(prepare(), name="fallback"))
 
     def _make_scheduler(self, engine: Engine) -> Scheduler:
         audio = self.config.audio
@@ -218,9 +228,7 @@ class Daemon:
             engine is not self.engine
             or new.engine.fallback_text != self.config.engine.fallback_text
         ):
-            scheduler.fallback = await asyncio.to_thread(
-                _fallback_audio, scheduler.source, new.engine.fallback_text
-            )
+            self._prepare_fallback(scheduler, new.engine.fallback_text)
         scheduler.max_queue = new.limits.max_queue
         scheduler.block_ms, scheduler.volume = new.audio.block_ms, new.audio.volume
         self.config, self.engine = new, engine
@@ -234,6 +242,7 @@ class Daemon:
 
     async def shutdown(self) -> None:
         notify("STOPPING=1", "STATUS=stopping")
+        self._halt.set()
         log.info("stopping")
         for server in self.servers:
             server.close()
@@ -261,12 +270,14 @@ def _guarded_engine(config: EngineConfig) -> Engine:
     return GuardedEngine(load_engine(config), breaker, config.hang_timeout_s, config.max_rtf)
 
 
-def _fallback_audio(source: AudioSource, text: str) -> AudioChunk | None:
+def _fallback_audio(source: AudioSource, text: str, halt: threading.Event) -> AudioChunk | None:
     """The prompt played when the engine fails: synthesized (and cached) while it still works."""
     if not text:
         return None
     try:
-        audio = join_chunks(source.stream(SpeakRequest(text=text), threading.Event()))
+        audio = join_chunks(source.stream(SpeakRequest(text=text), halt))
+        if halt.is_set():
+            return None
     except Exception as e:
         log.warning("no fallback prompt (%s): engine failures will be silent", e)
         return None
