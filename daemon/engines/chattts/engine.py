@@ -22,6 +22,8 @@ from speakd.audio import AudioChunk
 from speakd.bundle import Bundle, BundleError, load_bundle
 from speakd.engines.base import EngineError, SynthesisConfig, UnknownVoiceError, VoiceInfo
 from speakd.engines.chattts import text as textfe
+from speakd.engines.chattts.batch import BatchDecoder, sentence_sampler
+from speakd.engines.chattts.batch_scheduler import BatchScheduler, Sentence
 from speakd.engines.chattts.gpt_runner import DecodeStats, GptRunner, ModelSpec
 from speakd.engines.chattts.ortsession import make_session
 from speakd.engines.chattts.sampling import CodeSampler, SamplingParams
@@ -60,6 +62,8 @@ class ChatTTSEngine:
         schedule: StreamSchedule | None = None,
         max_chars: int = MAX_CHARS,
         split: textfe.SplitPolicy | None = None,
+        batch_size: int = 1,
+        prefill_chunk: int = 0,
     ) -> None:
         if bundle.engine != "chattts":
             raise BundleError(f"{bundle.path}: engine {bundle.engine!r}, expected 'chattts'")
@@ -88,6 +92,19 @@ class ChatTTSEngine:
             make_session(bundle.file("vocos.onnx"), threads),
         )
         self._lock = threading.Lock()  # one KV cache: one utterance at a time
+        # batch_size > 1: sentences and requests share decode steps (issue 12, batch.py); the
+        # audio is the same as batch_size = 1 (whole-prompt passes, batch-invariant steps).
+        self.batch_size = batch_size
+        self.batch = (
+            BatchScheduler(
+                BatchDecoder(self.gpt.session, self.spec, emb_code, batch_size, prefill_chunk),
+                self.vocoder,
+                self.schedule,
+            )
+            if batch_size > 1
+            else None
+        )
+        self.concurrent_synthesis = self.batch is not None  # CachingSource drops its lock
 
     @classmethod
     def load(cls, bundle_path: Path, threads: int = 2, **kwargs: Any) -> ChatTTSEngine:
@@ -155,7 +172,7 @@ class ChatTTSEngine:
         params = self.audio_params(config)  # validates voice/options before any work
         normalized = self.normalize_text(text, config.extra.get("lang"))
         seed = config.seed if config.seed is not None else self._default_seed(text, config)
-        sampler = CodeSampler(self._sampling(config), self.spec.eos_token, seed)
+        sampling = self._sampling(config)
         sentences = textfe.split_sentences(normalized, self.split)
         log.info(
             "chattts: %d sentence(s), voice %s, seed %d: %.60r",
@@ -163,22 +180,12 @@ class ChatTTSEngine:
         )  # fmt: skip
         t0 = time.perf_counter()
         first_audio, samples = None, 0
-        with self._lock:
-            for sentence in sentences:
-                if cancel is not None and cancel.is_set():
-                    break
-                stats = DecodeStats()
-                for audio in self._stream_sentence(sentence, params, sampler, cancel, stats):
-                    if first_audio is None:
-                        first_audio = time.perf_counter() - t0
-                        log.debug("chattts: first audio after %.0f ms", first_audio * 1e3)
-                    samples += len(audio)
-                    yield AudioChunk.from_float(audio, SAMPLE_RATE)
-                log.debug(
-                    "chattts: sentence %.30r: prompt %d tokens %.0f ms, %d steps %.1f ms/step (%s)",
-                    sentence, stats.prompt_tokens, stats.prompt_ms, stats.steps,
-                    stats.ms_per_step, stats.stop,
-                )  # fmt: skip
+        for audio in self._audio(sentences, params, sampling, seed, cancel):
+            if first_audio is None:
+                first_audio = time.perf_counter() - t0
+                log.debug("chattts: first audio after %.0f ms", first_audio * 1e3)
+            samples += len(audio)
+            yield AudioChunk.from_float(audio, SAMPLE_RATE)
         elapsed = time.perf_counter() - t0
         cancelled = ", cancelled" if cancel is not None and cancel.is_set() else ""
         log.info(
@@ -186,6 +193,38 @@ class ChatTTSEngine:
             samples / SAMPLE_RATE, elapsed, elapsed / max(samples / SAMPLE_RATE, 1e-9),
             (first_audio or 0) * 1e3, cancelled,
         )  # fmt: skip
+
+    def _audio(
+        self,
+        sentences: list[str],
+        params: dict[str, Any],
+        sampling: SamplingParams,
+        seed: int,
+        cancel: threading.Event | None,
+    ) -> Iterator[np.ndarray]:
+        """Float audio of the sentences in order; sentence i samples from its own seeded stream
+        (``sentence_sampler``), so batching cannot change it."""
+        eos = self.spec.eos_token
+        if self.batch is not None:
+            jobs = [
+                Sentence(self.prompt_embeds(s, params), sentence_sampler(sampling, eos, seed, i))
+                for i, s in enumerate(sentences)
+            ]
+            for _index, audio in self.batch.stream(jobs, cancel):
+                yield audio
+            return
+        with self._lock:
+            for i, sentence in enumerate(sentences):
+                if cancel is not None and cancel.is_set():
+                    break
+                stats = DecodeStats()
+                sampler = sentence_sampler(sampling, eos, seed, i)
+                yield from self._stream_sentence(sentence, params, sampler, cancel, stats)
+                log.debug(
+                    "chattts: sentence %.30r: prompt %d tokens %.0f ms, %d steps %.1f ms/step (%s)",
+                    sentence, stats.prompt_tokens, stats.prompt_ms, stats.steps,
+                    stats.ms_per_step, stats.stop,
+                )  # fmt: skip
 
     # --- pieces (also used by tests and tools) -------------------------------------------------
 

@@ -1,0 +1,227 @@
+"""B decode rows on one ``gpt.onnx`` session: the batched twin of ``GptRunner`` (issue 12).
+
+A CPU decode step is bound by reading the weights, so advancing B rows costs little more than one.
+Every layer's KV is one buffer ``[B, H, ctx, D]`` allocated once; row b owns slot b (its view
+``kv[b:b+1]``). Per row: its own position (``seqlens_k[b]``, GroupQueryAttention rotates and
+writes each row at its own position), seeded ``CodeSampler``, repetition window (its own history),
+``max_new_token`` and EOS.
+
+- Prompt pass: a B = 1 run on the new row's slot view, so rows mid-decode are untouched. It is
+  either the whole prompt (``prefill_chunk = 0``, bit-identical to ``GptRunner``'s prompt pass) or
+  fixed chunks of ``prefill_chunk`` tokens (chunk boundaries depend on the prompt only, so the
+  result does not depend on what else is decoding), one chunk per scheduler iteration.
+- Decode step: one run over slots ``[0, n)`` (n = highest busy slot + 1; one binding per n, built
+  once). A slot in that range that is not decoding (free or mid-prompt) computes a throw-away row
+  that writes only at a position its own next prompt pass overwrites. Rows of a batched step are
+  computed independently (per-row GEMM rows and attention), so a row's codes and hiddens are the
+  same whatever shares the batch (tests/test_chattts_batch.py checks it against ``GptRunner``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnxruntime as ort
+
+from speakd.engines.chattts.gpt_runner import DecodeStats, GptRunner, ModelSpec
+from speakd.engines.chattts.sampling import CodeSampler, SamplingParams
+
+
+def sentence_sampler(params: SamplingParams, eos: int, seed: int, index: int) -> CodeSampler:
+    """Sentence ``index`` of a request draws from its own stream: PCG64(seed) jumped ``index``
+    times (sentence 0 = ``CodeSampler(seed)``), so it does not depend on how many draws the
+    sentences before it made, nor on the order rows decode in."""
+    sampler = CodeSampler(params, eos, seed)
+    if index:
+        sampler.rng = np.random.Generator(np.random.PCG64(seed).jumped(index))
+    return sampler
+
+
+@dataclass(eq=False)
+class Row:
+    """One sentence being decoded. ``on_step(codes, hidden)`` gets views: copy what you keep."""
+
+    embeds: np.ndarray  # (S, hidden) prompt embeddings
+    sampler: CodeSampler
+    on_step: Callable[[np.ndarray, np.ndarray], None]
+    cancel: Callable[[], bool] = lambda: False
+    stats: DecodeStats = field(default_factory=DecodeStats)
+    slot: int = -1
+    prefilled: int = 0  # prompt tokens already in the KV
+    position: int = 0  # next KV position
+    step: int = 0  # codes generated (= steps kept)
+    max_new: int = 0
+    history: np.ndarray = field(default_factory=lambda: np.zeros((0, 4), np.int64))
+    logits: np.ndarray | None = None  # fresh logits to sample from
+    hidden: np.ndarray | None = None  # the hidden that produced them
+    codes: np.ndarray | None = None  # codes to feed at the next step
+    done: bool = False
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.embeds)
+
+
+class BatchDecoder:
+    """KV slots, prompt passes and batched steps; the scheduler decides who runs when."""
+
+    def __init__(
+        self,
+        session: ort.InferenceSession,
+        spec: ModelSpec,
+        emb_code: np.ndarray,
+        batch_size: int,
+        prefill_chunk: int = 0,
+        row_context: int | None = None,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be ≥ 1, got {batch_size}")
+        self.session = session
+        self.spec = spec
+        self.batch_size = batch_size
+        self.prefill_chunk = prefill_chunk
+        self.row_context = min(row_context or spec.max_context, spec.max_context)
+        self.emb_code = np.ascontiguousarray(emb_code, np.float32)
+        b, h, qv = batch_size, spec.hidden_size, spec.num_vq * spec.num_audio_tokens
+        shape = (b, spec.num_heads, self.row_context, spec.head_dim)
+        # Allocated once for the engine's life; pages are touched only as rows use positions.
+        self.kv = [np.zeros(shape, np.dtype(spec.kv_dtype)) for _ in range(2 * spec.num_layers)]
+        self._slot_kv = [
+            [ort.OrtValue.ortvalue_from_numpy(a[s : s + 1]) for a in self.kv] for s in range(b)
+        ]
+        self.embeds = np.zeros((b, 1, h), np.float32)
+        self.seqlens = np.zeros((b,), np.int32)
+        self.total = np.zeros((), np.int32)
+        self.hidden = np.zeros((b, 1, h), np.float32)
+        self.logits = np.zeros((b, 1, qv), np.float32)
+        self._steps = [self._prefix_binding(n) for n in range(1, b + 1)]
+        self._scratch = np.empty((spec.num_vq, spec.num_audio_tokens), np.float32)
+        self.rows: list[Row | None] = [None] * b
+        self.forward_lock = threading.Lock()  # held around every run (tests count steps)
+
+    def _bind(
+        self,
+        arrays: tuple[np.ndarray, ...],
+        kv: list[ort.OrtValue],
+    ) -> tuple[ort.IOBinding, list[ort.OrtValue]]:
+        """Binding over numpy-backed OrtValues (embeds, hidden, logits, seqlens, total) + KV."""
+        binding = self.session.io_binding()
+        keep = [ort.OrtValue.ortvalue_from_numpy(a) for a in arrays]
+        names = ("inputs_embeds", "hidden", "logits", "seqlens_k", "total_sequence_length")
+        for name, value in zip(names, keep, strict=True):
+            if name in ("hidden", "logits"):
+                binding.bind_ortvalue_output(name, value)
+            else:
+                binding.bind_ortvalue_input(name, value)
+        for i in range(self.spec.num_layers):
+            for j, kind in enumerate(("key", "value")):
+                binding.bind_ortvalue_input(f"past_{kind}_{i}", kv[2 * i + j])
+                binding.bind_ortvalue_output(f"present_{kind}_{i}", kv[2 * i + j])  # in place
+        return binding, keep + kv
+
+    def _prefix_binding(self, n: int) -> tuple[ort.IOBinding, list[ort.OrtValue]]:
+        kv = [ort.OrtValue.ortvalue_from_numpy(a[:n]) for a in self.kv]
+        arrays = (self.embeds[:n], self.hidden[:n], self.logits[:n], self.seqlens[:n], self.total)
+        return self._bind(arrays, kv)
+
+    # --- slots -------------------------------------------------------------------------------
+
+    def free_slots(self) -> int:
+        return sum(r is None for r in self.rows)
+
+    def admit(self, row: Row) -> None:
+        """Give ``row`` the lowest free slot (keeps the step's prefix short)."""
+        if row.prompt_len >= self.row_context:
+            raise ValueError(
+                f"prompt of {row.prompt_len} tokens does not fit the {self.row_context} KV"
+            )
+        slot = self.rows.index(None)
+        self.rows[slot] = row
+        row.slot, row.prefilled, row.position, row.step = slot, 0, 0, 0
+        params = row.sampler.params
+        row.max_new = min(params.max_new_token, self.row_context - row.prompt_len)
+        row.history = np.zeros((row.max_new, self.spec.num_vq), np.int64)
+        row.stats.prompt_tokens = row.prompt_len
+        row.stats.stop = "max_new_token" if row.max_new == params.max_new_token else "context"
+
+    def release(self, row: Row) -> None:
+        if 0 <= row.slot < self.batch_size and self.rows[row.slot] is row:
+            self.rows[row.slot] = None
+        row.done, row.logits, row.hidden, row.codes = True, None, None, None
+
+    # --- forward passes ----------------------------------------------------------------------
+
+    def prefill(self, row: Row) -> bool:
+        """Run the next prompt chunk of ``row`` into its slot; True once the prompt is all in."""
+        t0 = time.perf_counter()
+        p, s_all = row.prefilled, row.prompt_len
+        s = s_all - p if self.prefill_chunk <= 0 else min(self.prefill_chunk, s_all - p)
+        embeds = np.ascontiguousarray(row.embeds[None, p : p + s], np.float32)
+        hidden = np.zeros((1, s, self.spec.hidden_size), np.float32)
+        logits = np.zeros((1, s, self.logits.shape[-1]), np.float32)
+        seqlens = np.array([p + s - 1], np.int32)
+        total = np.array(p + s, np.int32)
+        binding, _keep = self._bind(
+            (embeds, hidden, logits, seqlens, total), self._slot_kv[row.slot]
+        )
+        with self.forward_lock:
+            self.session.run_with_iobinding(binding)
+        row.prefilled = row.position = p + s
+        row.stats.prompt_ms += (time.perf_counter() - t0) * 1e3
+        if row.prefilled < s_all:
+            return False
+        row.hidden, row.logits = hidden[0, -1], logits[0, -1]
+        return True
+
+    def step(self, rows: list[Row]) -> None:
+        """One batched decode step for ``rows`` (each has ``codes`` to feed)."""
+        if not rows:
+            return
+        t0 = time.perf_counter()
+        n = max(r.slot for r in self.rows if r is not None) + 1
+        e, out = self.emb_code, self.embeds[:n, 0]
+        out[:] = 0.0
+        for s in range(n):  # idle/prefilling slots write where their next prompt pass will
+            r = self.rows[s]
+            self.seqlens[s] = 0 if r is None else r.position
+        for r in rows:
+            assert r.codes is not None
+            c = r.codes
+            np.add(e[0, c[0]], e[1, c[1]], out=out[r.slot])
+            for q in range(2, self.spec.num_vq):
+                np.add(out[r.slot], e[q, c[q]], out=out[r.slot])
+        self.total[...] = int(self.seqlens[:n].max()) + 1
+        binding, _keep = self._steps[n - 1]
+        with self.forward_lock:
+            self.session.run_with_iobinding(binding)
+        ms = (time.perf_counter() - t0) * 1e3
+        for r in rows:
+            r.position += 1
+            r.codes = None
+            r.hidden, r.logits = self.hidden[r.slot, 0], self.logits[r.slot, 0]
+            r.stats.decode_ms += ms
+
+    def sample(self, row: Row) -> bool:
+        """Draw the row's codes from its fresh logits (``GptRunner.generate``'s rules); False
+        when the row has ended (``row.stats.stop`` says why)."""
+        i = row.step
+        if row.cancel():
+            row.stats.stop = "cancelled"
+            return False
+        assert row.logits is not None and row.hidden is not None
+        codes = GptRunner._draw(self._scratch, row.logits, row.history[:i], i, row.sampler)
+        row.logits = None
+        if (codes == self.spec.eos_token).any():
+            row.stats.stop = "eos" if i else "empty"
+            return False
+        row.history[i] = codes
+        row.step = row.stats.steps = i + 1
+        row.on_step(codes, row.hidden)
+        if row.step >= row.max_new:
+            return False  # stop already says max_new_token / context
+        row.codes = codes
+        return True

@@ -1,0 +1,192 @@
+"""Batched decoding (issue 12) on the tiny bundle: real ONNX sessions, real KV slots.
+
+The reference is the unbatched path: ``GptRunner.generate`` (one row, its own KV) and the engine
+with ``batch_size = 1``. Random weights: lengths are forced with min/max_new_token.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from speakd.audio import join_chunks
+from speakd.engines.base import SynthesisConfig
+from speakd.engines.chattts.batch import sentence_sampler
+from speakd.engines.chattts.batch_scheduler import Sentence
+from speakd.engines.chattts.engine import ChatTTSEngine
+from speakd.engines.chattts.gpt_runner import DecodeStats
+from speakd.engines.chattts.sampling import SamplingParams
+
+TEXTS = [
+    "Hello world, the kitchen lights are on.",
+    "今天天气很好。",
+    "The front door is locked for the night.",
+    "Short one.",
+    "A much longer sentence follows here, with several words and a pause.",
+    "Good night.",
+]
+LENGTHS = [40, 6, 70, 3, 55, 20]  # steps per sentence (min = max), short and long mixed
+
+
+@pytest.fixture(scope="module")
+def single(tiny_bundle: Path) -> ChatTTSEngine:
+    return ChatTTSEngine.load(tiny_bundle, threads=1)
+
+
+@pytest.fixture(scope="module")
+def batched(tiny_bundle: Path) -> ChatTTSEngine:
+    return ChatTTSEngine.load(tiny_bundle, threads=1, batch_size=4)
+
+
+def _sentences(engine: ChatTTSEngine, seed: int, lengths: list[int]) -> list[Sentence]:
+    params = engine.audio_params(SynthesisConfig())
+    out = []
+    for i, (text, n) in enumerate(zip(TEXTS, lengths, strict=True)):
+        p = SamplingParams(max_new_token=n, min_new_token=n)
+        out.append(Sentence(engine.prompt_embeds(text, params), sentence_sampler(p, 625, seed, i)))
+    return out
+
+
+def _unbatched(engine: ChatTTSEngine, sentence: Sentence) -> tuple[np.ndarray, np.ndarray]:
+    """Codes and one-row streamed audio of one sentence through ``GptRunner`` alone."""
+    sampler = copy.deepcopy(sentence.sampler)  # same seeded stream, left untouched
+    codes, hiddens = [], []
+    for c, h in engine.gpt.generate(sentence.embeds, sampler, None, DecodeStats()):
+        codes.append(c.copy())
+        hiddens.append(h.copy())
+    audio = engine.vocoder.waveform(np.array(hiddens)) if hiddens else np.zeros(0, np.float32)
+    return np.array(codes).reshape(-1, 4), audio
+
+
+def test_batch_rows_equal_unbatched_rows(single: ChatTTSEngine, batched: ChatTTSEngine) -> None:
+    """Six mixed-length sentences through 4 slots (continuous batching: freed slots are reused)
+    give each sentence exactly the codes of decoding it alone, and audio of the right length."""
+    sentences = _sentences(batched, seed=3, lengths=LENGTHS)
+    refs = [_unbatched(single, s) for s in sentences]
+    before = dict(batched.batch.counters)
+    codes_out: list[list[np.ndarray]] = []
+    audio: dict[int, list[np.ndarray]] = {}
+    order, row_steps_at_first_audio = [], -1
+    for index, chunk in batched.batch.stream(sentences, codes_out=codes_out):
+        if not order:
+            row_steps_at_first_audio = batched.batch.counters["row_steps"] - before["row_steps"]
+        order.append(index)
+        audio.setdefault(index, []).append(chunk)
+    assert order == sorted(order)  # streamed in sentence order
+    after = batched.batch.counters
+    steps, row_steps = after["steps"] - before["steps"], after["row_steps"] - before["row_steps"]
+    assert after["admitted"] - before["admitted"] == len(TEXTS)
+    assert row_steps > 1.5 * steps  # rows really shared steps
+    assert row_steps_at_first_audio < sum(LENGTHS) // 2  # sentence 1 sounded early
+    for i, ((ref_codes, ref_audio), got) in enumerate(zip(refs, codes_out, strict=True)):
+        np.testing.assert_array_equal(np.array(got).reshape(-1, 4), ref_codes, err_msg=f"row {i}")
+        assert len(ref_codes) == LENGTHS[i]
+        wave = np.concatenate(audio[i])
+        assert len(wave) == len(ref_audio) == (2 * LENGTHS[i] - 1) * 256
+
+
+def test_engine_batched_equals_batch_size_one(
+    single: ChatTTSEngine, batched: ChatTTSEngine
+) -> None:
+    """Two concurrent multi-sentence requests on the batched engine: each request's PCM is
+    byte-identical to the unbatched engine's (whatever shared their steps)."""
+    cfg_a = SynthesisConfig(seed=5, extra={"max_new_token": 50, "min_new_token": 8})
+    cfg_b = SynthesisConfig(seed=9, extra={"max_new_token": 30, "min_new_token": 30})
+    text_a = "第一句话。第二句话比较长一点。第三句。"
+    text_b = "Turn the lights off. Lock the door."
+    ref_a = join_chunks(single.synthesize(text_a, cfg_a))
+    ref_b = join_chunks(single.synthesize(text_b, cfg_b))
+    results: dict[str, bytes] = {}
+
+    def run(name: str, text: str, cfg: SynthesisConfig) -> None:
+        joined = join_chunks(batched.synthesize(text, cfg))
+        assert joined is not None
+        results[name] = joined.pcm
+
+    before = dict(batched.batch.counters)
+    threads = [
+        threading.Thread(target=run, args=("a", text_a, cfg_a)),
+        threading.Thread(target=run, args=("b", text_b, cfg_b)),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert ref_a is not None and ref_b is not None
+    assert results["a"] == ref_a.pcm
+    assert results["b"] == ref_b.pcm
+    after = batched.batch.counters
+    assert after["admitted"] - before["admitted"] == 5
+    assert after["row_steps"] - before["row_steps"] > after["steps"] - before["steps"]
+
+
+def test_cancel_one_request_leaves_the_other_unchanged(
+    single: ChatTTSEngine, batched: ChatTTSEngine
+) -> None:
+    cfg = SynthesisConfig(seed=21, extra={"max_new_token": 80, "min_new_token": 80})
+    keep_text, drop_text = "The other request keeps going.", "This one is cancelled early."
+    ref = join_chunks(single.synthesize(keep_text, cfg))
+    cancel = threading.Event()
+    kept: list = []
+    t = threading.Thread(target=lambda: kept.extend(batched.synthesize(keep_text, cfg)))
+    dropped = batched.synthesize(drop_text, cfg, cancel)
+    t.start()
+    next(dropped)  # the cancelled request sounded, then stops
+    cancel.set()
+    at_cancel = dict(batched.batch.counters)
+    assert list(dropped) == []
+    t.join(60)
+    got = join_chunks(kept)
+    assert ref is not None and got is not None and got.pcm == ref.pcm
+    # the cancelled row left the batch at once: after the cancel (at most one step in flight)
+    # every step advanced the kept row alone
+    after = batched.batch.counters
+    shared = (after["row_steps"] - at_cancel["row_steps"]) - (after["steps"] - at_cancel["steps"])
+    assert shared <= 1
+    assert batched.batch.decoder.free_slots() == batched.batch_size
+
+
+def test_kv_is_allocated_once(batched: ChatTTSEngine) -> None:
+    """Admissions reuse the B slots: the KV buffers are the same objects and running more
+    sentences allocates nothing of KV size."""
+    dec = batched.batch.decoder
+    kv_ids = [id(a) for a in dec.kv]
+    kv_bytes = sum(a.nbytes for a in dec.kv)
+    assert kv_bytes == 2 * dec.spec.num_layers * dec.batch_size * dec.spec.num_heads * (
+        dec.row_context * dec.spec.head_dim * 4
+    )
+    lengths = [12, 4, 16, 3, 10, 6]
+    list(batched.batch.stream(_sentences(batched, seed=1, lengths=lengths)))  # warm
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        for seed in (2, 3):
+            list(batched.batch.stream(_sentences(batched, seed=seed, lengths=lengths)))
+        grown, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert [id(a) for a in dec.kv] == kv_ids
+    assert peak - base < kv_bytes / 8  # per-row buffers only (hidden history, audio chunks)
+    assert grown - base < 1 << 20
+
+
+def test_chunked_prompt_pass_matches_whole(single: ChatTTSEngine, tiny_bundle: Path) -> None:
+    """prefill_chunk feeds the prompt in pieces; greedy codes equal the whole-prompt pass."""
+    chunked = ChatTTSEngine.load(tiny_bundle, threads=1, batch_size=2, prefill_chunk=5)
+    params = chunked.audio_params(SynthesisConfig())
+    p = SamplingParams(max_new_token=30, min_new_token=30, greedy=True)
+    sentences = [
+        Sentence(chunked.prompt_embeds(t, params), sentence_sampler(p, 625, 0, i))
+        for i, t in enumerate(TEXTS[:3])
+    ]
+    codes_out: list[list[np.ndarray]] = []
+    list(chunked.batch.stream(sentences, codes_out=codes_out))
+    assert chunked.batch.counters["prompt_passes"] > len(sentences)
+    for s, got in zip(sentences, codes_out, strict=True):
+        ref, _ = _unbatched(single, s)
+        np.testing.assert_array_equal(np.array(got).reshape(-1, 4), ref)
