@@ -13,7 +13,11 @@
 # installed. PYTHON (default python3) builds the venv; PIP_INSTALL_ARGS adds pip options.
 set -eu
 
-usage() { sed -n '2,12s/^# \{0,1\}//p' "$0"; exit "${1:-0}"; }
+usage() {  # the header comment above, to stdout for --help, to stderr for a usage error
+    if [ "${1:-0}" = 0 ]; then sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"
+    else sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0" >&2; fi
+    exit "${1:-0}"
+}
 
 here=$(cd "$(dirname "$0")" && pwd)
 prefix=/opt/speakd

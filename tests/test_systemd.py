@@ -527,3 +527,13 @@ def test_socket_activation_json_and_ssip(tmp_path: Path) -> None:
         proc.kill()
         proc.wait()
         notify.close()
+
+
+def test_install_help_and_bad_option() -> None:
+    script = str(UNITS_DIR / "install.sh")
+    r = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0
+    assert "--prefix DIR" in r.stdout and "DESTDIR" in r.stdout and "PIP_INSTALL_ARGS" in r.stdout
+    r = subprocess.run([script, "--bogus"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and r.stdout == ""
+    assert "unknown option --bogus" in r.stderr
