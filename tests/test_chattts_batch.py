@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import threading
+import time
 import tracemalloc
 from pathlib import Path
 
@@ -15,12 +16,16 @@ import numpy as np
 import pytest
 
 from speakd.audio import join_chunks
+from speakd.cache.resolver import CachingSource
+from speakd.cache.store import CacheStore, Clip
 from speakd.engines.base import SynthesisConfig
 from speakd.engines.chattts.batch import sentence_sampler
 from speakd.engines.chattts.batch_scheduler import Sentence
 from speakd.engines.chattts.engine import ChatTTSEngine
 from speakd.engines.chattts.gpt_runner import DecodeStats
 from speakd.engines.chattts.sampling import SamplingParams
+from speakd.messages import SpeakRequest
+from speakd_tools.precompute import Prompt, synthesize_batch
 
 TEXTS = [
     "Hello world, the kitchen lights are on.",
@@ -190,3 +195,61 @@ def test_chunked_prompt_pass_matches_whole(single: ChatTTSEngine, tiny_bundle: P
     for s, got in zip(sentences, codes_out, strict=True):
         ref, _ = _unbatched(single, s)
         np.testing.assert_array_equal(np.array(got).reshape(-1, 4), ref)
+
+
+def test_concurrent_cache_misses_share_steps_and_cancel_alone(
+    single: ChatTTSEngine, batched: ChatTTSEngine, tmp_path: Path
+) -> None:
+    """Through the cache: three misses at once run side by side (no engine lock), share decode
+    steps, stream the same audio as one by one and are stored; the cancelled one is not stored
+    and disturbs nobody."""
+    cfg = SynthesisConfig(extra={"max_new_token": 40, "min_new_token": 40})
+    texts = ["Kitchen lights on.", "Front door locked.", "Garage is open."]
+    refs = [join_chunks(single.synthesize(t, cfg)) for t in texts[:2]]
+    with CacheStore(tmp_path / "cache.db") as store:
+        source = CachingSource(batched, store)
+        before = dict(batched.batch.counters)
+        out: dict[int, list] = {0: [], 1: []}
+        threads = [
+            threading.Thread(
+                target=lambda i=i: out[i].extend(
+                    source.stream(SpeakRequest(text=texts[i], config=cfg), threading.Event())
+                )
+            )
+            for i in (0, 1)
+        ]
+        cancel = threading.Event()
+        dropped = source.stream(SpeakRequest(text=texts[2], config=cfg), cancel)
+        for t in threads:
+            t.start()
+        next(dropped)
+        cancel.set()
+        assert list(dropped) == []
+        for t in threads:
+            t.join(60)
+        after = batched.batch.counters
+        assert after["row_steps"] - before["row_steps"] > 1.5 * (after["steps"] - before["steps"])
+        for i, ref in enumerate(refs):
+            got = join_chunks(out[i])
+            assert ref is not None and got is not None and got.pcm == ref.pcm
+        deadline = time.monotonic() + 10
+        while source.status()["cache"]["stored"] < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        status = source.status()["cache"]
+        assert status["stored"] == 2 and status["synth"] == 3
+
+
+def test_precompute_batch_equals_one_by_one(single: ChatTTSEngine, batched: ChatTTSEngine) -> None:
+    prompts = [
+        Prompt("Welcome home.", params=(("max_new_token", 24), ("min_new_token", 24))),
+        Prompt("今天很好。", seed=4, params=(("max_new_token", 30), ("min_new_token", 10))),
+        Prompt("The alarm is set.", params=(("max_new_token", 16), ("min_new_token", 16))),
+    ]
+    before = dict(batched.batch.counters)
+    clips = synthesize_batch(batched, prompts)
+    refs = synthesize_batch(single, prompts)
+    after = batched.batch.counters
+    assert after["row_steps"] - before["row_steps"] > after["steps"] - before["steps"]
+    for clip, ref in zip(clips, refs, strict=True):
+        assert isinstance(clip, Clip) and isinstance(ref, Clip)
+        assert (clip.key, clip.audio, clip.params) == (ref.key, ref.audio, ref.params)

@@ -65,6 +65,12 @@ def test_voices_options_and_limits(engine: ChatTTSEngine) -> None:
         engine.audio_params(SynthesisConfig(extra={"top_q": 1}))
     with pytest.raises(EngineError, match="temperature"):
         list(engine.synthesize("hi", SynthesisConfig(extra={"temperature": -1})))
+    with pytest.raises(EngineError, match="lang 'fr'"):
+        engine.audio_params(SynthesisConfig(extra={"lang": "fr"}))
+    with pytest.raises(EngineError, match="speed_level"):
+        engine.audio_params(SynthesisConfig(extra={"speed_level": 12}))
+    with pytest.raises(EngineError, match="top_k"):
+        engine.audio_params(SynthesisConfig(extra={"top_k": "many"}))
     with pytest.raises(EngineError, match="at most 2000"):
         engine.normalize_text("a" * 2001)
     params = engine.audio_params(SynthesisConfig(speed=1.5))

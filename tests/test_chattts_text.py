@@ -86,6 +86,7 @@ def test_language_detection_follows_chattts() -> None:
 def test_each_sentence_speaks_its_numbers_in_its_language() -> None:
     assert normalize("今天是12月2日。It costs $20.") == "今天是十二月二日。It costs twenty dollars."
     assert normalize("I paid $20. 我付了$20。") == "I paid twenty dollars. 我付了二十美元。"
+    assert normalize("12月2日，3.5 kg，$20") == "十二月二日，三点五千克，二十美元"
 
 
 def test_newlines_end_sentences() -> None:

@@ -155,6 +155,8 @@ class ChatTTSEngine:
         if unknown:
             known = ", ".join(sorted(_EXTRA_KEYS))
             raise EngineError(f"unknown ChatTTS option(s) {', '.join(unknown)}; known: {known}")
+        if config.extra.get("lang") not in (None, "zh", "en"):
+            raise EngineError(f"lang {config.extra['lang']!r}: ChatTTS speaks 'zh' or 'en'")
         p = self._sampling(config)
         params: dict[str, Any] = {
             "voice": voice,
@@ -285,7 +287,10 @@ class ChatTTSEngine:
         for key, cast in _SAMPLING_KEYS.items():
             value = x.get(key, d.get(key))
             if value is not None:
-                values[key] = cast(value)
+                try:
+                    values[key] = cast(value)
+                except (TypeError, ValueError):
+                    raise EngineError(f"ChatTTS option {key}: {value!r} is not a number") from None
         if "repetition_window" in d:
             values["repetition_window"] = int(d["repetition_window"])
         values["greedy"] = bool(x.get("greedy", False))
@@ -297,7 +302,9 @@ class ChatTTSEngine:
     def _speed_level(self, config: SynthesisConfig) -> int:
         """``[speed_N]``, N in 0..9: ``extra['speed_level']`` or bundle default × speed factor."""
         if "speed_level" in config.extra:
-            level = int(config.extra["speed_level"])
+            level = config.extra["speed_level"]
+            if not isinstance(level, int) or isinstance(level, bool) or not 0 <= level <= 9:
+                raise EngineError(f"speed_level {level!r}: an integer 0..9 ([speed_N])")
         else:
             level = int(float(self._defaults.get("speed", 5)) * (config.speed or 1.0) + 0.5)
         return min(max(level, 0), 9)

@@ -321,8 +321,8 @@ def _symbol(sym: str, lang: Lang) -> str:
 
 
 _SYMBOL_RE = re.compile("|".join(re.escape(s) for s in _SYMBOLS))
-_CLAUSE_END = re.compile(r"[。！？!?\n.]")
-_CLAUSE_SPLIT = re.compile(r"(?<=[。！？!?\n.])")
+_CLAUSE_END = re.compile(r"[。！？!?\n]|\.(?!\d)")  # not a decimal point
+_CLAUSE_SPLIT = re.compile(r"(?<=[。！？!?\n])|(?<=\.)(?!\d)")
 
 
 def _lang_at(m: re.Match[str], default: Lang) -> Lang:

@@ -107,7 +107,8 @@ class StreamingVocoder:
         self.hiddens[self.n] = hidden
         self.n += 1
         size = self.schedule.chunk if self.done else self.schedule.first_chunk
-        if self.n >= self.done + size + self.schedule.right:
+        # at least one step past the chunk, so the utterance's end is always rendered by finish()
+        if self.n >= self.done + size + max(self.schedule.right, 1):
             return self._render(self.done + size, final=False)
         return None
 
