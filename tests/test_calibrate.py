@@ -35,7 +35,7 @@ pytestmark = [pytest.mark.host, pytest.mark.timeout(1200)]
 
 CHATTTS_MODES = {
     "static": "QuantizeLinear",
-    "dynamic": "DynamicQuantizeMatMul",
+    "dynamic": "MatMulInteger",
     "int4": "MatMulNBits",
 }
 
