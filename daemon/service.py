@@ -43,6 +43,7 @@ LOAD_EXTEND_MAX_S = 600.0  # a load still running after this is stuck: stop exte
 STATUS_INTERVAL_S = 1.0  # how often STATUS= may change (WatchdogSec/2 is far coarser)
 DEBUG_WEDGE_ENV = "SPEAKD_DEBUG_WEDGE"  # seconds SIGUSR2 blocks the event loop (watchdog tests)
 EXIT_GRACE_S = 1.0  # how long cancelled engine threads get to leave onnxruntime at exit
+MEMORY_CHECK_S = 5.0  # how often limits.max_rss_mb is checked
 
 
 def make_source(engine: Engine, config: Config) -> AudioSource:
@@ -75,6 +76,7 @@ class Daemon:
     _stopping: asyncio.Event = field(default_factory=asyncio.Event)
     _tasks: list[asyncio.Task[Any]] = field(default_factory=list)
     _owned_paths: list[Path] = field(default_factory=list)  # sockets we bound (not inherited)
+    _exit_code: int = 0
     _halt: threading.Event = field(default_factory=threading.Event)  # stops background synthesis
 
     async def run(self) -> int:
@@ -89,6 +91,7 @@ class Daemon:
             loop.add_signal_handler(sig, self._stopping.set)
         loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(self.reload()))
         _install_debug_wedge(loop)
+        self._tasks.append(asyncio.create_task(self._memory_guard(), name="memory-guard"))
         if os.environ.get("NOTIFY_SOCKET"):
             notifier = self._notifier(watchdog_interval())
             self._tasks.append(asyncio.create_task(notifier, name="notifier"))
@@ -96,7 +99,7 @@ class Daemon:
         log.info("speakd ready: %s", self._status_line())
         await self._stopping.wait()
         await self.shutdown()
-        return 0
+        return self._exit_code
 
     def _prepare_fallback(self, scheduler: Scheduler, text: str) -> None:
         """Make the fallback prompt in the background: a cache hit in a few ms, a synthesis on a
@@ -194,6 +197,29 @@ class Daemon:
             if lines:
                 notify(*lines)
             await asyncio.sleep(min(watchdog or STATUS_INTERVAL_S, STATUS_INTERVAL_S))
+
+    async def _memory_guard(self) -> None:
+        """limits.max_rss_mb: the in-process stand-in for MemoryMax= where the kernel has no
+        memory cgroup. Over the limit, speakd stops cleanly with exit 1 and systemd restarts it."""
+        if not _memory_cgroup_enabled():
+            log.warning(
+                "the kernel's memory cgroup is disabled: MemoryMax= is not enforced%s",
+                "" if self.config.limits.max_rss_mb else "; set limits.max_rss_mb instead",
+            )
+        while True:
+            await asyncio.sleep(MEMORY_CHECK_S)
+            limit, rss = self.config.limits.max_rss_mb, _rss_mb()
+            if limit and rss > limit:
+                log.error(
+                    "resident memory %.0f MiB is over limits.max_rss_mb = %d: exiting to be "
+                    "restarted",
+                    rss,
+                    limit,
+                )
+                notify(f"STATUS=exiting: {rss:.0f} MiB resident, over limits.max_rss_mb {limit}")
+                self._exit_code = 1
+                self._stopping.set()
+                return
 
     async def reload(self) -> None:
         """SIGHUP: re-read the config; keep the loaded model unless [engine] changed."""
@@ -314,6 +340,21 @@ def _install_debug_wedge(loop: asyncio.AbstractEventLoop) -> None:
         raise ConfigError(f"${DEBUG_WEDGE_ENV}: expected seconds, got {value!r}") from None
     log.warning("debug: SIGUSR2 blocks the event loop for %.1f s ($%s)", seconds, DEBUG_WEDGE_ENV)
     loop.add_signal_handler(signal.SIGUSR2, time.sleep, seconds)
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm", encoding="ascii") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _memory_cgroup_enabled() -> bool:
+    """False when the kernel runs with cgroup_disable=memory (/proc/cgroups: enabled 0)."""
+    try:
+        with open("/proc/cgroups", encoding="ascii") as f:
+            rows = [line.split() for line in f if line.startswith("memory")]
+    except OSError:
+        return True  # cannot tell: do not warn
+    return not rows or rows[0][-1] != "0"
 
 
 def _exit_now(code: int) -> NoReturn:

@@ -13,7 +13,9 @@
   in the background.
 
 Engine calls are serialised by one lock, so a cancelled flight that is still finishing its current
-step never runs side by side with the next request's synthesis.
+step never runs side by side with the next request's synthesis — unless the engine batches
+(``concurrent_synthesis``, ChatTTS with ``batch_size`` > 1): then misses for different keys run
+their flights at once and share decode steps, each cancellable alone (single-flight per key stays).
 """
 
 from __future__ import annotations
@@ -261,8 +263,13 @@ class CachingSource:
 
     def _synthesize(self, flight: _Flight) -> None:
         request = flight.request
+        lock = (
+            contextlib.nullcontext()
+            if getattr(self.engine, "concurrent_synthesis", False)
+            else self._engine_lock
+        )
         try:
-            with self._engine_lock:
+            with lock:
                 if not flight.cancel.is_set():
                     for chunk in self.engine.synthesize(
                         request.text, request.config, flight.cancel

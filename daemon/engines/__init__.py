@@ -50,7 +50,7 @@ def load_engine(config: EngineConfig) -> Engine:
     elif config.kind == "chattts":
         from speakd.engines.chattts.engine import ChatTTSEngine
 
-        engine = ChatTTSEngine.load(bundle, threads=config.threads)
+        engine = ChatTTSEngine.load(bundle, threads=config.threads, batch_size=config.batch_size)
     else:
         raise EngineError(f"engine.kind: unknown engine {config.kind!r}")
     log.info(
