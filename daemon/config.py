@@ -54,6 +54,9 @@ class EngineConfig:
     precision: str = "int8"
     voice: str = "default"
     threads: int = 2  # onnxruntime intra-op threads (= cores on a Pi-class board)
+    # ChatTTS: decode rows sharing one step (sentences of a request and concurrent requests,
+    # docs/chattts-engine.md); 1 = one sentence at a time. Each row's KV slot costs memory.
+    batch_size: int = 4
     # Degradation: a failing, hung or too slow engine opens a circuit breaker; while it is open
     # (and for requests the engine failed) the fallback prompt plays instead of silence.
     fallback_text: str = "Sorry, I cannot say that right now."
@@ -68,6 +71,7 @@ class EngineConfig:
         if self.kind == "chattts" and not self.bundle:
             raise ConfigError("engine.bundle: kind 'chattts' needs a bundle path")
         _range("engine.threads", self.threads, 1, 64)
+        _range("engine.batch_size", self.batch_size, 1, 32)
         _range("engine.hang_timeout_s", self.hang_timeout_s, 0.5, 3600)
         _range("engine.max_rtf", self.max_rtf, 0.1, 1000)
         _range("engine.breaker_failures", self.breaker_failures, 1, 1000)
