@@ -225,6 +225,8 @@ def build_gpt_graph(
         )
     )
 
+    for n in nodes:  # named after their first output, so tools can select them (quantization)
+        n.name = f"{n.op_type}/{n.output[0]}"
     graph = helper.make_graph(nodes, "chattts_gpt", inputs, outputs, inits)
     model = helper.make_model(
         graph,
