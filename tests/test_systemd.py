@@ -432,6 +432,24 @@ def test_sigterm_while_speaking_exits_0_promptly(
     assert speaker.returncode != 0, "the long text cannot have finished: speech was stopped"
 
 
+def test_memory_guard_exits_1_for_a_restart(tmp_path: Path) -> None:
+    """limits.max_rss_mb stands in for MemoryMax= where the kernel has no memory cgroup: over the
+    limit speakd stops cleanly with exit 1, which Restart=on-failure turns into a restart."""
+    notify = NotifySocket(tmp_path / "notify.sock")
+    config = write_config(tmp_path, "[limits]\nmax_rss_mb = 64\n", sink="null")
+    d = start_daemon(config, env={"NOTIFY_SOCKET": notify.path})
+    try:
+        rc = d.proc.wait(30)
+    finally:
+        d.stop(signal.SIGKILL)
+        notify.close()
+    assert rc == 1, d.log_text()[-2000:]
+    assert "over limits.max_rss_mb = 64" in d.log_text()
+    texts = notify.texts()
+    exiting = next(i for i, t in enumerate(texts) if t.startswith("STATUS=exiting:"))
+    assert "STOPPING=1" in texts[exiting:]
+
+
 # ---- socket activation ----------------------------------------------------------------------
 
 
