@@ -1,0 +1,196 @@
+"""Batched ChatTTS decoding (issue 12): throughput at B rows, long text batched vs sequential.
+
+    python -m speakd_tools.bench_batch --bundle BUNDLE [--rows 1,2,4,8] [--steps 96]
+        [--sentences 8] [--prefill-chunk 0] [--threads 2]
+
+One engine with ``batch_size = max(rows)``; a decode step runs over the busy slots only, so n
+concurrent rows cost what an engine with B = n costs. Lengths are forced (``min_new_token =
+max_new_token``; random weights would stop anywhere), the audio is streamed with the engine's
+schedule exactly as ``synthesize`` does (vocoder included), timings are wall clock:
+
+* throughput: n one-sentence requests of ``--steps`` steps at once → audio seconds / wall second
+  and RTF (wall / audio), for each n in ``--rows``;
+* long text: ``--sentences`` sentences (lengths 0.6–1.4 × ``--steps``) as one request (batched:
+  sentence 1 streams while the others decode) vs one sentence after the other (= B 1): time to
+  the last sample, time to first audio, time to sentence 1's last sample.
+
+Random weights show speed and plumbing, not voice quality. Prints a table and one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+LENGTH_FACTORS = (0.6, 1.4, 1.0, 0.8, 1.2, 1.0, 0.9, 1.1)
+TEXT = (
+    "The kitchen lights are on and the front door is locked.",
+    "Tomorrow will be sunny with a light wind from the west in the afternoon.",
+    "Your parcel arrived at ten.",
+    "The washing machine has finished its cycle.",
+    "Remember to take the umbrella, because rain is expected later this evening.",
+    "The garage door is still open.",
+    "Dinner is ready in five minutes.",
+    "Good night, the alarm is set for seven.",
+)
+SAMPLES_PER_STEP, HOP, RATE = 512, 256, 24000
+
+
+def _audio_s(steps: int) -> float:
+    return (2 * steps - 1) * HOP / RATE
+
+
+class _Run:
+    """Times of one request's stream: first audio, each sentence's end, last sample."""
+
+    def __init__(self, t0: float) -> None:
+        self.t0 = t0
+        self.first_audio: float | None = None
+        self.sentence_end: dict[int, float] = {}
+        self.samples = 0
+
+    def consume(self, stream: Any) -> _Run:
+        for index, audio in stream:
+            now = time.perf_counter() - self.t0
+            if self.first_audio is None:
+                self.first_audio = now
+            self.sentence_end[index] = now
+            self.samples += len(audio)
+        return self
+
+    @property
+    def last(self) -> float:
+        return max(self.sentence_end.values())
+
+
+def _sentences(engine: Any, lengths: list[int], seed: int) -> list[Any]:
+    from speakd.engines.base import SynthesisConfig
+    from speakd.engines.chattts.batch import sentence_sampler
+    from speakd.engines.chattts.batch_scheduler import Sentence
+
+    out = []
+    for i, n in enumerate(lengths):
+        params = engine.audio_params(SynthesisConfig(extra={"max_new_token": n}))
+        sampling = engine._sampling(SynthesisConfig(extra={"max_new_token": n, "min_new_token": n}))
+        embeds = engine.prompt_embeds(TEXT[i % len(TEXT)], params)
+        out.append(Sentence(embeds, sentence_sampler(sampling, engine.spec.eos_token, seed, i)))
+    return out
+
+
+def throughput(engine: Any, rows: int, steps: int) -> dict[str, float]:
+    """``rows`` one-sentence requests at once, each ``steps`` long."""
+    jobs = [_sentences(engine, [steps], seed=100 + r) for r in range(rows)]
+    t0 = time.perf_counter()
+    runs = [_Run(t0) for _ in range(rows)]
+    threads = [
+        threading.Thread(target=run.consume, args=(engine.batch.stream(job),))
+        for run, job in zip(runs, jobs, strict=True)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    audio = sum(r.samples for r in runs) / RATE
+    return {
+        "rows": rows,
+        "wall_s": wall,
+        "audio_s": audio,
+        "audio_s_per_s": audio / wall,
+        "rtf": wall / audio,
+        "first_audio_s": min(r.first_audio or wall for r in runs),
+    }
+
+
+def long_text(engine: Any, n_sentences: int, steps: int) -> dict[str, Any]:
+    lengths = [max(8, round(steps * LENGTH_FACTORS[i % 8])) for i in range(n_sentences)]
+    sentences = _sentences(engine, lengths, seed=7)
+    t0 = time.perf_counter()
+    batched = _Run(t0).consume(engine.batch.stream(sentences))
+    t0 = time.perf_counter()
+    seq = _Run(t0)
+    for i, s in enumerate(sentences):  # one after the other: each alone in the batch (B = 1)
+        one = _Run(t0).consume(engine.batch.stream([s]))
+        seq.first_audio = seq.first_audio if seq.first_audio is not None else one.first_audio
+        seq.sentence_end[i] = one.last
+        seq.samples += one.samples
+    assert batched.samples == seq.samples, "batched and sequential audio lengths differ"
+    return {
+        "sentences": n_sentences,
+        "steps": lengths,
+        "audio_s": seq.samples / RATE,
+        "batched_last_sample_s": batched.last,
+        "sequential_last_sample_s": seq.last,
+        "speedup": seq.last / batched.last,
+        "batched_first_audio_s": batched.first_audio,
+        "sequential_first_audio_s": seq.first_audio,
+        "batched_sentence1_end_s": batched.sentence_end[0],
+        "sequential_sentence1_end_s": seq.sentence_end[0],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m speakd_tools.bench_batch", description=__doc__)
+    p.add_argument("--bundle", type=Path, required=True)
+    p.add_argument("--rows", default="1,2,4,8", help="concurrent rows to measure (default 1,2,4,8)")
+    p.add_argument("--steps", type=int, default=96, help="decode steps per sentence (default 96)")
+    p.add_argument("--sentences", type=int, default=8, help="long-text sentences (0 = skip)")
+    p.add_argument("--prefill-chunk", type=int, default=0, help="prompt chunk (0 = whole)")
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args(argv)
+
+    from speakd.engines.chattts.engine import ChatTTSEngine
+
+    rows = [int(r) for r in args.rows.split(",")]
+    batch = max([*rows, args.sentences])
+    t = time.perf_counter()
+    engine = ChatTTSEngine.load(
+        args.bundle, threads=args.threads, batch_size=batch, prefill_chunk=args.prefill_chunk
+    )
+    load_s = time.perf_counter() - t
+    _sentences_warm = _sentences(engine, [4], seed=0)
+    list(engine.batch.stream(_sentences_warm))  # first-run allocations out of the numbers
+    result: dict[str, Any] = {
+        "bundle": str(args.bundle),
+        "precision": engine.precision,
+        "kv_dtype": engine.spec.kv_dtype,
+        "batch_size": batch,
+        "prefill_chunk": args.prefill_chunk,
+        "threads": args.threads,
+        "steps": args.steps,
+        "load_s": load_s,
+        "loadavg_start": os.getloadavg()[0],
+        "throughput": [throughput(engine, r, args.steps) for r in rows],
+    }
+    if args.sentences:
+        result["long_text"] = long_text(engine, args.sentences, args.steps)
+    result["loadavg_end"] = os.getloadavg()[0]
+
+    print(f"bundle {args.bundle} ({engine.precision}), batch_size {batch}, threads {args.threads}")
+    print(f"load average {result['loadavg_start']:.1f} → {result['loadavg_end']:.1f}")
+    base = result["throughput"][0]
+    print(f"{'rows':>4} {'wall s':>8} {'audio s':>8} {'audio s/s':>9} {'RTF':>6} {'× rows=1':>8}")
+    for r in result["throughput"]:
+        gain = r["audio_s_per_s"] / base["audio_s_per_s"]
+        print(
+            f"{r['rows']:>4} {r['wall_s']:>8.2f} {r['audio_s']:>8.2f} "
+            f"{r['audio_s_per_s']:>9.3f} {r['rtf']:>6.3f} {gain:>8.2f}"
+        )
+    if args.sentences:
+        lt = result["long_text"]
+        print(f"{lt['sentences']}-sentence text, {lt['audio_s']:.1f} s audio, steps {lt['steps']}:")
+        for what in ("last_sample", "first_audio", "sentence1_end"):
+            b, s = lt[f"batched_{what}_s"], lt[f"sequential_{what}_s"]
+            print(f"  {what:<14} batched {b:7.2f} s  sequential {s:7.2f} s  (×{s / b:.2f})")
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
