@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -77,17 +76,39 @@ def _check_socket(config: Config, socket_path: str | None) -> Check:
 
 
 def _check_mqtt(config: Config) -> Check:
+    """Connect as the daemon does (TLS, username/password): the broker's answer is the check."""
+    import ssl
+    import threading
+
+    from speakd.frontends.mqtt import new_client
+
     mqtt = config.mqtt
     if not mqtt.enabled:
         return True, "disabled"
+    where = f"broker {mqtt.host}:{mqtt.port}{' (TLS)' if mqtt.tls else ''}"
+    # Never the daemon's own client id: connecting with it would take over the daemon's session.
+    client = new_client(mqtt, f"{mqtt.client_id or 'speakd-' + mqtt.site_id}-doctor")
+    answers: list[object] = []
+    answered = threading.Event()
+    client.on_connect = lambda _c, _u, _f, reason, _p: (answers.append(reason), answered.set())
     try:
-        socket.create_connection((mqtt.host, mqtt.port), timeout=3).close()
+        client.connect(mqtt.host, mqtt.port, keepalive=10)
+    except ssl.SSLError as e:
+        why = getattr(e, "verify_message", None) or e.reason or e
+        return False, f"{where}: TLS failed ({why}); check mqtt.ca_file and the host name"
     except OSError as e:
-        return (
-            False,
-            f"broker {mqtt.host}:{mqtt.port} unreachable ({e.strerror or e}); is it running?",
-        )
-    return True, f"broker {mqtt.host}:{mqtt.port} reachable"
+        return False, f"{where} unreachable ({e.strerror or e}); is it running?"
+    client.loop_start()
+    try:
+        if not answered.wait(5):
+            return False, f"{where}: no answer to CONNECT within 5 s"
+    finally:
+        client.disconnect()
+        client.loop_stop()
+    reason = answers[0]
+    if getattr(reason, "is_failure", False):
+        return False, f"{where} refused the connection: {reason}; check mqtt.username/password"
+    return True, f"{where}: connected" + (f" as {mqtt.username!r}" if mqtt.username else "")
 
 
 def run_doctor(config_path: Path | None, socket_path: str | None = None, out=sys.stdout) -> bool:

@@ -240,7 +240,9 @@ class Daemon:
                 notify("READY=1", f"STATUS=reload failed: {e}")
                 return
         scheduler = self.control.scheduler
-        mqtt_changed = new.mqtt != self.config.mqtt
+        mqtt_changed = new.mqtt != self.config.mqtt or (
+            self.mqtt is not None and self.mqtt.credentials_changed()
+        )
         if mqtt_changed and self.mqtt is not None:
             await self.mqtt.close()
             self.mqtt = None

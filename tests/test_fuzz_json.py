@@ -308,7 +308,7 @@ def dedup_key(payload: bytes, correlation: bytes) -> str:
     """The key the daemon drops QoS 1 re-deliveries by: the say's id, else correlation data."""
     try:
         obj = json.loads(payload)
-    except ValueError:
+    except (ValueError, RecursionError):
         return correlation.hex()
     value = obj.get("id") if isinstance(obj, dict) else None
     if isinstance(value, str | int) and not isinstance(value, bool):

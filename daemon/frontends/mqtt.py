@@ -45,7 +45,7 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from speakd import __version__
-from speakd.config import MqttConfig
+from speakd.config import ConfigError, MqttConfig
 from speakd.control import Control
 from speakd.frontends.mqtt_messages import (
     COMMANDS,
@@ -116,6 +116,20 @@ class SayOrigin:
     correlation: bytes | None
 
 
+def new_client(config: MqttConfig, client_id: str) -> mqtt.Client:
+    """A paho MQTT 5 client with the configured credentials and TLS (the daemon's and doctor's)."""
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5)
+    if config.username:
+        client.username_pw_set(config.username, config.password())
+    if config.tls:
+        client.tls_set(
+            ca_certs=config.ca_file or None,
+            certfile=config.cert_file or None,
+            keyfile=config.key_file or None,
+        )
+    return client
+
+
 class MqttFrontend:
     def __init__(self, control: Control, config: MqttConfig) -> None:
         self.control = control
@@ -135,27 +149,32 @@ class MqttFrontend:
         self._closing = False
         self._status_pending = False
         self._discovery_timer: asyncio.TimerHandle | None = None
+        self._password: str | None = None  # what we connected with (see credentials_changed)
         self._client = self._make_client()
 
     @property
     def connected(self) -> bool:
         return self._connected
 
+    def credentials_changed(self) -> bool:
+        """True when the password file (or $SPEAKD_MQTT_PASSWORD) no longer holds the password
+        we connected with: SIGHUP then reconnects with the rotated one."""
+        if not self.config.username:
+            return False
+        try:
+            return self.config.password() != self._password
+        except ConfigError as e:
+            log.error("MQTT: keeping the current connection: %s", e)
+            return False
+
     # ---- lifecycle --------------------------------------------------------------------------
 
     def _make_client(self) -> mqtt.Client:
         c = self.config
-        client = mqtt.Client(
-            CallbackAPIVersion.VERSION2, client_id=self.client_id, protocol=mqtt.MQTTv5
-        )
+        client = new_client(c, self.client_id)
+        self._password = c.password() if c.username else None
         if log.isEnabledFor(logging.DEBUG):  # paho logs every failed retry as an error
             client.enable_logger(logging.getLogger("speakd.frontends.mqtt.paho"))
-        if c.username:
-            client.username_pw_set(c.username, c.password())
-        if c.tls:
-            client.tls_set(
-                ca_certs=c.ca_file or None, certfile=c.cert_file or None, keyfile=c.key_file or None
-            )
         client.will_set(self.topics.availability, b"offline", qos=1, retain=True)
         client.reconnect_delay_set(c.reconnect_min_s, c.reconnect_max_s)  # type: ignore[arg-type]
         client.max_queued_messages_set(MAX_QUEUED)
