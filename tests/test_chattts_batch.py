@@ -19,7 +19,7 @@ from speakd.audio import join_chunks
 from speakd.cache.resolver import CachingSource
 from speakd.cache.store import CacheStore, Clip
 from speakd.engines.base import SynthesisConfig
-from speakd.engines.chattts.batch import sentence_sampler
+from speakd.engines.chattts.batch import BatchDecoder, sentence_sampler
 from speakd.engines.chattts.batch_scheduler import Sentence
 from speakd.engines.chattts.engine import ChatTTSEngine
 from speakd.engines.chattts.gpt_runner import DecodeStats
@@ -154,6 +154,20 @@ def test_cancel_one_request_leaves_the_other_unchanged(
     shared = (after["row_steps"] - at_cancel["row_steps"]) - (after["steps"] - at_cancel["steps"])
     assert shared <= 1
     assert batched.batch.decoder.free_slots() == batched.batch_size
+
+
+def test_batch_variant_graph_falls_back_to_one_row(
+    batched: ChatTTSEngine, tiny_bundle: Path, monkeypatch: pytest.MonkeyPatch, caplog
+) -> None:
+    """The fp32 graph is batch-invariant (measured at load); a graph that is not (activations
+    quantized per batch) would change a seed's audio, so the engine decodes one row at a time."""
+    assert batched.batch_invariant and batched.concurrent_synthesis
+    monkeypatch.setattr(BatchDecoder, "batch_invariant", lambda self: False)
+    strict = ChatTTSEngine.load(tiny_bundle, threads=1, batch_size=4)
+    assert strict.batch is None and strict.batch_size == 1 and not strict.concurrent_synthesis
+    assert "not batch-invariant" in caplog.text
+    loose = ChatTTSEngine.load(tiny_bundle, threads=1, batch_size=4, batch_exact=False)
+    assert loose.batch is not None and loose.batch_size == 4
 
 
 def test_kv_is_allocated_once(batched: ChatTTSEngine) -> None:

@@ -15,6 +15,9 @@ writes each row at its own position), seeded ``CodeSampler``, repetition window 
   that writes only at a position its own next prompt pass overwrites. Rows of a batched step are
   computed independently (per-row GEMM rows and attention), so a row's codes and hiddens are the
   same whatever shares the batch (tests/test_chattts_batch.py checks it against ``GptRunner``).
+  That holds for fp32/fp16 graphs, not for graphs that quantize activations across the batch
+  (``DynamicQuantizeLinear``: one scale for all rows) or pick M-dependent kernels
+  (``MatMulNBits``); ``batch_invariant()`` measures it on the loaded graph.
 """
 
 from __future__ import annotations
@@ -127,6 +130,24 @@ class BatchDecoder:
         kv = [ort.OrtValue.ortvalue_from_numpy(a[:n]) for a in self.kv]
         arrays = (self.embeds[:n], self.hidden[:n], self.logits[:n], self.seqlens[:n], self.total)
         return self._bind(arrays, kv)
+
+    def batch_invariant(self) -> bool:
+        """Is a row's step output bit-identical alone and next to a different row? Two steps on
+        the free slots 0 and 1 (call before admitting anything); the slots are left free."""
+        if self.batch_size < 2 or any(r is not None for r in self.rows):
+            return True
+        rng = np.random.default_rng(0)
+        q, v = self.spec.num_vq, self.spec.num_audio_tokens
+        rows = [self.emb_code[np.arange(q), rng.integers(0, v, q)].sum(0) for _ in range(2)]
+        self.seqlens[:2] = 0
+        self.total[...] = 1
+        alone = []
+        for n in (1, 2):
+            self.embeds[0, 0], self.embeds[1, 0] = rows[0], 8.0 * rows[1]
+            with self.forward_lock:
+                self.session.run_with_iobinding(self._steps[n - 1][0])
+            alone.append(self.logits[0, 0].copy())
+        return bool(np.array_equal(alone[0], alone[1]))
 
     # --- slots -------------------------------------------------------------------------------
 

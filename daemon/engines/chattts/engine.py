@@ -64,6 +64,7 @@ class ChatTTSEngine:
         split: textfe.SplitPolicy | None = None,
         batch_size: int = 1,
         prefill_chunk: int = 0,
+        batch_exact: bool = True,
     ) -> None:
         if bundle.engine != "chattts":
             raise BundleError(f"{bundle.path}: engine {bundle.engine!r}, expected 'chattts'")
@@ -93,17 +94,23 @@ class ChatTTSEngine:
         )
         self._lock = threading.Lock()  # one KV cache: one utterance at a time
         # batch_size > 1: sentences and requests share decode steps (issue 12, batch.py); the
-        # audio is the same as batch_size = 1 (whole-prompt passes, batch-invariant steps).
-        self.batch_size = batch_size
-        self.batch = (
-            BatchScheduler(
-                BatchDecoder(self.gpt.session, self.spec, emb_code, batch_size, prefill_chunk),
-                self.vocoder,
-                self.schedule,
-            )
-            if batch_size > 1
-            else None
-        )
+        # audio is the same as batch_size = 1 (whole-prompt passes, batch-invariant steps) when
+        # the graph is batch-invariant. A graph that is not (quantized activations) decodes one
+        # sentence at a time unless batch_exact=False, so the same seed keeps the same audio.
+        self.batch_size, self.batch, self.batch_invariant = batch_size, None, True
+        if batch_size > 1:
+            decoder = BatchDecoder(self.gpt.session, self.spec, emb_code, batch_size, prefill_chunk)
+            self.batch_invariant = decoder.batch_invariant()
+            if self.batch_invariant or not batch_exact:
+                self.batch = BatchScheduler(decoder, self.vocoder, self.schedule)
+            else:
+                self.batch_size = 1
+                log.warning(
+                    "%s: gpt.onnx is not batch-invariant (a row's output depends on the rows "
+                    "decoded with it, e.g. activations quantized per batch); batch_size %d "
+                    "would change the audio of a seed, so this engine decodes one sentence at "
+                    "a time", bundle.path, batch_size,
+                )  # fmt: skip
         self.concurrent_synthesis = self.batch is not None  # CachingSource drops its lock
 
     @classmethod
