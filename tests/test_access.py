@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import grp
 import os
-import stat
 import shutil
 import socket
+import stat
 import tempfile
 from pathlib import Path
 
@@ -49,7 +50,9 @@ def public_config(tmp_path: Path):
     public = Path(tempfile.mkdtemp(prefix="speakd-access-"))
     public.chmod(0o755)
     config = write_config(tmp_path)
-    config.write_text(config.read_text().replace(str(tmp_path / "speakd.sock"), str(public / "s.sock")))
+    config.write_text(
+        config.read_text().replace(str(tmp_path / "speakd.sock"), str(public / "s.sock"))
+    )
     yield config
     shutil.rmtree(public, ignore_errors=True)
 
@@ -75,5 +78,21 @@ def test_allow_list_refuses_other_uids_with_a_clear_error(public_config: Path) -
         assert '"code":"forbidden"' in as_nobody(d.socket)
         assert "refused a connection from pid=" in d.log_text()
         assert d.cli("status").returncode == 0  # root (the operator) is always allowed
+    finally:
+        assert d.stop() == 0
+
+
+def test_socket_group_lets_its_members_in(public_config: Path) -> None:
+    """``socket.group``: the socket belongs to that group, whose members (here nobody's own group)
+    may connect through mode 0660 while everyone else stays out (the test above)."""
+    group = grp.getgrgid(NOBODY).gr_name
+    public_config.write_text(
+        public_config.read_text().replace("[socket]", f'[socket]\ngroup = "{group}"')
+    )
+    d = start_daemon(public_config)
+    try:
+        st = os.stat(d.socket)
+        assert (stat.S_IMODE(st.st_mode), st.st_gid) == (0o660, NOBODY)
+        assert '"event":"status"' in as_nobody(d.socket)
     finally:
         assert d.stop() == 0
