@@ -38,9 +38,16 @@ def test_inverse_cdf_never_draws_a_zero_probability_code() -> None:
 
 
 def test_filters_keep_at_least_three() -> None:
-    logits = np.array([[10.0, 0.0, 0.0, 0.0, -1.0] + [-50.0] * (V - 5)] * 4, np.float32)
+    logits = np.array([[10.0, 0.3, 0.2, 0.1, -1.0] + [-50.0] * (V - 5)] * 4, np.float32)
     kept = np.isfinite(top_p_filter(logits.copy(), 0.01)).sum(axis=1)
     assert kept.tolist() == [3] * 4
+    flat = np.array([[1.0, 0.9, 0.8, 0.7, 0.6] + [-50.0] * (V - 5)] * 4, np.float32)
+    # probabilities ≈ .242 .219 .198 .179 .162: a token stays while the mass above it is < top_p
+    for top_p, n in ((0.5, 3), (0.7, 4), (0.9, 5)):
+        assert np.isfinite(top_p_filter(flat.copy(), top_p)).sum(axis=1).tolist() == [n] * 4
+    kept = np.isfinite(top_k_filter(logits.copy(), 1)).sum(axis=1)
+    assert kept.tolist() == [3] * 4
+    logits[:, 3] = 0.2
     kept = np.isfinite(top_k_filter(logits.copy(), 1)).sum(axis=1)
     assert kept.tolist() == [4] * 4  # ties at the 3rd value are kept, as in HF (value threshold)
 

@@ -57,25 +57,28 @@ def repetition_penalty(
     """
     if penalty == 1.0 or len(history) == 0:
         return logits
-    recent = history[-window:]
     q, v = logits.shape
-    counts = np.zeros((q, v), np.int64)
-    np.add.at(counts, (np.broadcast_to(np.arange(q), recent.shape), recent), 1)
-    alpha = np.power(np.float32(penalty), counts.astype(np.float32))
+    recent = history[-window:] + np.arange(q) * v  # flat (codebook, code) index
+    counts = np.bincount(recent.ravel(), minlength=q * v).reshape(q, v)
+    alpha = np.power(np.float32(penalty), counts, dtype=np.float32)
     np.copyto(logits, np.where(logits < 0, logits * alpha, logits / alpha))
     return logits
 
 
 def top_p_filter(logits: np.ndarray, top_p: float, keep: int = MIN_TOKENS_TO_KEEP) -> np.ndarray:
-    """HF ``TopPLogitsWarper``: drop the ascending-sorted prefix whose mass is ≤ 1 − top_p."""
-    order = np.argsort(logits, axis=-1, kind="stable")
-    sorted_logits = np.take_along_axis(logits, order, axis=-1)
-    cum = np.cumsum(_softmax(sorted_logits), axis=-1, dtype=np.float32)
-    remove_sorted = cum <= np.float32(1.0 - top_p)
-    remove_sorted[:, -keep:] = False
-    remove = np.empty_like(remove_sorted)
-    np.put_along_axis(remove, order, remove_sorted, axis=-1)
-    logits[remove] = -np.inf
+    """HF ``TopPLogitsWarper``: drop the ascending-sorted prefix whose mass is ≤ 1 − top_p.
+
+    Computed from the top: a token survives iff the mass of the tokens above it is < top_p (the
+    same set, without scattering a full sort back), and the ``keep`` largest always survive.
+    """
+    probs = _softmax(logits)
+    desc = -np.sort(-probs, axis=-1)
+    above = np.cumsum(desc, axis=-1, dtype=np.float64)
+    above[:, 1:] = above[:, :-1].copy()
+    above[:, 0] = 0.0
+    m = np.maximum((above < top_p).sum(axis=-1), keep)
+    threshold = desc[np.arange(len(desc)), m - 1]
+    logits[probs < threshold[:, None]] = -np.inf
     return logits
 
 
@@ -113,8 +116,7 @@ def inverse_cdf(probs: np.ndarray, uniforms: np.ndarray) -> np.ndarray:
     A zero-probability entry can never be drawn (its cumulative mass equals its predecessor's).
     """
     cdf = np.cumsum(probs, axis=-1, dtype=np.float64)
-    target = uniforms * cdf[:, -1]
-    idx = np.array([np.searchsorted(c, t, side="right") for c, t in zip(cdf, target, strict=True)])
+    idx = (cdf <= (uniforms * cdf[:, -1])[:, None]).sum(axis=-1)  # searchsorted(side="right")
     return np.minimum(idx, probs.shape[-1] - 1)
 
 
