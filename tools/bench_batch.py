@@ -86,6 +86,7 @@ def _sentences(engine: Any, lengths: list[int], seed: int) -> list[Any]:
 def throughput(engine: Any, rows: int, steps: int) -> dict[str, float]:
     """``rows`` one-sentence requests at once, each ``steps`` long."""
     jobs = [_sentences(engine, [steps], seed=100 + r) for r in range(rows)]
+    before = dict(engine.batch.counters)
     t0 = time.perf_counter()
     runs = [_Run(t0) for _ in range(rows)]
     threads = [
@@ -98,7 +99,10 @@ def throughput(engine: Any, rows: int, steps: int) -> dict[str, float]:
         t.join()
     wall = time.perf_counter() - t0
     audio = sum(r.samples for r in runs) / RATE
+    c = {k: v - before[k] for k, v in engine.batch.counters.items()}
     return {
+        "ms_per_step": c["step_ms"] / max(c["steps"], 1),
+        "ms_per_prompt_pass": c["prompt_ms"] / max(c["prompt_passes"], 1),
         "rows": rows,
         "wall_s": wall,
         "audio_s": audio,
@@ -183,12 +187,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"load average {result['loadavg_start']:.1f} → {result['loadavg_end']:.1f}")
     base = result["throughput"][0]
-    print(f"{'rows':>4} {'wall s':>8} {'audio s':>8} {'audio s/s':>9} {'RTF':>6} {'× rows=1':>8}")
+    print(
+        f"{'rows':>4} {'wall s':>8} {'audio s':>8} {'audio s/s':>9} {'RTF':>6} {'× rows=1':>8}"
+        f" {'ms/step':>8} {'ms/prompt':>9}"
+    )
     for r in result["throughput"]:
         gain = r["audio_s_per_s"] / base["audio_s_per_s"]
         print(
             f"{r['rows']:>4} {r['wall_s']:>8.2f} {r['audio_s']:>8.2f} "
             f"{r['audio_s_per_s']:>9.3f} {r['rtf']:>6.3f} {gain:>8.2f}"
+            f" {r['ms_per_step']:>8.1f} {r['ms_per_prompt_pass']:>9.1f}"
         )
     if args.sentences:
         lt = result["long_text"]

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -75,7 +76,9 @@ class BatchScheduler:
         self._waiting: deque[_Job] = deque()
         self._running: list[_Job] = []  # admitted, in admission order
         self._thread: threading.Thread | None = None
-        self.counters = {"steps": 0, "row_steps": 0, "prompt_passes": 0, "admitted": 0}
+        self.counters: dict[str, float] = dict.fromkeys(
+            ("steps", "row_steps", "step_ms", "prompt_passes", "prompt_ms", "admitted"), 0
+        )
 
     # --- callers -----------------------------------------------------------------------------
 
@@ -187,8 +190,10 @@ class BatchScheduler:
             self._end(job)
         prompting = [j for j in self._running if j.row.prefilled < j.row.prompt_len]
         if prompting:
-            self.counters["prompt_passes"] += 1
+            t0 = time.perf_counter()
             self.decoder.prefill(prompting[0].row)
+            self.counters["prompt_passes"] += 1
+            self.counters["prompt_ms"] += (time.perf_counter() - t0) * 1e3
         stepping = []
         for job in list(self._running):
             if job.row.logits is None:
@@ -198,7 +203,9 @@ class BatchScheduler:
             else:
                 self._end(job)
         if stepping:
+            t0 = time.perf_counter()
             self.decoder.step(stepping)
+            self.counters["step_ms"] += (time.perf_counter() - t0) * 1e3
             self.counters["steps"] += 1
             self.counters["row_steps"] += len(stepping)
 
