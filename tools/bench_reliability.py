@@ -25,16 +25,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def sections(fuzz: int) -> dict[str, tuple[list[str], dict[str, str]]]:
-    """name → (pytest arguments, environment). JSON examples carry ~4 lines each on average;
-    the report counts the lines actually sent."""
+    """name → (pytest arguments, environment). JSON and MQTT examples carry ~4 inputs each on
+    average (lines, payloads); the report counts the inputs actually sent."""
     return {
         "fuzz_json": (
             ["tests/test_fuzz_json.py", "-k", "json_socket_fuzz"],
-            {"SPEAKD_JSON_FUZZ_EXAMPLES": str(max(1, fuzz * 3 // 10))},
+            {"SPEAKD_JSON_FUZZ_EXAMPLES": str(max(1, fuzz * 35 // 100))},
         ),
         "fuzz_mqtt": (
             ["tests/test_fuzz_json.py", "-k", "mqtt_say_payload_fuzz"],
-            {"SPEAKD_MQTT_FUZZ_EXAMPLES": str(fuzz)},
+            {"SPEAKD_MQTT_FUZZ_EXAMPLES": str(max(1, fuzz * 35 // 100))},
         ),
         "fuzz_ssip": (
             ["tests/test_ssip_fuzz.py", "-k", "fuzz_never_crashes"],
