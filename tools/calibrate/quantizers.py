@@ -142,6 +142,71 @@ def quantize_graph(
             info["note"] = "no node matched the recipe; graph kept float"
         dst.write_bytes(src.read_bytes())
         return info
+    if scheme.scheme in ("dynamic", "static"):
+        with tempfile.TemporaryDirectory(prefix="speakd-typed-") as typed_dir:
+            typed = _with_types(src, Path(typed_dir))
+            _int8(typed, dst, scheme, excluded, where, method, feeds, feed_count, info)
+    elif scheme.scheme == "int4":
+        _int4(src, dst, scheme, excluded)
+    elif scheme.scheme == "weight_only":
+        _weight_only(src, dst, scheme, excluded)
+    info["nodes_quantized"] = count_quantized(dst)
+    info["bytes_in"] = src.stat().st_size
+    info["bytes_out"] = dst.stat().st_size
+    return info
+
+
+QUANTIZED_OPS = {
+    "MatMulInteger",
+    "ConvInteger",
+    "MatMulNBits",
+    "QLinearConv",
+    "QLinearMatMul",
+    "DynamicQuantizeMatMul",
+}
+
+
+def count_quantized(path: Path) -> int:
+    """Quantized nodes actually in the written graph: integer ops, plus weights behind a
+    ``DequantizeLinear`` (QDQ and weight-only)."""
+    graph = onnx.load(str(path), load_external_data=False).graph
+    consts = {i.name for i in graph.initializer}
+    return sum(
+        1
+        for n in graph.node
+        if n.op_type in QUANTIZED_OPS or (n.op_type == "DequantizeLinear" and n.input[0] in consts)
+    )
+
+
+def _with_types(src: Path, tmp: Path) -> Path:
+    """``src`` with every tensor's type annotated when it holds com.microsoft ops.
+
+    ONNX's own shape inference does not know contrib ops (GroupQueryAttention,
+    SkipSimplifiedLayerNormalization), so everything after them has no type and ORT's quantizer
+    skips those MatMuls ("failed to infer the type of tensor"); ORT's symbolic shape inference
+    knows them."""
+    model = onnx.load(str(src))
+    if not any(n.domain == "com.microsoft" for n in model.graph.node):
+        return src
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+    typed = SymbolicShapeInference.infer_shapes(model, auto_merge=True)
+    out = tmp / src.name
+    onnx.save(typed, str(out))
+    return out
+
+
+def _int8(
+    src: Path,
+    dst: Path,
+    scheme: GraphScheme,
+    excluded: list[str],
+    where: str,
+    method: str,
+    feeds: Iterable[dict[str, Any]] | None,
+    feed_count: int | None,
+    info: dict[str, Any],
+) -> None:
     if scheme.scheme == "dynamic":
         quantize_dynamic(
             src,
@@ -159,29 +224,27 @@ def quantize_graph(
         if count < 1:
             raise CalibrationError(f"{where}: the calibration data reader produced no input")
         reader = IterReader(feeds, count)
-        with tempfile.TemporaryDirectory(prefix="speakd-calib-") as tmp:
-            extra = {
-                "DefaultTensorType": onnx.TensorProto.FLOAT,
-                "MatMulConstBOnly": True,
-                "ActivationSymmetric": scheme.activation_symmetric,
-                "WeightSymmetric": scheme.weight_symmetric,
-                "CalibStridedMinMax": 1,  # one feed per collect (see IterReader)
-            }
-            quantize_static(
-                src,
-                dst,
-                reader,
-                quant_format=QuantFormat.QDQ,
-                op_types_to_quantize=list(scheme.op_types),
-                per_channel=scheme.per_channel,
-                activation_type=_QTYPE[scheme.activation_type],
-                weight_type=_QTYPE[scheme.weight_type],
-                nodes_to_exclude=excluded,
-                calibrate_method=_METHOD[method],
-                extra_options=extra,
-                calibration_providers=["CPUExecutionProvider"],
-            )
-            del tmp
+        extra = {
+            "DefaultTensorType": onnx.TensorProto.FLOAT,
+            "MatMulConstBOnly": True,
+            "ActivationSymmetric": scheme.activation_symmetric,
+            "WeightSymmetric": scheme.weight_symmetric,
+            "CalibStridedMinMax": 1,  # one feed per collect (see IterReader)
+        }
+        quantize_static(
+            src,
+            dst,
+            reader,
+            quant_format=QuantFormat.QDQ,
+            op_types_to_quantize=list(scheme.op_types),
+            per_channel=scheme.per_channel,
+            activation_type=_QTYPE[scheme.activation_type],
+            weight_type=_QTYPE[scheme.weight_type],
+            nodes_to_exclude=excluded,
+            calibrate_method=_METHOD[method],
+            extra_options=extra,
+            calibration_providers=["CPUExecutionProvider"],
+        )
         if reader.count != count:
             raise CalibrationError(
                 f"{where}: the calibration data reader yielded {reader.count} "
@@ -189,13 +252,6 @@ def quantize_graph(
             )
         info["calibration_feeds"] = reader.count
         info["method"] = method
-    elif scheme.scheme == "int4":
-        _int4(src, dst, scheme, excluded)
-    elif scheme.scheme == "weight_only":
-        _weight_only(src, dst, scheme, excluded)
-    info["bytes_in"] = src.stat().st_size
-    info["bytes_out"] = dst.stat().st_size
-    return info
 
 
 def _weight_only(src: Path, dst: Path, scheme: GraphScheme, excluded: list[str]) -> None:
