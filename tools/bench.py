@@ -102,6 +102,54 @@ def model_bytes(c: Contender) -> dict[str, int]:
     }
 
 
+# --- board projection ------------------------------------------------------------------------
+
+STEP_MS_AUDIO = 512 / 24  # one GPT step = 512 samples at 24 kHz = 21.33 ms of audio
+BOARDS = {  # effective DRAM read bandwidth, GB/s (PERFORMANCE.md)
+    "Raspberry Pi 5": (9.0, 10.5),
+    "RK3588": (12.4, 12.4),
+}
+NOT_STREAMED = ("cos_cache", "sin_cache")  # RoPE tables: GQA reads one row per step
+
+
+def step_bytes(bundle: Path, contexts: tuple[int, ...]) -> dict[str, Any]:
+    """Bytes one decode step must read: every GPT weight once + the KV cache up to ``ctx``."""
+    import onnx
+
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    model = manifest["model"]
+    graph = onnx.load(str(bundle / "gpt.onnx")).graph
+    weights = sum(
+        len(t.raw_data) or onnx.numpy_helper.to_array(t).nbytes
+        for t in graph.initializer
+        if t.name not in NOT_STREAMED
+    )
+    kv_item = 1 if model.get("kv_dtype") == "int8" else 4
+    per_pos = 2 * model["num_layers"] * model["num_heads"] * model["head_dim"] * kv_item
+    return {
+        "weights": weights,
+        "kv_dtype": model.get("kv_dtype", "float32"),
+        "kv": {str(c): per_pos * c for c in contexts},
+    }
+
+
+def projection(bytes_per_step: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Bandwidth floor per board: ms/step = bytes / bandwidth; GPT-only RTF = ms / 21.33."""
+    out: dict[str, Any] = {}
+    for name, b in bytes_per_step.items():
+        for ctx, kv in b["kv"].items():
+            total = b["weights"] + kv
+            row: dict[str, Any] = {"mb_per_step": round(total / 1e6, 1)}
+            for board, (lo, hi) in BOARDS.items():
+                slow, fast = total / (lo * 1e9) * 1e3, total / (hi * 1e9) * 1e3
+                row[board] = {
+                    "ms_per_step": [round(fast, 1), round(slow, 1)],
+                    "gpt_rtf": [round(fast / STEP_MS_AUDIO, 2), round(slow / STEP_MS_AUDIO, 2)],
+                }
+            out.setdefault(name, {})[ctx] = row
+    return out
+
+
 # --- phase 1: GPT step, interleaved -------------------------------------------------------------
 
 
@@ -418,6 +466,9 @@ def run_bench(opts: BenchOptions) -> dict[str, Any]:
         "contenders": {c.name: asdict(c) for c in contenders},
         "bytes": {c.name: model_bytes(c) for c in present},
     }
+    per_step = {c.name: step_bytes(Path(c.path), (100, 500)) for c in present if c.name in ORT}
+    result["bytes_per_step"] = per_step
+    result["projection"] = projection(per_step)
     if "steps" in opts.phases and present:
         log.info("phase 1: interleaved GPT steps at contexts %s", opts.contexts)
         spec = {

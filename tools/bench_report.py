@@ -100,6 +100,8 @@ def table(result: dict[str, Any]) -> str:
                 speed.append(f"{n}: " + ", ".join(parts))
         if speed:
             lines += ["", "Speed-up vs torch: " + "; ".join(speed) + "."]
+    if result.get("projection"):
+        lines += ["", *projection_table(result["projection"])]
     lines += ["", _loads(result)]
     cache = result.get("cache")
     if cache:
@@ -133,3 +135,29 @@ def _cache_line(cache: dict[str, Any]) -> str:
     elif _get(cache, "mqtt", "missing"):
         text += f"; MQTT missing: {cache['mqtt']['missing']}"
     return text + f" (load {cache.get('loadavg_before')})."
+
+
+def projection_table(proj: dict[str, Any]) -> list[str]:
+    """PROJECTION (bandwidth floor, GPT only): bytes per step ÷ the board's DRAM bandwidth."""
+    boards = list(next(iter(next(iter(proj.values())).values())))[1:]
+    head = "| precision | ctx | MB read/step | " + " | ".join(
+        f"{b} ms/step | {b} GPT RTF" for b in boards
+    )
+    lines = [
+        "Board projection (a PROJECTION, not a measurement: bandwidth floor of the GPT step):",
+        "",
+        head + " |",
+        "|---|---:|---:|" + "---:|---:|" * len(boards),
+    ]
+    for name, rows in proj.items():
+        for ctx, row in rows.items():
+            cells = []
+            for b in boards:
+                ms, rtf = row[b]["ms_per_step"], row[b]["gpt_rtf"]
+                cells.append(_span(ms) + " | " + _span(rtf))
+            lines.append(f"| {name} | {ctx} | {row['mb_per_step']} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _span(pair: list[float]) -> str:
+    return f"{pair[0]}" if pair[0] == pair[1] else f"{pair[0]}–{pair[1]}"
