@@ -72,6 +72,20 @@ def stream_snr(
     return out
 
 
+def snr_sweep(bundle: Path, steps: int, threads: int) -> dict[str, float]:
+    """Streamed-vs-one-shot SNR for context = 0..52 steps (chunk 32, first chunk 8)."""
+    from speakd.engines.base import SynthesisConfig
+    from speakd.engines.chattts.engine import ChatTTSEngine
+    from speakd.engines.chattts.vocoder import StreamSchedule
+
+    engine = ChatTTSEngine.load(bundle, threads=threads)
+    config = SynthesisConfig(extra={"max_new_token": steps, "min_new_token": steps})
+    sweep = [(1, 0), (2, 2), (4, 4), (8, 8), (12, 12), (24, 24), (52, 52)]
+    return stream_snr(
+        engine, config, [StreamSchedule(f"{lo}/{r}", 8, 32, lo, r) for lo, r in sweep]
+    )
+
+
 def run_speakd(bundle: Path, steps: int, threads: int, text: str = TEXT) -> dict[str, Any]:
     from speakd.engines.base import SynthesisConfig
     from speakd.engines.chattts.engine import ChatTTSEngine
@@ -201,7 +215,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--side", choices=("speakd", "torch"), help=argparse.SUPPRESS)
+    p.add_argument("--snr-sweep", action="store_true",
+                   help="only the streamed-vs-one-shot SNR per context (speakd)")  # fmt: skip
     args = p.parse_args(argv)
+    if args.snr_sweep:
+        print(json.dumps(snr_sweep(args.bundle, args.steps, args.threads)))
+        return
     if args.side == "speakd":
         print(json.dumps(run_speakd(args.bundle, args.steps, args.threads)))
         return
