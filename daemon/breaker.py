@@ -133,19 +133,25 @@ class GuardedEngine:
         cancel = cancel or threading.Event()
         inner_cancel = threading.Event()
         chunks: queue.Queue[Any] = queue.Queue(maxsize=64)
+        blocked = [0.0]  # seconds the engine thread waited for the consumer (not its own time)
+
+        def hand_over(item: Any) -> None:
+            t = time.monotonic()
+            while not inner_cancel.is_set():
+                try:
+                    chunks.put(item, timeout=0.1)
+                    break
+                except queue.Full:
+                    continue
+            blocked[0] += time.monotonic() - t
 
         def run() -> None:
             try:
                 for chunk in self.inner.synthesize(text, config, inner_cancel):
-                    while not inner_cancel.is_set():
-                        try:
-                            chunks.put(chunk, timeout=0.1)
-                            break
-                        except queue.Full:
-                            continue
-                chunks.put(_END)
+                    hand_over(chunk)
+                hand_over(_END)
             except BaseException as e:  # handed to the consumer, who decides
-                chunks.put(e)
+                hand_over(e)
 
         threading.Thread(target=run, name="speakd-engine", daemon=True).start()
         t0, audio_s, outcome = time.monotonic(), 0.0, "incomplete"
@@ -169,17 +175,14 @@ class GuardedEngine:
                 if isinstance(item, BaseException):
                     # A clean EngineError is about the request (bad text, unknown voice), not
                     # the engine's health; anything else is a fault.
-                    outcome = (
-                        "refused"
-                        if isinstance(item, EngineError)
-                        else f"{type(item).__name__}: {item}"
-                    )
+                    refused = isinstance(item, EngineError)
+                    outcome = "refused" if refused else f"{type(item).__name__}: {item}"
                     raise item
                 audio_s += item.duration
                 yield item
         finally:
             inner_cancel.set()
-            self._judge(outcome, time.monotonic() - t0, audio_s)
+            self._judge(outcome, time.monotonic() - t0 - blocked[0], audio_s)
 
     def _judge(self, outcome: str, elapsed: float, audio_s: float) -> None:
         if outcome in ("cancelled", "incomplete", "refused"):

@@ -87,6 +87,7 @@ class Scheduler:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="speakd-play")
         self._closing = False
         self.fallback: AudioChunk | None = None  # played when the engine itself fails
+        self._retired: list[Sink] = []  # replaced sinks still in use by the playing utterance
         self._paused_all = False
         self._paused_clients: set[str] = set()
         self.counters = {"accepted": 0, "rejected": 0, "finished": 0, "cancelled": 0, "errors": 0}
@@ -170,6 +171,15 @@ class Scheduler:
             self._paused_clients.discard(client)
         self._wakeup.set()
         return was
+
+    def replace_sink(self, sink: Sink) -> Sink | None:
+        """Swap the sink (reload); returns the old one for the caller to close, or None when an
+        utterance is playing on it — then it is closed as soon as that utterance ends."""
+        old, self.sink = self.sink, sink
+        if self._current is None:
+            return old
+        self._retired.append(old)
+        return None
 
     def knows(self, request_id: str) -> bool:
         return any(j.id == request_id for j in self._jobs())
@@ -303,6 +313,7 @@ class Scheduler:
         t0 = time.monotonic()
         producer.start()
         played = 0.0
+        drained = False  # True once the sink has played everything out
         try:
             for chunk in _drain(chunks, job.cancel):
                 if isinstance(chunk, BaseException):
@@ -310,20 +321,18 @@ class Scheduler:
                     if not job.started and self.fallback is not None and _degrades(chunk):
                         log.warning("request %s: %s; playing the fallback prompt", job.id, chunk)
                         self._write(job, sink, self.fallback)
-                        if job.cancel.is_set():
-                            sink.abort()
-                        else:
+                        if not job.cancel.is_set():
                             sink.drain()
+                            drained = True
                         error["fallback"] = True
                     return "error", error
                 played += self._write(job, sink, chunk)
             if job.cancel.is_set():
-                if job.started:
-                    sink.abort()
                 log.info("request %s %s after %.2f s of audio", job.id, job.cancel_status, played)
                 return job.cancel_status, None
             if job.started:
                 sink.drain()
+                drained = True
             log.info(
                 "request %s finished: %.2f s audio in %.2f s", job.id, played, time.monotonic() - t0
             )
@@ -336,6 +345,18 @@ class Scheduler:
         finally:
             job.cancel.set()  # stops the producer if it is still running
             producer.join()
+            self._release(sink, abort=job.started and not drained)
+
+    def _release(self, sink: Sink, abort: bool) -> None:
+        """Drop what a stopped or failed utterance left in the sink; close sinks a reload
+        replaced while this utterance was playing (only now is nobody writing to them)."""
+        try:
+            if abort:
+                sink.abort()
+            while self._retired:
+                self._retired.pop().close()
+        except Exception:  # the device may be gone; the next utterance reopens it
+            log.warning("releasing the audio sink failed", exc_info=True)
 
     def _write(self, job: Job, sink: Sink, chunk: AudioChunk) -> float:
         """Play one chunk in blocks, honouring pause and cancel; returns seconds played."""

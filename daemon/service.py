@@ -16,7 +16,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -33,7 +33,7 @@ from speakd.frontends.unixserver import AccessPolicy, start_unix_server
 from speakd.messages import SpeakRequest
 from speakd.notify import listen_fds, notify, watchdog_interval
 from speakd.scheduler import Scheduler
-from speakd.sinks import make_sink
+from speakd.sinks import Sink, make_sink
 from speakd.source import AudioSource, EngineSource
 
 log = logging.getLogger(__name__)
@@ -78,6 +78,7 @@ class Daemon:
     _owned_paths: list[Path] = field(default_factory=list)  # sockets we bound (not inherited)
     _exit_code: int = 0
     _halt: threading.Event = field(default_factory=threading.Event)  # stops background synthesis
+    _reload_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
@@ -89,7 +90,7 @@ class Daemon:
         await self._start_listeners()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stopping.set)
-        loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(self.reload()))
+        loop.add_signal_handler(signal.SIGHUP, self._on_sighup)
         _install_debug_wedge(loop)
         self._tasks.append(asyncio.create_task(self._memory_guard(), name="memory-guard"))
         if os.environ.get("NOTIFY_SOCKET"):
@@ -101,14 +102,20 @@ class Daemon:
         await self.shutdown()
         return self._exit_code
 
+    @staticmethod
+    async def _replace_sink(scheduler: Scheduler, sink: Sink) -> None:
+        old = scheduler.replace_sink(sink)
+        if old is not None:
+            await asyncio.to_thread(old.close)
+
     def _prepare_fallback(self, scheduler: Scheduler, text: str) -> None:
         """Make the fallback prompt in the background: a cache hit in a few ms, a synthesis on a
         first run — either way READY does not wait for it."""
 
         async def prepare() -> None:
-            scheduler.fallback = await asyncio.to_thread(
-                _fallback_audio, scheduler.source, text, self._halt
-            )
+            audio = await asyncio.to_thread(_fallback_audio, scheduler.source, text, self._halt)
+            if audio is not None:  # a failed attempt keeps the previous prompt
+                scheduler.fallback = audio
 
         self._tasks.append(asyncio.create_task(prepare(), name="fallback"))
 
@@ -152,8 +159,7 @@ class Daemon:
         self.mqtt = MqttFrontend(self.control, self.config.mqtt)
         if self.mqtt.speaker is not None:
             scheduler = self.control.scheduler
-            old_sink, scheduler.sink = scheduler.sink, self.mqtt.speaker
-            await asyncio.to_thread(old_sink.close)
+            await self._replace_sink(scheduler, self.mqtt.speaker)
         await self.mqtt.start()
 
     async def _listen(self, handler: Any, path: str, inherited: Any, refusal: bytes = b"") -> None:
@@ -221,24 +227,39 @@ class Daemon:
                 self._stopping.set()
                 return
 
-    async def reload(self) -> None:
-        """SIGHUP: re-read the config; keep the loaded model unless [engine] changed."""
-        assert self.control is not None and self.engine is not None
-        notify("RELOADING=1", "STATUS=reloading configuration")
-        try:
-            new = load_config(self.config_path)
-        except ConfigError as e:
-            log.error("reload failed, keeping the running configuration: %s", e)
-            notify("READY=1", f"STATUS=reload failed: {e}")
+    def _on_sighup(self) -> None:
+        if self._stopping.is_set():
+            log.info("SIGHUP ignored: shutting down")
             return
-        engine = self.engine
-        if new.engine != self.config.engine:
+        self._tasks.append(asyncio.create_task(self.reload(), name="reload"))
+
+    async def reload(self) -> None:
+        """SIGHUP: re-read the config; keep the loaded model unless the model keys changed.
+
+        Reloads run one at a time; whatever fails, systemd hears READY=1 again and the daemon
+        keeps serving with the configuration it had.
+        """
+        async with self._reload_lock:
+            notify("RELOADING=1", "STATUS=reloading configuration")
             try:
-                engine = await _load_engine(new.engine)
+                await self._reload()
             except Exception as e:
-                log.error("reload: new engine failed to load, keeping the old one: %s", e)
+                log.error("reload failed, keeping the running configuration: %s", e)
                 notify("READY=1", f"STATUS=reload failed: {e}")
-                return
+
+    async def _reload(self) -> None:
+        assert self.control is not None and self.engine is not None
+        new = load_config(self.config_path)
+        engine = self.engine
+        if _model_key(new.engine) != _model_key(self.config.engine):
+            engine = await _load_engine(new.engine)
+        elif new.engine != self.config.engine:  # only the watchdog/breaker settings changed
+            engine = _guard(getattr(engine, "inner", engine), new.engine)
+        if (new.socket, new.limits.max_line_bytes) != (
+            self.config.socket,
+            self.config.limits.max_line_bytes,
+        ):
+            log.warning("[socket] and limits.max_line_bytes changes take effect after a restart")
         scheduler = self.control.scheduler
         mqtt_changed = new.mqtt != self.config.mqtt or (
             self.mqtt is not None and self.mqtt.credentials_changed()
@@ -247,8 +268,7 @@ class Daemon:
             await self.mqtt.close()
             self.mqtt = None
         if _sink_key(new) != _sink_key(self.config):
-            old_sink, scheduler.sink = scheduler.sink, make_sink(new.audio)
-            await asyncio.to_thread(old_sink.close)
+            await self._replace_sink(scheduler, make_sink(new.audio))
         source = await asyncio.to_thread(make_source, engine, new)  # prewarm reads from disk
         old_source, scheduler.source = scheduler.source, source
         await asyncio.to_thread(_close_source, old_source)
@@ -289,13 +309,27 @@ class Daemon:
 
 def _sink_key(config: Config) -> Any:
     """What decides the sink: the remote speaker's site when there is one, else [audio]."""
-    mqtt = config.mqtt
-    return mqtt.remote_speaker if mqtt.enabled and mqtt.remote_speaker else config.audio
+    mqtt, audio = config.mqtt, config.audio
+    if mqtt.enabled and mqtt.remote_speaker:
+        return mqtt.remote_speaker
+    return (audio.sink, audio.device, audio.wav_dir, audio.realtime)  # volume etc. need no new sink
+
+
+_GUARD_KEYS = ("fallback_text", "hang_timeout_s", "max_rtf", "breaker_failures", "breaker_reset_s")
+
+
+def _model_key(config: EngineConfig) -> tuple[Any, ...]:
+    """The [engine] keys that need the model loaded again (the rest only re-wrap it)."""
+    return tuple(getattr(config, f.name) for f in fields(config) if f.name not in _GUARD_KEYS)
+
+
+def _guard(engine: Engine, config: EngineConfig) -> Engine:
+    breaker = CircuitBreaker(config.breaker_failures, config.breaker_reset_s)
+    return GuardedEngine(engine, breaker, config.hang_timeout_s, config.max_rtf)
 
 
 def _guarded_engine(config: EngineConfig) -> Engine:
-    breaker = CircuitBreaker(config.breaker_failures, config.breaker_reset_s)
-    return GuardedEngine(load_engine(config), breaker, config.hang_timeout_s, config.max_rtf)
+    return _guard(load_engine(config), config)
 
 
 def _fallback_audio(source: AudioSource, text: str, halt: threading.Event) -> AudioChunk | None:

@@ -89,6 +89,18 @@ class CachingSource:
         self._closed = False
         self._ram: dict[str, Clip] = {}
         self._prewarm(prewarm_bytes)
+        self._store_stats: dict[str, Any] = {}
+        self._refresh_stats()
+
+    def _refresh_stats(self) -> None:
+        """Snapshot the store's aggregate stats on a worker thread (at open and after each
+        store), so ``status()`` — called on the event loop — never waits on SQLite."""
+        try:
+            stats = self.store.stats()
+        except (CacheError, sqlite3.Error) as e:
+            stats = {"error": str(e)}
+        with self._lock:
+            self._store_stats = stats
 
     @classmethod
     def from_config(cls, engine: Engine, config: CacheConfig) -> CachingSource:
@@ -165,11 +177,8 @@ class CachingSource:
                 "prewarmed_bytes": self._ram_bytes,
                 "inflight": len(self._inflight),
                 "stale_while_revalidate": self.stale_while_revalidate,
+                **self._store_stats,
             }
-        try:
-            info.update(self.store.stats())
-        except (CacheError, sqlite3.Error) as e:
-            info["error"] = str(e)
         info["recovered"] = info.get("recovered_from") is not None
         return {"cache": info}
 
@@ -321,6 +330,7 @@ class CachingSource:
             log.warning("clip %s not stored: %s", flight.key[:12], e)
             return
         self._count("stored")
+        self._refresh_stats()
         log.debug(
             "stored clip %s (%.2f s)%s",
             flight.key[:12],

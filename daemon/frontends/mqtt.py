@@ -96,6 +96,11 @@ class RecentIds:
         self._seen.move_to_end(key)
         return duplicate
 
+    def forget(self, key: str | None) -> None:
+        """A say refused for a passing reason (queue full): its retry must not count as a dup."""
+        if key is not None:
+            self._seen.pop(key, None)
+
 
 @dataclass(frozen=True)
 class Incoming:
@@ -103,6 +108,13 @@ class Incoming:
     payload: bytes
     response_topic: str | None
     correlation: bytes | None
+
+
+RETRYABLE = frozenset({"queue_full", "shutting_down"})
+
+
+def _hex(correlation: bytes | None) -> str | None:
+    return correlation.hex() if correlation else None
 
 
 @dataclass(frozen=True)
@@ -360,7 +372,7 @@ class MqttFrontend:
             log.debug("MQTT: say for site %r is not ours", site_id)
             return
         origin = self._origin(msg, optional_str(obj, "id"), site_id, optional_str(obj, "sessionId"))
-        key = origin.hermes_id or (msg.correlation.hex() if msg.correlation else None)
+        key = origin.hermes_id or _hex(msg.correlation)
         if key is not None and self._recent.seen(key):
             log.info("MQTT: say %s on %s is a duplicate; ignored", key, msg.topic)
             self._reply(origin, origin.hermes_id, "duplicate")  # a retrying client hears why
@@ -373,6 +385,7 @@ class MqttFrontend:
                 on_event=functools.partial(self._say_event, origin),
             )
         except RequestError as e:
+            self._recent.forget(key)  # a corrected retry with the same id must be heard
             self._say_failed(origin, None, e)
             return
         self.control.say(request)
@@ -394,6 +407,8 @@ class MqttFrontend:
             self._reply(origin, event.request_id, event.data["status"])
         elif event.type == EventType.ERROR:
             error = RequestError(event.data["code"], event.data["message"])
+            if error.code in RETRYABLE:
+                self._recent.forget(origin.hermes_id or _hex(origin.correlation))
             self._say_failed(origin, event.request_id, error)
 
     def _say_failed(self, origin: SayOrigin, request_id: str | None, e: RequestError) -> None:

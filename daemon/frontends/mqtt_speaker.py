@@ -17,6 +17,7 @@ from typing import Any
 
 from speakd.audio import AudioChunk, wav_bytes
 from speakd.frontends.mqtt_messages import Message, PlayBytes
+from speakd.sinks import SinkUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ class RemoteSpeakerSink:
         if not self._publish(PlayBytes(self.site, self._id, wav_bytes(chunk))):
             self._error = "not connected to the broker"
             log.warning("remote speaker %s: %s; %s not played", self.site, self._error, self._id)
-            return
+            raise SinkUnavailable(f"remote speaker {self.site}: {self._error}")
         self._error = ""
         if not self._played.wait(chunk.duration + self.margin_s):
             log.warning(

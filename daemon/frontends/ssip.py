@@ -191,6 +191,7 @@ class SsipFrontend:
         self._msg_ids = itertools.count(1)
         self._clients: dict[int, Connection] = {}
         self._inflight: dict[str, Message] = {}  # request id → message, until its end
+        self._pause_all_owner: int | None = None  # the client whose PAUSE ALL holds everyone
         self._handlers: dict[str, Callable[[Connection, list[str], str], bytes]] = {
             "set": self._set,
             "stop": self._stop,
@@ -252,6 +253,9 @@ class SsipFrontend:
         conn.closed = True
         self._clients.pop(conn.client_id, None)
         self.control.resume(conn.key)
+        if self._pause_all_owner == conn.client_id:  # nobody else could ever lift it
+            self._pause_all_owner = None
+            self.control.resume(None)
         log.debug("ssip client %d disconnected", conn.client_id)
 
     def _process(
@@ -521,6 +525,8 @@ class SsipFrontend:
         scope = self._scope(conn, words)
         if isinstance(scope, bytes):
             return scope
+        if scope == "all":
+            self._pause_all_owner = conn.client_id
         self.control.pause(None if scope == "all" else client_key(int(scope)))
         return reply(211, "OK PAUSED")
 
@@ -528,6 +534,8 @@ class SsipFrontend:
         scope = self._scope(conn, words)
         if isinstance(scope, bytes):
             return scope
+        if scope == "all":
+            self._pause_all_owner = None
         if not self.control.resume(None if scope == "all" else client_key(int(scope))):
             return reply(417, "ERR NOT PAUSED")
         return reply(212, "OK RESUMED")

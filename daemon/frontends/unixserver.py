@@ -13,6 +13,7 @@ import grp
 import logging
 import os
 import socket
+import stat
 import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -51,6 +52,8 @@ def peer_of(writer: asyncio.StreamWriter) -> Peer | None:
 def _bind(path: Path, mode: int, group: str) -> socket.socket:
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.exists() or path.is_symlink():
+        if not stat.S_ISSOCK(path.lstat().st_mode):
+            raise ListenError(f"{path}: exists and is not a socket; refusing to replace it")
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             probe.connect(str(path))
