@@ -456,6 +456,12 @@ class BenchOptions:
     seed: int = 1
 
 
+def _save_partial(result: dict[str, Any], out: Path) -> None:
+    """A long run keeps what it measured so far if a later phase fails."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.partial.json").write_text(json.dumps(result, indent=1))
+
+
 def run_bench(opts: BenchOptions) -> dict[str, Any]:
     contenders = find_contenders(opts.checkpoint, opts.bundles)
     present = [c for c in contenders if c.present]
@@ -481,6 +487,7 @@ def run_bench(opts: BenchOptions) -> dict[str, Any]:
             "seed": opts.seed,
         }
         result["steps"] = _child("steps", spec, opts.timeout)
+        _save_partial(result, opts.out)
     voice = next((c.path for c in present if c.name in ORT), "")
     if "e2e" in opts.phases:
         result["e2e"] = {}
@@ -494,6 +501,7 @@ def run_bench(opts: BenchOptions) -> dict[str, Any]:
                 "text": opts.text, "voice_bundle": voice,
             }  # fmt: skip
             result["e2e"][c.name] = _child("e2e", spec, opts.timeout)
+            _save_partial(result, opts.out)
     if "startup" in opts.phases:
         result["startup"] = {}
         for c in present:
