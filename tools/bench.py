@@ -567,9 +567,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="comma list of steps,e2e,startup,cache (default all)",
     )
     p.add_argument("--out", type=Path, default=Path("bench-out"), help="JSON, table and PNGs")
+    p.add_argument(
+        "--render",
+        type=Path,
+        metavar="JSON",
+        help="measure nothing: redraw the table and plots of a saved bench.json into --out",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.render:
+        return render(args.render, args.out)
     phases = tuple(x for x in args.phases.split(",") if x)
     unknown = set(phases) - {"steps", "e2e", "startup", "cache"}
     if unknown:
@@ -592,6 +600,22 @@ def run(args: argparse.Namespace) -> int:
 
     result = run_bench(opts)
     files = write_outputs(result, args.out)
+    print(table(result))
+    print("wrote " + ", ".join(str(f) for f in files))
+    return 0
+
+
+def render(saved: Path, out: Path) -> int:
+    """Table and plots of a saved result; adds the board projection if the run predates it."""
+    from speakd_tools.bench_report import table
+
+    result = json.loads(saved.read_text())
+    if "projection" not in result:
+        bundles = {n: c["path"] for n, c in result["contenders"].items() if not c["missing"]}
+        per_step = {n: step_bytes(Path(p), (100, 500)) for n, p in bundles.items() if n in ORT}
+        result["bytes_per_step"] = per_step
+        result["projection"] = projection(per_step)
+    files = write_outputs(result, out)
     print(table(result))
     print("wrote " + ", ".join(str(f) for f in files))
     return 0
