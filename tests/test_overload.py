@@ -136,3 +136,5 @@ def test_burst_is_bounded_answered_and_memory_flat(daemon: DaemonProc) -> None:
         assert c.request({"op": "voices"})["event"] == "voices"
         counters = c.request({"op": "status"})["counters"]
     assert counters["rejected"] >= (ROUNDS + 1) * REQUESTS // 2
+    # every accepted request is logged with its sender's SO_PEERCRED credentials
+    assert f"origin=json:pid={os.getpid()},uid={os.getuid()},gid={os.getgid()}" in daemon.log_text()

@@ -70,9 +70,10 @@ def run_section(name: str, args: list[str], env: dict[str, str]) -> dict[str, An
         "env": env,
         "measured": measured,
     }
+    print(f"{name}: {'ok' if result['passed'] else 'FAILED'} in {wall:.0f} s", file=sys.stderr)
     if r.returncode != 0:
         result["output_tail"] = (r.stdout + r.stderr)[-4000:]
-    print(f"{name}: {'ok' if result['passed'] else 'FAILED'} in {wall:.0f} s", file=sys.stderr)
+        print(result["output_tail"], file=sys.stderr)  # at once: the JSON comes at the end
     return result
 
 
