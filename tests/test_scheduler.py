@@ -6,12 +6,12 @@ import asyncio
 from pathlib import Path
 
 import pytest
+
 from speakd.audio import read_wav
 from speakd.messages import Event, Priority, SpeakRequest
 from speakd.scheduler import Scheduler
 from speakd.sinks import WavSink
 from speakd.source import EngineSource
-
 from tests.tone_engine import ToneEngine
 
 

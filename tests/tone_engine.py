@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+
 from speakd.audio import AudioChunk
 from speakd.engines.base import EngineError, SynthesisConfig, VoiceInfo
 

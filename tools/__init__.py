@@ -1,1 +1,1 @@
-"""Host-side tools (import name ``speakd_tools``): checkpoint, export, calibrate, precompute, bench."""
+"""Host-side tools (import ``speakd_tools``): checkpoint, export, calibrate, precompute, bench."""
