@@ -71,7 +71,10 @@ def daemon(
     d = start_mqtt_daemon(tmp_path_factory.mktemp("fuzzd"), broker, watcher, SITE, limits)
     yield d
     assert d.stop() == 0, d.log_text()[-5000:]
-    assert "Traceback" not in d.log_text(), d.log_text()[-5000:]
+    # Nothing escaped a handler: asyncio's "Unhandled exception…", a front-end's log.exception…
+    # (DEBUG tracebacks of ordinary request errors, e.g. not_cached, are fine.)
+    errors = [line for line in d.log_text().splitlines() if " ERROR " in line]
+    assert not errors, errors[:20]
 
 
 @pytest.fixture(scope="module")
@@ -186,11 +189,16 @@ def expected(payload: bytes) -> tuple[int, str | None]:
     return answered, None
 
 
-def read_all(sock: socket.socket) -> bytes:
+def read_all(sock: socket.socket) -> tuple[bytes, bool]:
+    """Everything the server sent, and whether it ended with a reset instead of EOF (a server
+    that closes with our unsent input still queued: only after a fatal line)."""
     out = b""
-    while chunk := sock.recv(65536):
-        out += chunk
-    return out
+    try:
+        while chunk := sock.recv(65536):
+            out += chunk
+    except ConnectionResetError:
+        return out, True
+    return out, False
 
 
 def check_event(event: Any) -> None:
@@ -232,7 +240,8 @@ def test_json_socket_fuzz(
         except (BrokenPipeError, ConnectionResetError):
             assert fatal is not None, "the server closed a connection that did nothing wrong"
         if ending == "half_close":
-            output = read_all(s)
+            output, reset = read_all(s)
+            assert not reset or fatal is not None, "reset a connection that did nothing wrong"
             assert not output or output.endswith(b"\n"), output[-200:]
             events = [json.loads(line) for line in output.splitlines()]
             for event in events:
@@ -254,7 +263,7 @@ def test_half_closed_connection_gets_every_answer(daemon: DaemonProc) -> None:
         s.connect(daemon.socket)
         s.sendall(b"\n".join(lines))  # the last line has no newline: EOF ends it
         s.shutdown(socket.SHUT_WR)
-        events = [json.loads(line) for line in read_all(s).splitlines()]
+        events = [json.loads(line) for line in read_all(s)[0].splitlines()]
     assert [e["event"] for e in events] == ["status", "error", "error", "voices"]
     assert [e.get("code") for e in events[1:3]] == ["bad_json", "bad_text"]
 
@@ -277,7 +286,7 @@ def test_inputs_the_fuzz_found(daemon: DaemonProc, line: bytes, code: str | None
         s.connect(daemon.socket)
         s.sendall(line + b"\n")
         s.shutdown(socket.SHUT_WR)
-        output = read_all(s)
+        output, _ = read_all(s)
     [event] = [json.loads(raw) for raw in output.splitlines()]
     check_event(event)
     assert event.get("code") == code, event

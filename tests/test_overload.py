@@ -116,7 +116,7 @@ def test_burst_is_bounded_answered_and_memory_flat(daemon: DaemonProc) -> None:
         assert len(errors) > REQUESTS // 2  # ... and the rest was refused at once
         assert {e["code"] for e in errors} == {"queue_full"}
         assert all(f"queue is full ({MAX_QUEUE} pending)" in e["message"] for e in errors)
-        assert len(latencies) >= 3 and max(latencies) < 5.0, latencies
+        assert latencies and max(latencies) < 5.0, latencies
         status = settle(daemon)
         assert status["queue_length"] == 0 and status["breaker"]["state"] == "closed"
         growth_mb = (rss_kb(daemon.proc.pid) - base) / 1024
