@@ -183,7 +183,8 @@ def faulty(
             assert d.stop() == 0
 
 
-def mqtt_say(watcher: Watcher, rid: str, text: str) -> tuple[Any, int]:
+def mqtt_say(watcher: Watcher, rid: str, text: str) -> int:
+    """Publish a say on our site topic; the watcher mark to look for its outcome from."""
     since = watcher.mark()
     watcher.publish(f"speakd/{SITE}/say", json.dumps({"text": text, "id": rid}))
     return since
