@@ -22,7 +22,6 @@ writes each row at its own position), seeded ``CodeSampler``, repetition window 
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -104,7 +103,6 @@ class BatchDecoder:
         self._steps = [self._prefix_binding(n) for n in range(1, b + 1)]
         self._scratch = np.empty((spec.num_vq, spec.num_audio_tokens), np.float32)
         self.rows: list[Row | None] = [None] * b
-        self.forward_lock = threading.Lock()  # held around every run (tests count steps)
 
     def _bind(
         self,
@@ -144,8 +142,7 @@ class BatchDecoder:
         alone = []
         for n in (1, 2):
             self.embeds[0, 0], self.embeds[1, 0] = rows[0], 8.0 * rows[1]
-            with self.forward_lock:
-                self.session.run_with_iobinding(self._steps[n - 1][0])
+            self.session.run_with_iobinding(self._steps[n - 1][0])
             alone.append(self.logits[0, 0].copy())
         return bool(np.array_equal(alone[0], alone[1]))
 
@@ -189,8 +186,7 @@ class BatchDecoder:
         binding, _keep = self._bind(
             (embeds, hidden, logits, seqlens, total), self._slot_kv[row.slot]
         )
-        with self.forward_lock:
-            self.session.run_with_iobinding(binding)
+        self.session.run_with_iobinding(binding)
         row.prefilled = row.position = p + s
         row.stats.prompt_ms += (time.perf_counter() - t0) * 1e3
         if row.prefilled < s_all:
@@ -217,8 +213,7 @@ class BatchDecoder:
                 np.add(out[r.slot], e[q, c[q]], out=out[r.slot])
         self.total[...] = int(self.seqlens[:n].max()) + 1
         binding, _keep = self._steps[n - 1]
-        with self.forward_lock:
-            self.session.run_with_iobinding(binding)
+        self.session.run_with_iobinding(binding)
         ms = (time.perf_counter() - t0) * 1e3
         for r in rows:
             r.position += 1
