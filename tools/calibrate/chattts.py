@@ -252,6 +252,7 @@ class ChatTTSRun(RunBase):
             "speed": speed,
             "within_bounds": not failed,
             "failed": failed,
+            "score": quality["code_agreement"],  # quality rank when no candidate is in bounds
             "_curves": curves,
         }
 

@@ -108,10 +108,12 @@ def calibrate(opts: CalibrateOptions) -> CalibrateResult:
 
 
 def select_winner(candidates: dict[str, dict[str, Any]]) -> str:
-    """The fastest candidate within bounds; if none is, the fastest overall (flagged)."""
+    """The fastest candidate within bounds; if none is, the best in quality (``score``, flagged):
+    a fast bundle that breaks the quality bounds is the wrong default."""
     ok = [k for k, c in candidates.items() if c["within_bounds"]]
-    pool = ok or list(candidates)
-    return max(pool, key=lambda k: candidates[k]["speed_ratio"])
+    if ok:
+        return max(ok, key=lambda k: candidates[k]["speed_ratio"])
+    return max(candidates, key=lambda k: candidates[k]["score"])
 
 
 def explain(winner: str, candidates: dict[str, dict[str, Any]]) -> str:
@@ -123,7 +125,7 @@ def explain(winner: str, candidates: dict[str, dict[str, Any]]) -> str:
     if not w["within_bounds"]:
         head += f", but misses a quality bound ({'; '.join(w['failed'])})"
         if len(candidates) > 1:
-            head += "; no candidate met every bound, so the fastest is kept and flagged"
+            head += "; no candidate met every bound, so the best in quality is kept and flagged"
     elif len(candidates) > 1:
         head += "; it is the fastest candidate within every quality bound"
     others = [

@@ -311,6 +311,7 @@ class VitsRun(RunBase):
             "speed": ev["speed"],
             "within_bounds": not failed,
             "failed": failed,
+            "score": -ev["quality"]["mcd_db_mean"],  # quality rank when none is in bounds
             "_mcd": ev["per_sentence_mcd"],
             "_mel": ev["mel_example"],
         }
