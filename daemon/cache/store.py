@@ -183,6 +183,19 @@ MIGRATIONS: list[Callable[[Database], None]] = [_v1]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 
+def _enable_wal(db: Database, attempts: int = 100) -> None:
+    """Switching a fresh file to WAL needs an exclusive lock, and SQLite answers "database is
+    locked" at once (no busy wait) while another process is doing the same: retry briefly."""
+    for attempt in range(attempts):
+        try:
+            db.enable_wal()
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or attempt == attempts - 1:
+                raise
+            time.sleep(0.02 + random.random() * 0.05)
+
+
 class CacheStore:
     """The cache file. Thread-safe; every public method is one transaction."""
 
@@ -235,7 +248,7 @@ class CacheStore:
         conn = sqlite3.connect(str(self.path), check_same_thread=False, timeout=10.0)
         try:
             db = Database(conn, execute_plugins=False)
-            db.enable_wal()
+            _enable_wal(db)
             db.execute("PRAGMA synchronous=FULL")
             self._migrate(db)
             db.execute("SELECT COUNT(*) FROM clips").fetchone()
