@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 LOAD_EXTEND_S = 20.0  # while a model loads, ask systemd for this much more time, twice per period
 LOAD_EXTEND_MAX_S = 600.0  # a load still running after this is stuck: stop extending
 STATUS_INTERVAL_S = 1.0  # how often STATUS= may change (WatchdogSec/2 is far coarser)
+FALLBACK_RETRY_S = (5.0, 30.0, 120.0, 600.0, 0.0)  # waits after failed fallback attempts
 DEBUG_WEDGE_ENV = "SPEAKD_DEBUG_WEDGE"  # seconds SIGUSR2 blocks the event loop (watchdog tests)
 EXIT_GRACE_S = 1.0  # how long cancelled engine threads get to leave onnxruntime at exit
 MEMORY_CHECK_S = 5.0  # how often limits.max_rss_mb is checked
@@ -113,9 +114,14 @@ class Daemon:
         first run — either way READY does not wait for it."""
 
         async def prepare() -> None:
-            audio = await asyncio.to_thread(_fallback_audio, scheduler.source, text, self._halt)
-            if audio is not None:  # a failed attempt keeps the previous prompt
-                scheduler.fallback = audio
+            for delay in FALLBACK_RETRY_S:  # a busy or briefly failing engine gets more tries
+                audio = await asyncio.to_thread(_fallback_audio, scheduler.source, text, self._halt)
+                if audio is not None:  # a failed attempt keeps the previous prompt
+                    scheduler.fallback = audio
+                    return
+                if self._halt.is_set():
+                    return
+                await asyncio.sleep(delay)
 
         self._tasks.append(asyncio.create_task(prepare(), name="fallback"))
 
