@@ -30,7 +30,6 @@ import argparse
 import json
 import logging
 import os
-import resource
 import shutil
 import socket
 import statistics
@@ -292,7 +291,9 @@ def run_e2e(spec: dict[str, Any]) -> dict[str, Any]:
         r = bench_engine.run_speakd(
             Path(spec["path"]), spec["steps"], spec["threads"], spec["text"]
         )
-    r["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    # VmHWM, not ru_maxrss: Linux carries ru_maxrss over fork + exec, so a child would report
+    # at least its parent's peak
+    r["peak_rss_mb"] = round(_status_kb(os.getpid(), "VmHWM") / 1024, 1)
     return {**r, "loadavg_before": la0, "loadavg_after": loadavg()}
 
 
@@ -472,9 +473,6 @@ def run_bench(opts: BenchOptions) -> dict[str, Any]:
         "contenders": {c.name: asdict(c) for c in contenders},
         "bytes": {c.name: model_bytes(c) for c in present},
     }
-    per_step = {c.name: step_bytes(Path(c.path), (100, 500)) for c in present if c.name in ORT}
-    result["bytes_per_step"] = per_step
-    result["projection"] = projection(per_step)
     if "steps" in opts.phases and present:
         log.info("phase 1: interleaved GPT steps at contexts %s", opts.contexts)
         spec = {
@@ -514,6 +512,10 @@ def run_bench(opts: BenchOptions) -> dict[str, Any]:
         log.info("phase 4: cache hits (socket, MQTT)")
         result["cache"] = cache_hits(opts.says, opts.threads)
     result["machine"]["loadavg_end"] = loadavg()
+    # last: loading the graphs here would raise this process's RSS, which children inherit
+    per_step = {c.name: step_bytes(Path(c.path), (100, 500)) for c in present if c.name in ORT}
+    result["bytes_per_step"] = per_step
+    result["projection"] = projection(per_step)
     return result
 
 
