@@ -1,0 +1,153 @@
+"""Profiles behind docs/benchmarks.md "Where the time goes" (evidence, not a benchmark table).
+
+python -m speakd_tools.bench_profile nodes BUNDLE...          # node types after ORT's optimiser
+python -m speakd_tools.bench_profile ort BUNDLE [--ctx 500]   # ORT profiler: time per node type
+python -m speakd_tools.bench_profile loop BUNDLE [--steps 150]  # cProfile of the decode loop
+python -m speakd_tools.bench_profile threads BUNDLE           # threads × spinning, interleaved
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import cProfile
+import json
+import os
+import pstats
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+TEXT = "Please remember to close the kitchen window before you leave."
+
+
+def _options(threads: int = 2, spin: bool = True) -> ort.SessionOptions:
+    o = ort.SessionOptions()
+    o.intra_op_num_threads = threads
+    o.inter_op_num_threads = 1
+    o.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    o.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    o.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+    o.log_severity_level = 3
+    return o
+
+
+def _runner(bundle: Path, opts: ort.SessionOptions, ctx: int) -> Any:
+    from speakd.bundle import load_bundle
+    from speakd.engines.chattts.gpt_runner import GptRunner, ModelSpec
+
+    b = load_bundle(bundle, verify=False)
+    spec = ModelSpec.from_manifest(b.manifest["model"])
+    sess = ort.InferenceSession(str(b.file("gpt.onnx")), opts, providers=["CPUExecutionProvider"])
+    r = GptRunner(sess, spec, np.load(b.file("emb_code.npy")))
+    r.prompt(np.random.default_rng(0).normal(0, 0.02, (1, ctx, spec.hidden_size)).astype("f4"))
+    return r
+
+
+def nodes(bundles: list[Path]) -> None:
+    import onnx
+
+    for bundle in bundles:
+        path = bundle / "gpt.onnx"
+        with tempfile.TemporaryDirectory() as tmp:
+            o = _options()
+            o.optimized_model_filepath = str(Path(tmp) / "opt.onnx")
+            o.add_session_config_entry(
+                "session.optimized_model_external_initializers_file_name", "opt.onnx.data"
+            )
+            ort.InferenceSession(str(path), o, providers=["CPUExecutionProvider"])
+            opt = onnx.load(o.optimized_model_filepath, load_external_data=False).graph.node
+            src = onnx.load(str(path), load_external_data=False).graph.node
+            for label, graph in (("file", src), ("optimised", opt)):
+                c = collections.Counter(n.op_type for n in graph)
+                print(f"{bundle} {label}: {sum(c.values())} nodes {dict(c.most_common())}")
+
+
+def ort_profile(bundle: Path, ctx: int, steps: int) -> None:
+    o = _options()
+    o.enable_profiling = True
+    o.profile_file_prefix = str(Path(tempfile.gettempdir()) / "speakd-ortprof")
+    r = _runner(bundle, o, ctx)
+    for _ in range(steps):
+        r.position = ctx
+        r.step(np.array([1, 2, 3, 4]))
+    path = r.session.end_profiling()
+    events = json.loads(Path(path).read_text())
+    os.remove(path)
+    total: collections.Counter[str] = collections.Counter()
+    count: collections.Counter[str] = collections.Counter()
+    for e in events:
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
+            total[e["args"]["op_name"]] += e["dur"]
+            count[e["args"]["op_name"]] += 1
+    all_us = sum(total.values())
+    print(f"{bundle} ctx {ctx}, {steps} steps, load {os.getloadavg()[0]:.1f}")
+    for op, us in total.most_common():
+        print(f"  {op:34s} {100 * us / all_us:5.1f} %  {us / count[op]:8.1f} µs/node")
+
+
+def loop(bundle: Path, steps: int) -> None:
+    from speakd.engines.base import SynthesisConfig
+    from speakd.engines.chattts.engine import ChatTTSEngine
+
+    eng = ChatTTSEngine.load(bundle, threads=2)
+    cfg = SynthesisConfig(seed=1, extra={"max_new_token": steps, "min_new_token": steps})
+    text = eng.normalize_text(TEXT)
+    eng.decode(text, cfg, seed=1)  # warm
+    prof = cProfile.Profile()
+    t0 = time.perf_counter()
+    prof.enable()
+    utt = eng.decode(text, cfg, seed=1)
+    prof.disable()
+    ms = (time.perf_counter() - t0) / len(utt.codes) * 1e3
+    print(f"{len(utt.codes)} steps, {ms:.2f} ms/step incl. sampling, load {os.getloadavg()[0]:.1f}")
+    pstats.Stats(prof).sort_stats("tottime").print_stats(12)
+
+
+def threads(bundle: Path, rounds: int) -> None:
+    variants = {
+        f"{t} thread(s), spinning {'on' if s else 'off'}": (t, s)
+        for t in (1, 2)
+        for s in (True, False)
+    }
+    runners = {k: _runner(bundle, _options(t, s), 120) for k, (t, s) in variants.items()}
+    times: dict[str, list[float]] = {k: [] for k in runners}
+    names = list(runners)
+    for rnd in range(rounds):
+        for k in names[rnd % 4 :] + names[: rnd % 4]:
+            for i in range(8):
+                runners[k].position = 100
+                t0 = time.perf_counter()
+                runners[k].step(np.array([1, 2, 3, 4]))
+                if i >= 2:
+                    times[k].append((time.perf_counter() - t0) * 1e3)
+    print(f"{bundle} ctx 100, load {os.getloadavg()}")
+    for k, v in times.items():
+        print(f"  {k:28s} median {statistics.median(v):7.2f} ms  min {min(v):7.2f}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("what", choices=["nodes", "ort", "loop", "threads"])
+    p.add_argument("bundles", nargs="+", type=Path)
+    p.add_argument("--ctx", type=int, default=500)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--rounds", type=int, default=4)
+    a = p.parse_args(argv)
+    if a.what == "nodes":
+        nodes(a.bundles)
+    elif a.what == "ort":
+        ort_profile(a.bundles[0], a.ctx, a.steps)
+    elif a.what == "loop":
+        loop(a.bundles[0], a.steps)
+    else:
+        threads(a.bundles[0], a.rounds)
+
+
+if __name__ == "__main__":
+    main()
