@@ -25,15 +25,18 @@ import time
 from pathlib import Path
 from typing import Any
 
+from speakd.sinks import NullSink
+
 TEXT = "The front door is open."
 
 
-class TimingSink:
+class TimingSink(NullSink):
     """A sink that consumes instantly and remembers when each utterance's first PCM arrived."""
 
     name = "timing"
 
     def __init__(self) -> None:
+        super().__init__()
         self.first_write: dict[str, float] = {}
         self._id = ""
 
@@ -42,18 +45,6 @@ class TimingSink:
 
     def write(self, pcm: bytes) -> None:
         self.first_write.setdefault(self._id, time.monotonic())
-
-    def drain(self) -> None:
-        pass
-
-    def abort(self) -> None:
-        pass
-
-    def status(self) -> dict[str, Any]:
-        return {"sink": self.name, "available": True}
-
-    def close(self) -> None:
-        pass
 
 
 def percentile(values: list[float], q: float) -> float:
