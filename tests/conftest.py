@@ -4,9 +4,12 @@ carries the report)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.mosquitto import Mosquitto
 
 
 @pytest.fixture(scope="session")
@@ -27,3 +30,11 @@ def tiny_bundle(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory)
     out = tmp_path_factory.mktemp("bundles") / "chattts-tiny"
     assert main(["export", "--checkpoint", str(tiny_checkpoint), "--out", str(out)]) == 0
     return out
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mosquitto]:
+    """A real mosquitto per test module (test_mqtt_tls overrides it with a TLS one)."""
+    b = Mosquitto(tmp_path_factory.mktemp("broker")).start()
+    yield b
+    b.stop()

@@ -130,13 +130,6 @@ class LogTimes(logging.Handler):
 
 
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mosquitto]:
-    b = Mosquitto(tmp_path_factory.mktemp("broker")).start()
-    yield b
-    b.stop()
-
-
-@pytest.fixture(scope="module")
 def watcher(broker: Mosquitto) -> Iterator[Watcher]:
     w = Watcher(broker, "hermes/#", f"speakd/{SITE}/#")
     yield w

@@ -50,13 +50,6 @@ def fuzz_settings(examples: int) -> settings:
 
 
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mosquitto]:
-    b = Mosquitto(tmp_path_factory.mktemp("broker")).start()
-    yield b
-    b.stop()
-
-
-@pytest.fixture(scope="module")
 def watcher(broker: Mosquitto) -> Iterator[Watcher]:
     w = Watcher(broker, "hermes/#", f"speakd/{SITE}/availability", f"{REPLY_TOPIC}/#")
     yield w

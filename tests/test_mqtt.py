@@ -71,13 +71,6 @@ def finished(rid: str | None, site: str | None = None):
 
 
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mosquitto]:
-    b = Mosquitto(tmp_path_factory.mktemp("broker")).start()
-    yield b
-    b.stop()
-
-
-@pytest.fixture(scope="module")
 def watcher(broker: Mosquitto) -> Iterator[Watcher]:
     w = Watcher(broker, "hermes/#", "rhasspy/#", "speakd/#", "homeassistant/#", "test/#")
     yield w
