@@ -155,18 +155,16 @@ class Daemon:
             )
         for name in inherited:
             log.warning("ignoring inherited socket %r (known names: json, ssip)", name)
-        await self._start_mqtt()
+        if self.config.mqtt.enabled:
+            await self._start_mqtt(MqttFrontend(self.control, self.config.mqtt))
 
-    async def _start_mqtt(self) -> None:
+    async def _start_mqtt(self, frontend: MqttFrontend) -> None:
         """MQTT runs beside the sockets; a configured remote speaker replaces the local sink."""
         assert self.control is not None
-        if not self.config.mqtt.enabled:
-            return
-        self.mqtt = MqttFrontend(self.control, self.config.mqtt)
-        if self.mqtt.speaker is not None:
-            scheduler = self.control.scheduler
-            await self._replace_sink(scheduler, self.mqtt.speaker)
-        await self.mqtt.start()
+        self.mqtt = frontend
+        if frontend.speaker is not None:
+            await self._replace_sink(self.control.scheduler, frontend.speaker)
+        await frontend.start()
 
     async def _listen(self, handler: Any, path: str, inherited: Any, refusal: bytes = b"") -> None:
         sock = self.config.socket
@@ -270,8 +268,12 @@ class Daemon:
         mqtt_changed = new.mqtt != self.config.mqtt or (
             self.mqtt is not None and self.mqtt.credentials_changed()
         )
-        if mqtt_changed and self.mqtt is not None:
-            await self.mqtt.close()
+        mqtt: MqttFrontend | None = None
+        if mqtt_changed:
+            # Made before the old one closes: says in flight report through it (see close).
+            mqtt = MqttFrontend(self.control, new.mqtt) if new.mqtt.enabled else None
+            if self.mqtt is not None:
+                await self.mqtt.close(successor=mqtt)
             self.mqtt = None
         if _sink_key(new) != _sink_key(self.config):
             await self._replace_sink(scheduler, make_sink(new.audio))
@@ -289,8 +291,8 @@ class Daemon:
         self.control.engine = engine
         self.control.max_text_chars = new.limits.max_text_chars
         self.control.reloads += 1
-        if mqtt_changed:
-            await self._start_mqtt()
+        if mqtt is not None:
+            await self._start_mqtt(mqtt)
         log.info("configuration reloaded (%d)", self.control.reloads)
         notify("READY=1", f"STATUS={self._status_line()}")
 

@@ -1,16 +1,23 @@
-"""Run a real ``python -m speakd serve`` process for end-to-end tests."""
+"""Run a real ``python -m speakd serve`` process for end-to-end tests, or the real ``Daemon`` in
+this process (``InProcessDaemon``) when a test needs to swap the engine."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import speakd.service
 from speakd.client import Client, ClientError
+from speakd.config import load_config
 
 
 def write_config(
@@ -83,8 +90,6 @@ def start_daemon(
     config: Path, env: dict[str, str] | None = None, ready_timeout: float = 60
 ) -> DaemonProc:
     """Start the daemon and wait until its JSON socket answers ``status``."""
-    from speakd.config import load_config
-
     full_env = {**os.environ, **(env or {})}
     socket_path = load_config(config, env=full_env).socket.path
     log = config.with_suffix(".log")
@@ -107,3 +112,46 @@ def start_daemon(
             time.sleep(0.1)
     daemon.stop(signal.SIGKILL)
     raise RuntimeError(f"speakd did not become ready:\n{daemon.log_text()}")
+
+
+class InProcessDaemon:
+    """``Daemon.run()`` on its own loop thread (signal handlers stay with pytest's main thread)."""
+
+    def __init__(self, config_path: Path) -> None:
+        self.config = load_config(config_path)
+        self.daemon = speakd.service.Daemon(self.config, config_path)
+        self.loop = asyncio.new_event_loop()
+        self.loop.add_signal_handler = lambda *args: None  # type: ignore[method-assign]
+        self.thread = threading.Thread(target=self._run, name="speakd-under-test")
+        self.rc: int | None = None
+
+    def _run(self) -> None:
+        self.rc = self.loop.run_until_complete(self.daemon.run())
+
+    def start(self) -> InProcessDaemon:
+        self.thread.start()
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            assert self.thread.is_alive(), "the daemon died while starting"
+            with contextlib.suppress(ClientError, OSError), self.client() as c:
+                if c.request({"op": "status"})["fallback_ready"]:  # made in the background
+                    return self
+            time.sleep(0.1)
+        raise RuntimeError("in-process daemon did not become ready")
+
+    def client(self) -> Client:
+        return Client(self.config.socket.path, timeout=60)
+
+    def say(self, text: str, **fields: Any) -> list[dict[str, Any]]:
+        with self.client() as c:
+            return list(c.say({"text": text, "priority": "message", **fields}, wait=True))
+
+    def status(self) -> dict[str, Any]:
+        with self.client() as c:
+            return c.request({"op": "status"})
+
+    def stop(self) -> int | None:
+        self.loop.call_soon_threadsafe(self.daemon._stopping.set)
+        self.thread.join(30)
+        self.loop.close()
+        return self.rc

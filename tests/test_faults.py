@@ -9,8 +9,6 @@ PortAudio stream into ALSA's ``file`` plugin, real SQLite files.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import io
 import json
 import logging
@@ -31,14 +29,13 @@ import speakd.service
 from speakd.bundle import BundleError, file_entry
 from speakd.cache.resolver import CachingSource
 from speakd.cache.store import CacheStore
-from speakd.client import Client, ClientError
-from speakd.config import EngineConfig, load_config
+from speakd.config import EngineConfig
 from speakd.doctor import run_doctor
 from speakd.engines import load_engine
 from speakd.engines.base import SynthesisConfig
 from speakd.messages import SpeakRequest
 from tests.bench_report import report
-from tests.daemon_proc import DaemonProc, start_daemon, write_config
+from tests.daemon_proc import DaemonProc, InProcessDaemon, start_daemon, write_config
 from tests.mosquitto import Mosquitto, Watcher
 from tests.test_cache_store import clip
 from tests.test_mqtt import finished, mqtt_toml
@@ -72,49 +69,6 @@ class FaultyEngine:
             (cancel or threading.Event()).wait(120)
             return
         yield from self.inner.synthesize(text, config, cancel)
-
-
-class InProcessDaemon:
-    """``Daemon.run()`` on its own loop thread (signal handlers stay with pytest's main thread)."""
-
-    def __init__(self, config_path: Path) -> None:
-        self.config = load_config(config_path)
-        self.daemon = speakd.service.Daemon(self.config, config_path)
-        self.loop = asyncio.new_event_loop()
-        self.loop.add_signal_handler = lambda *args: None  # type: ignore[method-assign]
-        self.thread = threading.Thread(target=self._run, name="speakd-under-test")
-        self.rc: int | None = None
-
-    def _run(self) -> None:
-        self.rc = self.loop.run_until_complete(self.daemon.run())
-
-    def start(self) -> InProcessDaemon:
-        self.thread.start()
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            assert self.thread.is_alive(), "the daemon died while starting"
-            with contextlib.suppress(ClientError, OSError), self.client() as c:
-                if c.request({"op": "status"})["fallback_ready"]:  # made in the background
-                    return self
-            time.sleep(0.1)
-        raise RuntimeError("in-process daemon did not become ready")
-
-    def client(self) -> Client:
-        return Client(self.config.socket.path, timeout=60)
-
-    def say(self, text: str, **fields: Any) -> list[dict[str, Any]]:
-        with self.client() as c:
-            return list(c.say({"text": text, "priority": "message", **fields}, wait=True))
-
-    def status(self) -> dict[str, Any]:
-        with self.client() as c:
-            return c.request({"op": "status"})
-
-    def stop(self) -> int | None:
-        self.loop.call_soon_threadsafe(self.daemon._stopping.set)
-        self.thread.join(30)
-        self.loop.close()
-        return self.rc
 
 
 class LogTimes(logging.Handler):

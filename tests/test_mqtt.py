@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+import speakd.service
 from speakd.audio import read_wav
 from speakd.config import ConfigError, MqttConfig, load_config
 from speakd.control import Control
@@ -28,7 +29,7 @@ from speakd.messages import Event, RequestError
 from speakd.scheduler import Scheduler
 from speakd.sinks import NullSink
 from speakd.source import EngineSource
-from tests.daemon_proc import DaemonProc, start_daemon, write_config
+from tests.daemon_proc import DaemonProc, InProcessDaemon, start_daemon, write_config
 from tests.mosquitto import Mosquitto, Received, Watcher
 from tests.tone_engine import ToneEngine
 
@@ -394,6 +395,45 @@ def test_sigkill_will_offline_and_qos1_say_queued_while_down(
         )
     finally:
         watcher.publish("speakd/hall/say", b"", retain=True)  # clear the retained command
+
+
+def test_reload_in_flight_says_finish_through_the_new_client(
+    tmp_path: Path, broker: Mosquitto, watcher: Watcher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reload that replaces the MQTT client mid-utterance: the sayFinished of the say playing
+    and the error + sayFinished of the one queued behind it go out through the new client."""
+    monkeypatch.setattr(speakd.service, "load_engine", lambda _config: ToneEngine(word_s=0.2))
+    monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
+    site = "reloading"
+    config = write_config(tmp_path, mqtt_toml(broker, site), sink="null", realtime=True)
+    since = watcher.mark()
+    d = InProcessDaemon(config).start()
+    online = lambda m: m.payload == b"online"  # noqa: E731
+    try:
+        watcher.wait(f"speakd/{site}/availability", online, since)
+        since = watcher.mark()
+        long_text = " ".join(["word"] * 15)  # 3 s of tone, played in real time
+        for rid, text in (("long", long_text), ("failing", "FAIL after the reload")):
+            say = {"text": text, "id": rid, "priority": "message"}
+            watcher.publish(f"speakd/{site}/say", json.dumps(say))
+        scheduler = d.daemon.control.scheduler
+        deadline = time.monotonic() + 10
+        while scheduler.status()["state"] != "speaking" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        old_client = d.daemon.mqtt
+
+        config.write_text(config.read_text().replace("[mqtt]\n", "[mqtt]\nkeepalive = 20\n"))
+        asyncio.run_coroutine_threadsafe(d.daemon.reload(), d.loop).result(10)
+        assert d.daemon.mqtt is not old_client, "the reload must replace the MQTT front-end"
+        status = scheduler.status()
+        assert status["current"] == "long" and status["queue"] == ["failing"], status
+
+        watcher.wait("hermes/tts/sayFinished", finished("long", site), since, timeout=15)
+        error = watcher.wait("hermes/error/tts", since=since, timeout=15).json()
+        assert error["context"] == "failing" and error["error"].startswith("synthesis_failed")
+        watcher.wait("hermes/tts/sayFinished", finished("failing", site), since, timeout=15)
+    finally:
+        assert d.stop() == 0
 
 
 def test_remote_speaker_broker_restart_and_reload(tmp_path: Path) -> None:

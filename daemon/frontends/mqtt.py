@@ -159,6 +159,7 @@ class MqttFrontend:
         self._unreachable_logged = False
         self._refused = ""  # the last CONNACK refusal logged
         self._closing = False
+        self._successor: MqttFrontend | None = None  # a reload's replacement (see close)
         self._status_pending = False
         self._discovery_timer: asyncio.TimerHandle | None = None
         self._password: str | None = None  # what we connected with (see credentials_changed)
@@ -215,8 +216,14 @@ class MqttFrontend:
             ", ".join(c.sites),
         )
 
-    async def close(self) -> None:
-        """Publish ``offline`` (a clean DISCONNECT suppresses the will), then disconnect."""
+    async def close(self, successor: MqttFrontend | None = None) -> None:
+        """Publish ``offline`` (a clean DISCONNECT suppresses the will), then disconnect.
+
+        Says accepted here may still be queued or playing (a reload replaces the front-end
+        mid-utterance): their sayFinished and errors go out through ``successor`` from now on,
+        queued by its client until it has connected.
+        """
+        self._successor = successor
         self._closing = True
         if self._on_any_event in self.control.scheduler.listeners:
             self.control.scheduler.listeners.remove(self._on_any_event)
@@ -400,6 +407,16 @@ class MqttFrontend:
         return SayOrigin(hermes_id, site_id, session_id, response, msg.correlation)
 
     def _say_event(self, origin: SayOrigin, event: Event) -> None:
+        if self._closing:  # our client is gone: the live front-end reports it
+            if self._successor is not None:
+                self._successor._say_event(origin, event)
+            elif event.terminal:
+                log.info(
+                    "MQTT: outcome of say %s (%s) not published: the MQTT front-end was closed",
+                    event.request_id,
+                    event.type.value,
+                )
+            return
         if event.type == EventType.QUEUED:
             self._reply(origin, event.request_id, "queued", {"position": event.data["position"]})
         elif event.type == EventType.FINISHED:
