@@ -10,8 +10,8 @@
   activations and compute float: a quarter of the bytes at float accuracy, for graphs whose int8
   activations hurt (vocoders) or whose ops have no fast int8 kernel.
 
-Node selection is by op type plus ``exclude`` prefixes, and every ``exclude`` entry must match a
-node of the graph, so a recipe that names a node that is not there fails before any work.
+Node selection is by op type plus ``include``/``exclude`` name prefixes, and every entry must
+match a node of the graph, so a recipe that names a node that is not there fails before any work.
 """
 
 from __future__ import annotations
@@ -78,15 +78,25 @@ class IterReader(CalibrationDataReader):
 
 
 def excluded_nodes(model: onnx.ModelProto, scheme: GraphScheme, where: str) -> list[str]:
-    """Node names matching ``scheme.exclude``; an entry matching nothing is a recipe error."""
+    """Node names the scheme leaves float: those matching ``scheme.exclude`` plus, when
+    ``scheme.include`` is set, every node matching none of its entries. An entry of either list
+    that matches nothing is a recipe error."""
     names = [n.name for n in model.graph.node]
+    skip = set(_matching(names, scheme.exclude, "exclude", where))
+    if scheme.include:
+        included = set(_matching(names, scheme.include, "include", where))
+        skip.update(n for n in names if n not in included)
+    return [n for n in names if n in skip]
+
+
+def _matching(names: list[str], entries: tuple[str, ...], key: str, where: str) -> list[str]:
     out: list[str] = []
-    for entry in scheme.exclude:
+    for entry in entries:
         hits = [n for n in names if n == entry or (entry and n.startswith(entry))]
         if not hits:
             sample = ", ".join(n for n in names[:4] if n) or "(nodes are unnamed)"
             raise CalibrationError(
-                f"{where}: exclude entry {entry!r} matches no node of the graph "
+                f"{where}: {key} entry {entry!r} matches no node of the graph "
                 f"(node names look like: {sample})"
             )
         out.extend(hits)
@@ -123,13 +133,13 @@ def quantize_graph(
     model = onnx.load(str(src), load_external_data=False)
     excluded = excluded_nodes(model, scheme, where)
     touched = selected_count(model, scheme, excluded)
-    del model
     info: dict[str, Any] = {
         "scheme": scheme.scheme,
         "how": scheme.describe(),
         "nodes_quantized": touched,
-        "nodes_excluded": len(excluded),
+        "nodes_excluded": selected_count(model, scheme, []) - touched,  # of the op types
     }
+    del model
     if scheme.why:
         info["why"] = scheme.why
     if scheme.scheme == "float" or touched == 0:

@@ -23,12 +23,14 @@ INT_TYPES = ("int8", "uint8")
 class GraphScheme:
     """How one graph is quantized in one mode.
 
-    ``op_types``/``exclude`` select nodes: an ``exclude`` entry matches node names equal to it or
-    starting with it, and must match at least one node (checked against the graph).
+    ``op_types``/``include``/``exclude`` select nodes: an entry matches node names equal to it or
+    starting with it, and must match at least one node (checked against the graph). An empty
+    ``include`` means every node of ``op_types``; ``exclude`` wins over ``include``.
     """
 
     scheme: str = "float"
     op_types: tuple[str, ...] = ("MatMul",)
+    include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
     per_channel: bool = True
     weight_type: str = "int8"
