@@ -9,8 +9,10 @@ Threads: the queue logic runs on the asyncio loop; each utterance plays on a wor
 second thread pulls chunks from the audio source (engine or cache), so synthesis runs ahead of
 playback and the loop never blocks. Playback goes in blocks of ``block_ms``; cancellation is checked
 between blocks, so stop/cancel take effect within one block. A pause (of all requests, or of one
-client's) is checked there too: the playing utterance holds between blocks and paused requests
-are not started until ``resume``.
+client's) is checked there too: the playing utterance is *parked* — what the sink holds plays out,
+its synthesis and unplayed rest are kept, and it goes back to the queue — so the worker moves on to
+other clients' requests (speech-dispatcher's PAUSE). Paused requests are not started; after
+``resume`` a parked one continues where it stopped.
 """
 
 from __future__ import annotations
@@ -40,6 +42,27 @@ from speakd.source import AudioSource
 log = logging.getLogger(__name__)
 
 _END = object()
+PARKED = "parked"  # _play's status for an utterance paused part-way (it goes back to the queue)
+
+
+@dataclass(eq=False)
+class Playback:
+    """An utterance in flight: its synthesis thread and what it has not played yet. A parked
+    (paused) job keeps it, so playback resumes where it stopped and synthesis is not redone."""
+
+    chunks: queue.Queue[Any]
+    producer: threading.Thread
+    rest: AudioChunk | None = None  # the unplayed part of the chunk that was playing at the pause
+    on_sink: bool = False  # begun on the sink and not drained yet
+    played: float = 0.0  # seconds of audio played
+    t0: float = field(default_factory=time.monotonic)
+
+    def items(self, cancel: threading.Event) -> Iterator[Any]:
+        """What is left to play: the parked rest first, then the synthesis queue."""
+        if self.rest is not None:
+            rest, self.rest = self.rest, None
+            yield rest
+        yield from _drain(self.chunks, cancel)
 
 
 @dataclass(eq=False)
@@ -49,6 +72,7 @@ class Job:
     cancel: threading.Event = field(default_factory=threading.Event)
     cancel_status: str = "cancelled"  # "cancelled" | "interrupted" | "replaced" | "stopped"
     started: bool = False
+    playback: Playback | None = None  # set once it is picked; kept while parked
 
     @property
     def id(self) -> str:
@@ -213,11 +237,16 @@ class Scheduler:
             job = min(ready, key=_order)
             self._pending.remove(job)
             self._current = job
+            if job.playback is not None and job.started:
+                log.info("request %s resumed", job.id)
+                self._emit(job.request, EventType.RESUMED, {})
             try:
                 status, error = await self._loop.run_in_executor(self._executor, self._play, job)
             finally:
                 self._current = None
-            if error is not None:
+            if status == PARKED:
+                self._park(job)
+            elif error is not None:
                 self.counters["errors"] += 1
                 self._emit(job.request, EventType.ERROR, error)
             else:
@@ -265,6 +294,18 @@ class Scheduler:
             log.info("request %s interrupts %s", job.id, current.id)
             current.request_cancel("interrupted" if p != Priority.TEXT else "replaced")
 
+    def _park(self, job: Job) -> None:
+        """A paused utterance goes back to the queue (it keeps its place) until resumed."""
+        if job.cancel.is_set():  # stopped while it was being parked
+            self._finish(job, job.cancel_status)
+            return
+        self._pending.append(job)
+        if job.started:
+            assert job.playback is not None
+            log.info("request %s paused after %.2f s of audio", job.id, job.playback.played)
+            self._emit(job.request, EventType.PAUSED, {})
+        self._wakeup.set()  # the worker is free for other clients
+
     def _drop_pending(self, job: Job, status: str) -> None:
         self._pending.remove(job)
         job.request_cancel(status)
@@ -304,48 +345,72 @@ class Scheduler:
     # ---- playback (worker thread) -----------------------------------------------------------
 
     def _play(self, job: Job) -> tuple[str, dict[str, Any] | None]:
-        """Play one request; returns (final status, error event data or None)."""
+        """Play one request, or the rest of a parked one; returns (final status or ``PARKED``,
+        error event data or None)."""
         sink = self.sink  # a reload may swap self.sink meanwhile
-        chunks: queue.Queue[Any] = queue.Queue(maxsize=256)
-        producer = threading.Thread(
-            target=self._produce, args=(job, chunks), name=f"speakd-synth-{job.id}", daemon=True
-        )
-        t0 = time.monotonic()
-        producer.start()
-        played = 0.0
-        drained = False  # True once the sink has played everything out
+        if job.playback is None:
+            job.playback = self._synthesize(job)
+        playback = job.playback
+        status = "error"
         try:
-            for chunk in _drain(chunks, job.cancel):
-                if isinstance(chunk, BaseException):
-                    error = _error_data(chunk)
-                    if not job.started and self.fallback is not None and _degrades(chunk):
-                        log.warning("request %s: %s; playing the fallback prompt", job.id, chunk)
-                        self._write(job, sink, self.fallback)
-                        if not job.cancel.is_set():
-                            sink.drain()
-                            drained = True
-                        error["fallback"] = True
-                    return "error", error
-                played += self._write(job, sink, chunk)
-            if job.cancel.is_set():
-                log.info("request %s %s after %.2f s of audio", job.id, job.cancel_status, played)
-                return job.cancel_status, None
-            if job.started:
-                sink.drain()
-                drained = True
-            log.info(
-                "request %s finished: %.2f s audio in %.2f s", job.id, played, time.monotonic() - t0
-            )
-            return "done", None
+            status, error = self._stream(job, playback, sink)
+            return status, error
         except SinkUnavailable as e:
             return "error", {"code": "audio_unavailable", "message": str(e)}
         except Exception as e:
             log.exception("playback of %s failed", job.id)
             return "error", _error_data(e)
         finally:
-            job.cancel.set()  # stops the producer if it is still running
-            producer.join()
-            self._release(sink, abort=job.started and not drained)
+            if status != PARKED:
+                job.cancel.set()  # stops the producer if it is still running
+                playback.producer.join()
+            self._release(sink, abort=playback.on_sink)
+
+    def _synthesize(self, job: Job) -> Playback:
+        chunks: queue.Queue[Any] = queue.Queue(maxsize=256)
+        producer = threading.Thread(
+            target=self._produce, args=(job, chunks), name=f"speakd-synth-{job.id}", daemon=True
+        )
+        producer.start()
+        return Playback(chunks, producer)
+
+    def _stream(
+        self, job: Job, playback: Playback, sink: Sink
+    ) -> tuple[str, dict[str, Any] | None]:
+        for chunk in playback.items(job.cancel):
+            if isinstance(chunk, BaseException):
+                error = _error_data(chunk)
+                if not job.started and self.fallback is not None and _degrades(chunk):
+                    log.warning("request %s: %s; playing the fallback prompt", job.id, chunk)
+                    self._write(job, playback, sink, self.fallback)  # a pause cuts it short
+                    if not job.cancel.is_set():
+                        self._drain_sink(playback, sink)
+                    error["fallback"] = True
+                return "error", error
+            written = self._write(job, playback, sink, chunk)
+            if written < len(chunk.pcm) and not job.cancel.is_set():  # paused between blocks
+                playback.rest = AudioChunk(chunk.pcm[written:], chunk.sample_rate, chunk.channels)
+                self._drain_sink(playback, sink)  # the sink is free for other utterances
+                return PARKED, None
+        if job.cancel.is_set():
+            log.info(
+                "request %s %s after %.2f s of audio", job.id, job.cancel_status, playback.played
+            )
+            return job.cancel_status, None
+        self._drain_sink(playback, sink)
+        log.info(
+            "request %s finished: %.2f s audio in %.2f s",
+            job.id,
+            playback.played,
+            time.monotonic() - playback.t0,
+        )
+        return "done", None
+
+    @staticmethod
+    def _drain_sink(playback: Playback, sink: Sink) -> None:
+        if playback.on_sink:
+            sink.drain()
+            playback.on_sink = False
 
     def _release(self, sink: Sink, abort: bool) -> None:
         """Drop what a stopped or failed utterance left in the sink; close sinks a reload
@@ -358,36 +423,28 @@ class Scheduler:
         except Exception:  # the device may be gone; the next utterance reopens it
             log.warning("releasing the audio sink failed", exc_info=True)
 
-    def _write(self, job: Job, sink: Sink, chunk: AudioChunk) -> float:
-        """Play one chunk in blocks, honouring pause and cancel; returns seconds played."""
+    def _write(self, job: Job, playback: Playback, sink: Sink, chunk: AudioChunk) -> int:
+        """Play one chunk in blocks until it ends, the job is cancelled or it is paused; returns
+        the bytes of ``chunk`` played."""
         request = job.request
-        if not job.started:
-            sink.begin(job.id, chunk.sample_rate)
-            job.started = True
-            latency = time.monotonic() - request.received
-            self._emit_threadsafe(
-                request, EventType.STARTED, {"latency_ms": round(latency * 1000, 1)}
-            )
-            log.info("request %s started after %.1f ms", job.id, latency * 1000)
-        played = 0.0
+        written = 0
         for block in _blocks(scale_volume(chunk, self.volume * request.volume), self.block_ms):
-            if self._held(job):
-                self._hold(job)
-            if job.cancel.is_set():
+            if job.cancel.is_set() or self._held(job):
                 break
+            if not playback.on_sink:
+                (sink.resume if job.started else sink.begin)(job.id, chunk.sample_rate)
+                playback.on_sink = True
+            if not job.started:
+                job.started = True
+                latency = time.monotonic() - request.received
+                self._emit_threadsafe(
+                    request, EventType.STARTED, {"latency_ms": round(latency * 1000, 1)}
+                )
+                log.info("request %s started after %.1f ms", job.id, latency * 1000)
             sink.write(block)
-            played += len(block) / 2 / chunk.sample_rate
-        return played
-
-    def _hold(self, job: Job) -> None:
-        """Wait between blocks while the job is paused; stop/cancel still end it at once."""
-        self._emit_threadsafe(job.request, EventType.PAUSED, {})
-        log.info("request %s paused", job.id)
-        while self._held(job) and not job.cancel.wait(0.02):
-            pass
-        if not job.cancel.is_set():
-            log.info("request %s resumed", job.id)
-            self._emit_threadsafe(job.request, EventType.RESUMED, {})
+            written += len(block)
+            playback.played += len(block) / chunk.sample_width / chunk.sample_rate
+        return written
 
     def _produce(self, job: Job, chunks: queue.Queue[Any]) -> None:
         try:

@@ -1,9 +1,11 @@
 """Where PCM goes: a sounddevice stream, WAV files, or nowhere. Sinks know nothing of requests.
 
 A sink plays one utterance at a time: ``begin`` → ``write``… → ``drain`` (or ``abort`` to drop
-what is buffered). ``write`` blocks at playback speed on a real device, so the scheduler's
-block size bounds the stop latency. A missing or vanished device is a state, not a crash:
-``SinkUnavailable`` fails the request, ``status()`` says why, and the next ``begin`` retries.
+what is buffered). A paused utterance is drained part-way and later continued with ``resume``
+(other utterances may play in between): a sink that writes a file per utterance extends it.
+``write`` blocks at playback speed on a real device, so the scheduler's block size bounds the
+stop latency. A missing or vanished device is a state, not a crash: ``SinkUnavailable`` fails the
+request, ``status()`` says why, and the next ``begin`` retries.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
-from speakd.audio import AudioChunk, write_wav
+from speakd.audio import AudioChunk, read_wav, write_wav
 from speakd.config import AudioConfig
 
 log = logging.getLogger(__name__)
@@ -29,6 +31,8 @@ class Sink(Protocol):
     name: str
 
     def begin(self, utterance_id: str, sample_rate: int) -> None: ...
+
+    def resume(self, utterance_id: str, sample_rate: int) -> None: ...
 
     def write(self, pcm: bytes) -> None: ...
 
@@ -72,6 +76,9 @@ class NullSink:
     def begin(self, utterance_id: str, sample_rate: int) -> None:
         self._pacer.begin(sample_rate)
 
+    def resume(self, utterance_id: str, sample_rate: int) -> None:
+        self.begin(utterance_id, sample_rate)
+
     def write(self, pcm: bytes) -> None:
         self.bytes_played += len(pcm)
         self._pacer.advance(len(pcm) // 2)
@@ -109,6 +116,18 @@ class WavSink:
         self._id, self._rate, self._pcm = utterance_id, sample_rate, []
         self._pacer.begin(sample_rate)
 
+    def resume(self, utterance_id: str, sample_rate: int) -> None:
+        """Continue the file written when the utterance was paused."""
+        self.begin(utterance_id, sample_rate)
+        path = self._path(utterance_id)
+        if path.exists():
+            self._pcm = [read_wav(path).pcm]
+
+    def _path(self, utterance_id: str) -> Path:
+        # The id comes from clients: keep only a safe file name.
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in utterance_id).lstrip(".")
+        return self.directory / f"{safe or 'utterance'}.wav"
+
     def write(self, pcm: bytes) -> None:
         self._pcm.append(pcm)
         self._pacer.advance(len(pcm) // 2)
@@ -116,9 +135,7 @@ class WavSink:
     def _flush(self) -> None:
         if not self._id:
             return
-        # The id comes from clients: keep only a safe file name.
-        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in self._id).lstrip(".")
-        final = self.directory / f"{safe or 'utterance'}.wav"
+        final = self._path(self._id)
         tmp = final.with_suffix(".wav.part")
         write_wav(tmp, AudioChunk(b"".join(self._pcm), self._rate))
         os.replace(tmp, final)
@@ -198,6 +215,9 @@ class SoundDeviceSink:
                 self._open(sample_rate)
             elif self._stream.stopped:
                 self._stream.start()
+
+    def resume(self, utterance_id: str, sample_rate: int) -> None:
+        self.begin(utterance_id, sample_rate)
 
     def write(self, pcm: bytes) -> None:
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -179,4 +180,37 @@ async def test_duplicate_id_rejected(setup) -> None:
     sched.submit(req(rec, "again", "same"))
     assert [e.data.get("code") for e in rec.events if e.type.value == "error"] == ["duplicate_id"]
     await settle(rec, "same")
+    task.cancel()
+
+
+async def test_paused_utterance_is_parked_resumed_exactly_or_cancelled(
+    setup, tmp_path: Path
+) -> None:
+    """A paused client's utterance leaves the worker; resumed, its audio is exactly what an
+    unpaused run plays; cancelled while parked, it ends at once with what had played."""
+    sched, _, task = await setup(block_ms=20)
+    rec = Recorder()
+    text = " ".join(["word"] * 8)
+    sched.submit(req(rec, text, "ref"))
+    await settle(rec, "ref")
+    for rid, client in (("resumed", "a"), ("cancelled", "b")):
+        sched.submit(dataclasses.replace(req(rec, text, rid), client=client))
+        await asyncio.sleep(0.25)
+        sched.pause(client)
+        async with asyncio.timeout(5):
+            while "paused" not in rec.of(rid):
+                await asyncio.sleep(0.01)
+        status = sched.status()
+        assert status["state"] == "idle" and status["queue"][-1] == rid, status
+    sched.submit(req(rec, "other client", "other"))
+    await settle(rec, "other")  # not held up by the two parked utterances
+    assert sched.cancel("cancelled") == 1
+    await settle(rec, "cancelled")
+    assert rec.of("cancelled") == ["queued", "started", "paused", "finished"]
+    assert rec.final("cancelled").data["status"] == "cancelled"
+    assert sched.resume("a")
+    await settle(rec, "resumed")
+    assert rec.of("resumed") == ["queued", "started", "paused", "resumed", "finished"]
+    assert read_wav(tmp_path / "resumed.wav").pcm == read_wav(tmp_path / "ref.wav").pcm
+    assert 0.1 < read_wav(tmp_path / "cancelled.wav").duration < 0.5  # what played before
     task.cancel()

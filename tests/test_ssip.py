@@ -454,7 +454,8 @@ def test_pause_holds_playback_until_resume(server: SsipServer, tmp_path: Path) -
         c.wait_event(704, msg)
         time.sleep(1.0)  # longer than the whole utterance
         assert c.event_codes(msg) == [701, 704]
-        assert server.status()["state"] == "speaking"
+        status = server.status()  # parked: back in the queue, the worker free for others
+        assert status["state"] == "idle" and status["queue"] == [f"ssip-{msg}"], status
         later = c.speak("queued")  # paused clients' new messages wait too
         assert c.code("RESUME SELF") == 212
         c.wait_event(705, msg)
@@ -463,6 +464,30 @@ def test_pause_holds_playback_until_resume(server: SsipServer, tmp_path: Path) -
         assert c.event_codes(msg) == [701, 704, 705, 702]
         assert c.code("RESUME SELF") == 417
     assert abs(read_wav(tmp_path / "wav" / f"ssip-{msg}.wav").duration - 0.8) < 0.01
+
+
+def test_a_paused_message_does_not_block_other_clients(server: SsipServer, tmp_path: Path) -> None:
+    """PAUSE SELF parks the client's message: other clients' messages play meanwhile, and RESUME
+    continues it where it stopped (speech-dispatcher's semantics), losing and repeating nothing."""
+    with SsipClient(server.path) as a, SsipClient(server.path) as b:
+        for c in (a, b):
+            assert c.code("SET SELF NOTIFICATION all on") == 220
+            assert c.code("SET SELF PRIORITY MESSAGE") == 202
+        paused = a.speak(" ".join(["word"] * 8))  # 0.8 s of audio
+        a.wait_event(701, paused)
+        time.sleep(0.3)  # part-way through
+        assert a.code("PAUSE SELF") == 211
+        a.wait_event(704, paused)
+        other = b.speak("meanwhile from b")
+        b.wait_event(701, other)
+        b.wait_event(702, other)
+        assert a.event_codes(paused) == [701, 704]
+        assert a.code("RESUME SELF") == 212
+        a.wait_event(702, paused)
+        assert a.event_codes(paused) == [701, 704, 705, 702]
+    wav = tmp_path / "wav"
+    assert abs(read_wav(wav / f"ssip-{paused}.wav").duration - 0.8) < 0.01
+    assert abs(read_wav(wav / f"ssip-{other}.wav").duration - 0.3) < 0.01
 
 
 def test_stop_and_cancel_scopes(server: SsipServer) -> None:

@@ -46,6 +46,10 @@ class RemoteSpeakerSink:
         self._id, self._rate, self._pcm = topic_safe(utterance_id), sample_rate, []
         self._played = threading.Event()
 
+    def resume(self, utterance_id: str, sample_rate: int) -> None:
+        """The part after a pause goes out as a clip of its own."""
+        self.begin(utterance_id, sample_rate)
+
     def write(self, pcm: bytes) -> None:
         self._pcm.append(pcm)
 
