@@ -281,3 +281,55 @@ def test_asr_round_trip_understands_the_int8_voice(vits_int8):
     heard = Transcriber.load().transcribe(audio.astype(np.float32) / 32768, engine.sample_rate)
     assert wer(["Please wait."], [heard]) == 0.0, heard
     assert wer(["Please wait."], ["Please go away."]) == 1.0
+
+
+
+def _three_convs(path: Path) -> None:
+    """x -> /a/conv -> /b/conv -> /b/skip, every weight an initializer (a Piper-like naming)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    shapes = {"/a/conv": (4, 2, 3), "/b/conv": (4, 4, 1), "/b/skip": (2, 4, 1)}
+    nodes, inits, prev = [], [], "x"
+    for name, shape in shapes.items():
+        inits.append(numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name))
+        nodes.append(helper.make_node("Conv", [prev, name], [f"{name}_out"], name, pads=[1, 1]))
+        prev = f"{name}_out"
+    graph = helper.make_graph(
+        nodes,
+        "convs",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 8])],
+        [helper.make_tensor_value_info(prev, TensorProto.FLOAT, None)],
+        inits,
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)]), str(path))
+
+
+def test_include_and_exclude_pick_the_weights_that_go_int8(tmp_path):
+    """``include`` narrows weight-only int8 to name prefixes, ``exclude`` wins inside them, and an
+    include entry naming no node is a recipe error (as for exclude)."""
+    import onnxruntime as ort
+
+    from speakd_tools.calibrate.quantizers import quantize_graph
+    from speakd_tools.calibrate.recipe import GraphScheme
+
+    src, dst = tmp_path / "f.onnx", tmp_path / "q.onnx"
+    _three_convs(src)
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(
+        'engine = "vits"\ndefault_mode = "w"\n[graphs]\nvoice = "voice.onnx"\n[modes.w]\n'
+        'voice = { scheme = "weight_only", op_types = ["Conv"], include = ["/b/"], '
+        'exclude = ["/b/skip"] }\n'
+    )
+    scheme = load_recipe(recipe).mode("w").graphs["voice"]
+    info = quantize_graph(src, dst, scheme, where="test")
+    assert (info["nodes_quantized"], info["nodes_excluded"]) == (1, 2)
+    dq = [n for n in onnx.load(str(dst)).graph.node if n.op_type == "DequantizeLinear"]
+    assert [n.output[0] for n in dq] == ["/b/conv"]
+    x = {"x": np.random.default_rng(1).standard_normal((1, 2, 8)).astype(np.float32)}
+    want, got = (ort.InferenceSession(str(p)).run(None, x)[0] for p in (src, dst))
+    assert not np.array_equal(want, got) and np.allclose(want, got, rtol=0.05, atol=0.05)
+
+    bad = GraphScheme(scheme="weight_only", op_types=("Conv",), include=("/c/",))
+    with pytest.raises(CalibrationError, match=re.escape("include entry '/c/' matches no node")):
+        quantize_graph(src, dst, bad, where="test")
