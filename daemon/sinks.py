@@ -5,13 +5,16 @@ what is buffered). A paused utterance is drained part-way and later continued wi
 (other utterances may play in between): a sink that writes a file per utterance extends it.
 ``write`` blocks at playback speed on a real device, so the scheduler's block size bounds the
 stop latency. A missing or vanished device is a state, not a crash: ``SinkUnavailable`` fails the
-request, ``status()`` says why, and the next ``begin`` retries.
+request, ``status()`` says why, and the next ``begin`` retries. So is a wedged one: a device write
+that does not return within ``max(WRITE_TIMEOUT_MIN_S, WRITE_TIMEOUT_FACTOR × its duration)``
+fails the request and the stream is replaced.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import queue
 import threading
 import time
 from pathlib import Path
@@ -21,6 +24,9 @@ from speakd.audio import AudioChunk, read_wav, write_wav
 from speakd.config import AudioConfig
 
 log = logging.getLogger(__name__)
+
+WRITE_TIMEOUT_MIN_S = 1.0  # a device write may block this long, however short the block
+WRITE_TIMEOUT_FACTOR = 4.0  # … or this many times the block's duration
 
 
 class SinkUnavailable(Exception):
@@ -154,6 +160,48 @@ class WavSink:
         pass
 
 
+class _Writer:
+    """Runs device writes on a thread of its own, so the caller can give up on a write that never
+    returns (a wedged driver); the stuck thread is then abandoned with its stream."""
+
+    def __init__(self) -> None:
+        self._calls: queue.Queue[tuple[Any, bytes]] = queue.Queue(maxsize=1)
+        self._results: queue.Queue[BaseException | None] = queue.Queue(maxsize=1)
+        self._abandoned = False
+        threading.Thread(target=self._run, name="speakd-audio-write", daemon=True).start()
+
+    def _run(self) -> None:
+        while not self._abandoned:  # a stuck write that returns after all ends the thread
+            write, pcm = self._calls.get()
+            try:
+                write(pcm)
+            except Exception as e:  # handed to the caller
+                self._results.put(e)
+            else:
+                self._results.put(None)
+
+    def write(self, write: Any, pcm: bytes, timeout: float) -> bool:
+        """``write(pcm)`` on the writer thread; False when it has not returned within
+        ``timeout`` (the writer is then unusable), its exception re-raised."""
+        self._calls.put((write, pcm))
+        try:
+            error = self._results.get(timeout=timeout)
+        except queue.Empty:
+            self._abandoned = True
+            return False
+        if error is not None:
+            raise error
+        return True
+
+
+def _close_stream(stream: Any) -> None:
+    try:
+        stream.abort()
+        stream.close()
+    except Exception:  # the device may already be gone
+        log.debug("closing a broken stream failed", exc_info=True)
+
+
 class SoundDeviceSink:
     """A PortAudio output stream kept open between utterances (no open cost on a cache hit)."""
 
@@ -166,6 +214,8 @@ class SoundDeviceSink:
         self._rate = 0
         self._error = ""
         self._last_try = 0.0
+        self._wedged = False  # the last stream stopped taking writes: reopen at once
+        self._writer: _Writer | None = None
         self._lock = threading.Lock()
 
     def _sd(self) -> Any:
@@ -179,13 +229,13 @@ class SoundDeviceSink:
 
     def _open(self, sample_rate: int) -> None:
         sd = self._sd()
-        if self._error:
+        if self._error and not self._wedged:  # (no re-init under a write that is still stuck)
             # Devices are enumerated at PortAudio init: re-init to see a device that came back.
             if time.monotonic() - self._last_try < self.RETRY_S:
                 raise SinkUnavailable(self._error)
             sd._terminate()
             sd._initialize()
-        self._last_try = time.monotonic()
+        self._last_try, self._wedged = time.monotonic(), False
         try:
             stream = sd.RawOutputStream(
                 samplerate=sample_rate, channels=1, dtype="int16", device=self.device
@@ -200,11 +250,7 @@ class SoundDeviceSink:
 
     def _drop_stream(self) -> None:
         if self._stream is not None:
-            try:
-                self._stream.abort()
-                self._stream.close()
-            except Exception:  # the device may already be gone
-                log.debug("closing a broken stream failed", exc_info=True)
+            _close_stream(self._stream)
             self._stream = None
 
     def begin(self, utterance_id: str, sample_rate: int) -> None:
@@ -220,14 +266,34 @@ class SoundDeviceSink:
         self.begin(utterance_id, sample_rate)
 
     def write(self, pcm: bytes) -> None:
+        timeout = max(WRITE_TIMEOUT_MIN_S, WRITE_TIMEOUT_FACTOR * len(pcm) / 2 / self._rate)
+        self._writer = self._writer or _Writer()
         try:
-            self._stream.write(pcm)
+            returned = self._writer.write(self._stream.write, pcm, timeout)
         except Exception as e:
             self._error = f"output device failed during playback: {e}"
             log.warning("%s", self._error)
             with self._lock:
                 self._drop_stream()
             raise SinkUnavailable(self._error) from e
+        if not returned:
+            self._abandon(timeout)
+
+    def _abandon(self, timeout: float) -> None:
+        """A write is stuck in the driver: leave it and its stream behind (closed on a thread of
+        their own, in case closing blocks too); the next utterance opens a new stream."""
+        self._error = (
+            f"output device {self.device or 'default'!s} stopped taking audio: a write did not "
+            f"return within {timeout:.1f} s; the stream is reopened for the next utterance"
+        )
+        log.error("%s", self._error)
+        with self._lock:
+            stuck, self._stream = self._stream, None
+        self._writer, self._wedged = None, True
+        threading.Thread(
+            target=_close_stream, args=(stuck,), name="speakd-audio-close", daemon=True
+        ).start()
+        raise SinkUnavailable(self._error)
 
     def drain(self) -> None:
         with self._lock:

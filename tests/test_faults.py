@@ -218,11 +218,14 @@ def test_broker_restart_reconnects_and_loses_no_qos1_command(
 
 class FifoDevice:
     """The "device": ALSA's file plugin writes into a FIFO that this reader drains. No reader
-    (or no directory) = no device; a reader that goes away = a device unplugged mid-stream."""
+    (or no directory) = no device; a reader that goes away = a device unplugged mid-stream; a
+    reader that keeps the FIFO open but stops reading (``wedged``) = a driver that stops taking
+    audio: once the pipe is full, PortAudio's write blocks and never returns."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.received = 0
+        self.wedged = threading.Event()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
@@ -239,7 +242,7 @@ class FifoDevice:
         try:
             while not self._stop.is_set():
                 try:
-                    data = os.read(fd, 4096)
+                    data = None if self.wedged.is_set() else os.read(fd, 4096)
                 except BlockingIOError:
                     data = None
                 if data:
@@ -320,6 +323,37 @@ def test_audio_device_missing_vanishing_and_coming_back(tmp_path: Path) -> None:
         assert say_until(d, "And back once more.", "done")["status"] == "done"
         assert device.wait_for_data()
         assert "[ OK ] daemon" in doctor(d)
+        assert d.proc.poll() is None
+    finally:
+        device.unplug()
+        assert d.stop() == 0, d.log_text()[-3000:]
+
+
+def test_audio_device_that_stops_taking_audio(tmp_path: Path) -> None:
+    """A write into a wedged driver never returns: the utterance fails within the write timeout
+    with a clear error, the stream is reopened, and the daemon keeps serving."""
+    pytest.importorskip("sounddevice", exc_type=OSError)
+    home = tmp_path / "home"
+    home.mkdir()
+    device = FifoDevice(tmp_path / "dev" / "pcm.fifo")
+    (home / ".asoundrc").write_text(
+        f'pcm.!default {{ type file; slave.pcm "null"; file "{device.path}"; format "raw" }}\n'
+    )
+    device.plug()
+    d = start_daemon(write_config(tmp_path, sink="sounddevice"), env={"HOME": str(home)})
+    try:
+        assert say_until(d, "Ready.", "done")["status"] == "done"
+        device.wedged.set()
+        with d.client() as c:
+            events = list(c.say({"text": "A long announcement. " * 8}, wait=True))
+        error = events[-1]
+        assert error["event"] == "error" and error["code"] == "audio_unavailable", events
+        assert "stopped taking audio: a write did not return within 1.0 s" in error["message"]
+        assert audio_state(d)["available"] is False
+
+        device.wedged.clear()  # the driver recovers: the next say plays on a new stream
+        assert say_until(d, "Still here.", "done")["status"] == "done"
+        assert audio_state(d)["available"] is True
         assert d.proc.poll() is None
     finally:
         device.unplug()

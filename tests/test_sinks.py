@@ -1,0 +1,99 @@
+"""The sounddevice sink against a PortAudio stand-in whose writes can block forever (a wedged
+device): the real SoundDeviceSink and Scheduler, the tone engine, a fake ``sounddevice`` module."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from speakd import sinks
+from speakd.scheduler import Scheduler
+from speakd.sinks import SoundDeviceSink
+from speakd.source import EngineSource
+from tests.test_scheduler import Recorder, req, settle
+from tests.tone_engine import ToneEngine
+
+
+class FakeStream:
+    """``sounddevice.RawOutputStream``: ``write`` returns at once, or never while ``wedged``."""
+
+    def __init__(self, fake: FakeDevice, **_: Any) -> None:
+        self.fake = fake
+        self.wedged = fake.wedge_next
+        fake.wedge_next = False
+        self.written = 0
+        self.stopped = True
+        self.closed = False
+        fake.streams.append(self)
+
+    def start(self) -> None:
+        self.stopped = False
+
+    def write(self, pcm: bytes) -> None:
+        if self.wedged:
+            self.fake.release.wait()  # only the test's teardown lets it return
+        self.written += len(pcm)
+
+    def stop(self) -> None:
+        self.stopped = True
+
+    def abort(self) -> None:
+        self.stopped = True
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class FakeDevice:
+    def __init__(self) -> None:
+        self.streams: list[FakeStream] = []
+        self.wedge_next = False
+        self.release = threading.Event()
+
+    def module(self) -> Any:
+        return SimpleNamespace(RawOutputStream=lambda **kw: FakeStream(self, **kw))
+
+
+@pytest.fixture
+def device(monkeypatch: pytest.MonkeyPatch):
+    fake = FakeDevice()
+    monkeypatch.setattr(SoundDeviceSink, "_sd", lambda _self: fake.module())
+    yield fake
+    fake.release.set()
+
+
+async def test_a_write_that_never_returns_fails_the_utterance_and_the_stream_is_reopened(
+    device: FakeDevice, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sinks, "WRITE_TIMEOUT_MIN_S", 0.5, raising=False)
+    sink = SoundDeviceSink()
+    sched = Scheduler(EngineSource(ToneEngine()), sink, block_ms=50)
+    task = asyncio.create_task(sched.run())
+    rec = Recorder()
+    try:
+        device.wedge_next = True
+        t0 = time.monotonic()
+        sched.submit(req(rec, "one two three", "wedged"))
+        await settle(rec, "wedged")
+        waited = time.monotonic() - t0
+        error = rec.final("wedged")
+        assert error.type.value == "error" and error.data["code"] == "audio_unavailable"
+        assert "did not return within 0.5 s" in error.data["message"], error.data
+        assert 0.5 <= waited < 3.0
+        assert sink.status()["available"] is False
+        async with asyncio.timeout(2):  # the wedged stream is closed off the playback thread
+            while not device.streams[0].closed:
+                await asyncio.sleep(0.01)
+
+        sched.submit(req(rec, "four five", "next"))  # the daemon goes on, on a new stream
+        await settle(rec, "next")
+        assert rec.final("next").data["status"] == "done"
+        assert len(device.streams) == 2 and device.streams[1].written == 2 * 2 * 1600
+        assert sink.status()["available"] is True
+    finally:
+        task.cancel()
