@@ -136,7 +136,8 @@ def test_streamed_equals_one_shot(engine: ChatTTSEngine) -> None:
     assert _snr_db(one_shot, exact) >= 40.0
     # A schedule with context below the tiny model's receptive field must show it (the test can
     # fail), and the default schedule is what the engine streams.
-    starved = _stream(engine, utt.hiddens, StreamSchedule(first_chunk=8, chunk=8, left=1, right=0))
+    starved_schedule = StreamSchedule(first_chunk=8, chunk=8, left=1, right=0, first_right=0)
+    starved = _stream(engine, utt.hiddens, starved_schedule)
     assert len(starved) == len(one_shot) and _snr_db(one_shot, starved) < 40.0
     engine_pcm = join_chunks(engine.synthesize(SENTENCE, SynthesisConfig(seed=5, extra=RUN)))
     default = _stream(engine, utt.hiddens, engine.schedule)

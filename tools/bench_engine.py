@@ -51,6 +51,22 @@ def _ms_per_step_at(stamps: list[float], prompt_len: int) -> dict[str, float | N
     return out
 
 
+def playback(arrivals: list[tuple[float, float]]) -> dict[str, float]:
+    """Real-time playback of chunks (arrival s, duration s) that starts at the first arrival:
+    total gap where the player waits for the next chunk, and the earliest start that plays
+    without any gap (first arrival + the prebuffer that covers the worst lateness)."""
+    if not arrivals:
+        return {"stall_s": 0.0, "gapless_first_audio_s": 0.0}
+    first = arrivals[0][0]
+    end, stall, lateness, played = first, 0.0, 0.0, 0.0
+    for at, seconds in arrivals:
+        stall += max(0.0, at - end)
+        end = max(end, at) + seconds
+        lateness = max(lateness, at - (first + played))
+        played += seconds
+    return {"stall_s": stall, "gapless_first_audio_s": first + lateness}
+
+
 def stream_snr(
     engine: Any, config: Any, schedules: list[Any], text: str = TEXT
 ) -> dict[str, float]:
@@ -82,7 +98,9 @@ def snr_sweep(bundle: Path, steps: int, threads: int) -> dict[str, float]:
     config = SynthesisConfig(extra={"max_new_token": steps, "min_new_token": steps})
     sweep = [(1, 0), (2, 2), (4, 4), (8, 8), (12, 12), (24, 24), (52, 52)]
     return stream_snr(
-        engine, config, [StreamSchedule(f"{lo}/{r}", 8, 32, lo, r) for lo, r in sweep]
+        engine,
+        config,
+        [StreamSchedule(f"{lo}/{r}", 8, 32, lo, r, r, 1.0, 32) for lo, r in sweep],
     )
 
 
@@ -105,19 +123,19 @@ def run_speakd(bundle: Path, steps: int, threads: int, text: str = TEXT) -> dict
     config = SynthesisConfig(seed=1, extra={"max_new_token": steps, "min_new_token": steps})
     prompt_len = engine.prompt_embeds(engine.normalize_text(text), engine.audio_params(config))
     t0 = time.perf_counter()
-    first, samples = None, 0
+    arrivals: list[tuple[float, float]] = []
     for chunk in engine.synthesize(text, config):
-        first = first if first is not None else time.perf_counter() - t0
-        samples += chunk.frames
+        arrivals.append((time.perf_counter() - t0, chunk.frames / engine.sample_rate))
     total = time.perf_counter() - t0
-    audio_s = samples / engine.sample_rate
+    audio_s = sum(seconds for _, seconds in arrivals)
     engine.gpt.step = step  # type: ignore[method-assign]
     from speakd.engines.chattts.vocoder import StreamSchedule
 
     snr = stream_snr(engine, config, [engine.schedule, StreamSchedule.exact()], text)
     return {
         **snr,
-        "side": "speakd", "load_s": load_s, "first_audio_s": first, "total_s": total,
+        "side": "speakd", "load_s": load_s, "first_audio_s": arrivals[0][0], "total_s": total,
+        **playback(arrivals), "chunks": len(arrivals),
         "audio_s": audio_s, "rtf": total / audio_s, "steps": len(stamps) + 1,
         **_ms_per_step_at(stamps, prompt_len.shape[1]), "peak_rss_mb": _peak_rss_mb(),
         "schedule": engine.schedule.name,
@@ -228,7 +246,8 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(run_torch(args.checkpoint, args.bundle, args.steps, args.threads)))
         return
     ours, ref = _child(args, "speakd"), _child(args, "torch")
-    keys = ["load_s", "first_audio_s", "total_s", "audio_s", "rtf", "steps",
+    keys = ["load_s", "first_audio_s", "gapless_first_audio_s", "stall_s", "total_s", "audio_s",
+            "rtf", "steps",
             *(f"ms_per_step_ctx{c}" for c in CONTEXTS), "peak_rss_mb",
             *(k for k in ours if k.startswith("snr_db_"))]  # fmt: skip
     print(f"{'':22}{'speakd':>12}{'torch':>12}{'speakd/torch':>14}")

@@ -11,6 +11,7 @@ COLUMNS = [
     ("loop500", "in-loop ms/step ctx500", 1.0),
     ("rtf", "RTF", 1.0),
     ("ttfa", "first audio ms", 1.0),
+    ("gapless", "gapless first audio ms", 1.0),
     ("daemon_ttfa", "daemon first audio ms", 1.0),
     ("rss", "peak RSS MB", 1.0),
     ("ready", "start→READY s", 1.0),
@@ -34,7 +35,7 @@ def columns(result: dict[str, Any]) -> list[tuple[str, str, float]]:
 def metrics(result: dict[str, Any], name: str) -> dict[str, float | None]:
     """One contender's headline numbers (None = not measured)."""
     e2e = _get(result, "e2e", name) or {}
-    first = e2e.get("first_audio_s")
+    first, gapless = e2e.get("first_audio_s"), e2e.get("gapless_first_audio_s")
     steps = {
         f"step{c}": _get(result, "steps", name, str(c), "median_ms")
         for c in result["options"]["contexts"]
@@ -45,6 +46,7 @@ def metrics(result: dict[str, Any], name: str) -> dict[str, float | None]:
         "loop500": e2e.get("ms_per_step_ctx500"),
         "rtf": e2e.get("rtf"),
         "ttfa": first * 1e3 if first is not None else None,
+        "gapless": gapless * 1e3 if gapless is not None else None,
         "daemon_ttfa": _get(result, "startup", name, "daemon_first_audio_ms"),
         "rss": e2e.get("peak_rss_mb"),
         "ready": _get(result, "startup", name, "ready_s_warm"),

@@ -9,6 +9,12 @@ context around it (the Decoder and Vocos are non-causal convolution stacks). Wit
 the receptive field (full-size ChatTTS: Decoder ±75 mel frames, Vocos ±27, ISTFT ±2 → 52 steps
 each side, CHATTTS.md §8) the chunks equal the one-shot waveform up to float rounding; smaller
 context trades exactness for latency and compute (each chunk re-decodes its context).
+
+Chunks grow geometrically after the first: a small first chunk gives early audio, and each later
+chunk is decoded while the audio already emitted plays, so it can be larger than the one before
+without a gap. Larger chunks re-decode proportionally less context and pay the Decoder/Vocos
+per-call cost less often. Chunk boundaries depend on the step count only (never on timing), so
+the audio of a request is the same on every run.
 """
 
 from __future__ import annotations
@@ -75,22 +81,46 @@ class Vocoder:
 
 @dataclass(frozen=True)
 class StreamSchedule:
-    """Chunk sizes and context, in GPT steps (1 step = 512 samples = 21.3 ms)."""
+    """Chunk sizes and context, in GPT steps (1 step = 512 samples = 21.3 ms).
+
+    Chunk 0 has ``first_chunk`` steps and is rendered once ``first_right`` steps past it exist;
+    chunk k ≥ 1 has ``min(max_chunk, round(chunk · growth^(k−1)))`` steps and ``right`` steps of
+    look-ahead. Every chunk re-decodes ``left`` steps before it."""
 
     name: str = "low-latency"
-    first_chunk: int = 8  # first audio after first_chunk + right steps
-    chunk: int = 32
+    first_chunk: int = 8  # first audio after first_chunk + first_right steps
+    chunk: int = 8
     left: int = 12
-    right: int = 12
+    right: int = 8
+    first_right: int = 4
+    growth: float = 1.25
+    max_chunk: int = 128
 
     def __post_init__(self) -> None:
-        if self.first_chunk < 1 or self.chunk < 1 or self.left < 1 or self.right < 0:
+        if (
+            self.first_chunk < 1
+            or self.chunk < 1
+            or self.left < 1
+            or min(self.right, self.first_right) < 0
+            or self.growth < 1.0
+            or self.max_chunk < self.chunk
+        ):
             raise ValueError(f"bad stream schedule {self}")
+
+    def size(self, k: int) -> int:
+        """Steps in chunk ``k`` (0-based)."""
+        if k == 0:
+            return self.first_chunk
+        return min(self.max_chunk, round(self.chunk * self.growth ** (k - 1)))
+
+    def look_ahead(self, k: int) -> int:
+        return self.first_right if k == 0 else self.right
 
     @classmethod
     def exact(cls) -> StreamSchedule:
         """Context ≥ full-size ChatTTS's receptive field: streamed ≡ one-shot (float rounding)."""
-        return cls(name="exact", first_chunk=8, chunk=48, left=52, right=52)
+        return cls("exact", first_chunk=8, chunk=48, left=52, right=52, first_right=52,
+                   growth=1.0, max_chunk=48)  # fmt: skip
 
 
 class StreamingVocoder:
@@ -102,30 +132,32 @@ class StreamingVocoder:
         self.hiddens = np.zeros((max_steps, dim), np.float32)
         self.n = 0  # hidden states received
         self.done = 0  # steps whose audio was emitted
+        self.chunks = 0  # chunks emitted
 
     def push(self, hidden: np.ndarray) -> np.ndarray | None:
         self.hiddens[self.n] = hidden
         self.n += 1
-        size = self.schedule.chunk if self.done else self.schedule.first_chunk
+        size, right = self.schedule.size(self.chunks), self.schedule.look_ahead(self.chunks)
         # at least one step past the chunk, so the utterance's end is always rendered by finish()
-        if self.n >= self.done + size + max(self.schedule.right, 1):
-            return self._render(self.done + size, final=False)
+        if self.n >= self.done + size + max(right, 1):
+            return self._render(self.done + size, right, final=False)
         return None
 
     def finish(self) -> np.ndarray | None:
         """The rest of the utterance (call once, after the last ``push``)."""
         if self.n == 0 or self.done >= self.n:
             return None
-        return self._render(self.n, final=True)
+        return self._render(self.n, 0, final=True)
 
-    def _render(self, end: int, final: bool) -> np.ndarray:
+    def _render(self, end: int, right: int, final: bool) -> np.ndarray:
         s0, s1 = self.done, end
         w0 = max(0, s0 - self.schedule.left)
-        w1 = self.n if final else min(self.n, s1 + self.schedule.right)
+        w1 = self.n if final else min(self.n, s1 + right)
         y, env = overlap_add(*self.vocoder.spectra(self.hiddens[w0:w1]))
         # global output sample t ↔ uncentred sample t + n_fft/2 ↔ local index below
         origin = w0 * SAMPLES_PER_STEP - N_FFT // 2
         a = s0 * SAMPLES_PER_STEP - origin
         b = (s1 * SAMPLES_PER_STEP - (HOP if final else 0)) - origin
         self.done = s1
+        self.chunks += 1
         return (y[a:b] / env[a:b]).astype(np.float32)
