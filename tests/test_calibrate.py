@@ -283,6 +283,37 @@ def test_asr_round_trip_understands_the_int8_voice(vits_int8):
     assert wer(["Please wait."], ["Please go away."]) == 1.0
 
 
+def test_int4_bundle_batches_and_a_row_ignores_its_company(chattts_calibrated):
+    """4-bit MatMulNBits quantizes activations per row, so the int4 bundle batches (no fallback to
+    one row) and a sentence decodes the same codes and hiddens alone or beside other rows."""
+    from speakd.engines.chattts.batch import sentence_sampler
+    from speakd.engines.chattts.batch_scheduler import Sentence
+    from speakd.engines.chattts.engine import ChatTTSEngine
+    from speakd.engines.chattts.sampling import SamplingParams
+
+    engine = ChatTTSEngine.load(chattts_calibrated["int4"].bundle, threads=1, batch_size=3)
+    assert engine.batch is not None and engine.batch_size == 3 and engine.batch_invariant
+    params = engine.audio_params(SynthesisConfig())
+    texts = ["Door open.", "The lift is going up.", "今天天气很好。"]
+
+    def decode(indices: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        sentences = [
+            Sentence(
+                engine.prompt_embeds(texts[i], params),
+                sentence_sampler(SamplingParams(max_new_token=12, min_new_token=12), 625, 7, i),
+            )
+            for i in indices
+        ]
+        codes: list[list[np.ndarray]] = []
+        audio = [a for i, a in engine.batch.stream(sentences, codes_out=codes) if i == 0]
+        return np.array(codes[0]), np.concatenate(audio)
+
+    alone_codes, alone_audio = decode([0])
+    together_codes, together_audio = decode([0, 1, 2])
+    assert alone_codes.shape == (12, 4)
+    np.testing.assert_array_equal(alone_codes, together_codes)
+    np.testing.assert_array_equal(alone_audio, together_audio)  # hiddens bit-identical too
+
 
 def _three_convs(path: Path) -> None:
     """x -> /a/conv -> /b/conv -> /b/skip, every weight an initializer (a Piper-like naming)."""

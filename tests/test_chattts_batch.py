@@ -19,7 +19,7 @@ from speakd.audio import join_chunks
 from speakd.cache.resolver import CachingSource
 from speakd.cache.store import CacheStore, Clip
 from speakd.engines.base import SynthesisConfig
-from speakd.engines.chattts.batch import BatchDecoder, sentence_sampler
+from speakd.engines.chattts.batch import BatchDecoder, Row, sentence_sampler
 from speakd.engines.chattts.batch_scheduler import Sentence
 from speakd.engines.chattts.engine import ChatTTSEngine
 from speakd.engines.chattts.gpt_runner import DecodeStats
@@ -168,6 +168,62 @@ def test_batch_variant_graph_falls_back_to_one_row(
     assert "not batch-invariant" in caplog.text
     loose = ChatTTSEngine.load(tiny_bundle, threads=1, batch_size=4, batch_exact=False)
     assert loose.batch is not None and loose.batch_size == 4
+
+
+class _LoneRowRounding:
+    """The tiny fp32 session, except that a step over one row rounds its logits differently, as
+    ``MatMulNBits``' M = 1 kernel does on full-size 4-bit graphs (the tiny graph is too small to
+    show it). ``company=True`` also lets row 0 depend on row 1, as per-batch activation scales
+    do. Records how many rows each decode step ran over."""
+
+    def __init__(self, session, company: bool = False) -> None:
+        self.session, self.company, self.rows_run = session, company, []
+        self.decoder: BatchDecoder | None = None
+
+    def io_binding(self):
+        return self.session.io_binding()
+
+    def run_with_iobinding(self, binding) -> None:
+        self.session.run_with_iobinding(binding)
+        dec = self.decoder
+        if dec is None:
+            return
+        n = next((i + 1 for i, (b, _) in enumerate(dec._steps) if b is binding), 0)
+        if n:  # a decode step (0: a prompt pass)
+            self.rows_run.append(n)
+        if n == 1:
+            dec.logits[0, 0, 0] += 1e-3
+        elif n > 1 and self.company:
+            dec.logits[0, 0, 0] += 1e-3 * float(dec.embeds[1, 0, 0])
+
+
+def _probe_decoder(engine: ChatTTSEngine, session: _LoneRowRounding) -> BatchDecoder:
+    dec = BatchDecoder(session, engine.spec, engine.gpt.emb_code, 4)  # type: ignore[arg-type]
+    session.decoder = dec
+    return dec
+
+
+def test_lone_row_kernel_makes_every_step_run_two_rows(single: ChatTTSEngine) -> None:
+    """A graph exact from two rows up only is still batch-invariant: every step then runs over
+    ≥ 2 slots, so a lone row's codes equal its codes beside other rows."""
+    session = _LoneRowRounding(single.gpt.session)
+    dec = _probe_decoder(single, session)
+    assert dec.batch_invariant() and dec.min_rows == 2
+    session.rows_run.clear()
+    sentence = _sentences(single, seed=4, lengths=LENGTHS)[5]
+    embeds = sentence.embeds.reshape(-1, sentence.embeds.shape[-1])
+    row = Row(embeds, copy.deepcopy(sentence.sampler), lambda c, h: None)
+    dec.admit(row)
+    assert dec.prefill(row)
+    while dec.sample(row):
+        dec.step([row])
+    assert session.rows_run and min(session.rows_run) == 2  # never the lone-row kernel
+    np.testing.assert_array_equal(row.history, _unbatched(single, sentence)[0])
+
+
+def test_graph_whose_rows_see_each_other_is_not_batch_invariant(single: ChatTTSEngine) -> None:
+    dec = _probe_decoder(single, _LoneRowRounding(single.gpt.session, company=True))
+    assert not dec.batch_invariant()
 
 
 def test_kv_is_allocated_once(batched: ChatTTSEngine) -> None:

@@ -93,16 +93,21 @@ class ChatTTSEngine:
             make_session(bundle.file("vocos.onnx"), threads),
         )
         self._lock = threading.Lock()  # one KV cache: one utterance at a time
-        # batch_size > 1: sentences and requests share decode steps (issue 12, batch.py); the
-        # audio is the same as batch_size = 1 (whole-prompt passes, batch-invariant steps) when
-        # the graph is batch-invariant. A graph that is not (quantized activations) decodes one
-        # sentence at a time unless batch_exact=False, so the same seed keeps the same audio.
+        # batch_size > 1: sentences and requests share decode steps (issue 12, batch.py). When
+        # the graph is batch-invariant a sentence's audio does not depend on what shares its
+        # steps: identical to batch_size = 1 for float graphs; for 4-bit graphs (steps of ≥ 2
+        # rows) identical across batches, and within float rounding of batch_size = 1's M = 1
+        # kernel. A graph that is not (activations quantized per batch) decodes one sentence at
+        # a time unless batch_exact=False, so the same seed keeps the same audio.
         self.batch_size, self.batch, self.batch_invariant = batch_size, None, True
         if batch_size > 1:
             decoder = BatchDecoder(self.gpt.session, self.spec, emb_code, batch_size, prefill_chunk)
             self.batch_invariant = decoder.batch_invariant()
             if self.batch_invariant or not batch_exact:
                 self.batch = BatchScheduler(decoder, self.vocoder, self.schedule)
+                if decoder.min_rows > 1:
+                    log.info("%s: decode steps run over ≥ %d rows (M-dependent kernels)",
+                             bundle.path, decoder.min_rows)  # fmt: skip
             else:
                 self.batch_size = 1
                 log.warning(
