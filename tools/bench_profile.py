@@ -4,6 +4,8 @@ python -m speakd_tools.bench_profile nodes BUNDLE...          # node types after
 python -m speakd_tools.bench_profile ort BUNDLE [--ctx 500]   # ORT profiler: time per node type
 python -m speakd_tools.bench_profile loop BUNDLE [--steps 150]  # cProfile of the decode loop
 python -m speakd_tools.bench_profile threads BUNDLE           # threads × spinning, interleaved
+python -m speakd_tools.bench_profile machine BUNDLE           # ISA, DRAM read GB/s, MatMulNBits
+                                                              # kernel, and this box's step floor
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ import collections
 import cProfile
 import json
 import os
+import platform
 import pstats
 import statistics
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -131,9 +135,110 @@ def threads(bundle: Path, rounds: int) -> None:
         print(f"  {k:28s} median {statistics.median(v):7.2f} ms  min {min(v):7.2f}")
 
 
+ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8", "asimddp", "i8mm")
+
+
+def read_bandwidth(threads: int, gib: float = 1.0, repeats: int = 4) -> float:
+    """Best-of-``repeats`` DRAM read bandwidth in GB/s: ``threads`` numpy reductions (they drop
+    the GIL) over disjoint slices of a buffer far larger than the last-level cache."""
+    buf = np.ones(int(gib * (1 << 30)) // 8, np.uint64)
+    parts = np.array_split(buf, threads)
+    best = float("inf")
+    for _ in range(repeats):
+        workers = [threading.Thread(target=np.bitwise_or.reduce, args=(x,)) for x in parts]
+        t0 = time.perf_counter()
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        best = min(best, time.perf_counter() - t0)
+    return buf.nbytes / best / 1e9
+
+
+def _matmul_nbits_model(k: int, n: int, count: int) -> bytes:
+    """``count`` independent [1,k]x[k,n] MatMuls, quantized like the shipped GPT (4-bit b256
+    symmetric, accuracy level 4)."""
+    from onnx import TensorProto, helper, numpy_helper
+    from onnxruntime.quantization.matmul_nbits_quantizer import (
+        DefaultWeightOnlyQuantConfig,
+        MatMulNBitsQuantizer,
+    )
+
+    rng = np.random.default_rng(0)
+    weights = [
+        numpy_helper.from_array(rng.normal(0, 0.02, (k, n)).astype(np.float32), f"w{i}")
+        for i in range(count)
+    ]
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", f"w{i}"], [f"y{i}"]) for i in range(count)],
+        "matmuls",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, k])],
+        [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, [1, n]) for i in range(count)],
+        weights,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    config = DefaultWeightOnlyQuantConfig(
+        block_size=256, is_symmetric=True, accuracy_level=4, bits=4
+    )
+    q = MatMulNBitsQuantizer(
+        model, bits=4, block_size=256, is_symmetric=True, accuracy_level=4, algo_config=config
+    )
+    q.process()
+    return q.model.model.SerializeToString()
+
+
+def matmul_nbits_us(count: int, threads: int, k: int = 768, n: int = 6144) -> float:
+    """Median µs per 4-bit MatMulNBits at M = 1 (the GPT's gate/up shape): ``count`` = 1 keeps
+    its weights in cache, ``count`` = 40 streams them from DRAM as a decode step does."""
+    sess = ort.InferenceSession(
+        _matmul_nbits_model(k, n, count), _options(threads), providers=["CPUExecutionProvider"]
+    )
+    x = {"x": np.random.default_rng(1).normal(size=(1, k)).astype(np.float32)}
+    for _ in range(5):
+        sess.run(None, x)
+    times = []
+    for _ in range(40 if count == 1 else 15):
+        t0 = time.perf_counter()
+        sess.run(None, x)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) / count * 1e6
+
+
+def machine(bundle: Path) -> None:
+    """Why this box's GPT step sits where it does: its ISA, its DRAM read bandwidth, the 4-bit
+    kernel's speed with weights hot vs streamed, and the bandwidth floor of one decode step."""
+    from speakd_tools.bench import step_bytes
+
+    flags: set[str] = set()
+    model = platform.processor()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("flags", "Features"):
+                flags |= set(value.split())
+            elif key.strip() == "model name":
+                model = value.strip()
+    print(f"cpu: {model}, {os.cpu_count()} logical cores, load {os.getloadavg()}")
+    print("isa: " + ", ".join(f"{f} {'yes' if f in flags else 'no'}" for f in ISA_FLAGS))
+    bw = {t: read_bandwidth(t) for t in (1, 2)}
+    print(f"DRAM read: {bw[1]:.1f} GB/s (1 thread), {bw[2]:.1f} GB/s (2 threads)")
+    nbytes = 768 * 6144 // 2
+    for count, label in ((1, "weights in cache"), (40, "40 weights streamed")):
+        us = matmul_nbits_us(count, 2)
+        print(f"MatMulNBits 768x6144 4-bit b256 acc4, M=1, 2 threads, {label}: "
+              f"{us:.0f} µs ({nbytes / us / 1e3:.1f} GB/s)")  # fmt: skip
+    steps = step_bytes(bundle, (100, 500))
+    for ctx, kv in steps["kv"].items():
+        total = steps["weights"] + kv
+        print(f"{bundle.name} step at ctx {ctx}: {total / 1e6:.1f} MB read → floor "
+              f"{total / (bw[2] * 1e9) * 1e3:.2f} ms at {bw[2]:.1f} GB/s")  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("what", choices=["nodes", "ort", "loop", "threads"])
+    p.add_argument("what", choices=["nodes", "ort", "loop", "threads", "machine"])
     p.add_argument("bundles", nargs="+", type=Path)
     p.add_argument("--ctx", type=int, default=500)
     p.add_argument("--steps", type=int, default=30)
@@ -145,6 +250,8 @@ def main(argv: list[str] | None = None) -> None:
         ort_profile(a.bundles[0], a.ctx, a.steps)
     elif a.what == "loop":
         loop(a.bundles[0], a.steps)
+    elif a.what == "machine":
+        machine(a.bundles[0])
     else:
         threads(a.bundles[0], a.rounds)
 
