@@ -10,6 +10,7 @@ request is let through (half-open); its success closes the breaker, its failure 
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import queue
 import threading
@@ -153,7 +154,9 @@ class GuardedEngine:
             except BaseException as e:  # handed to the consumer, who decides
                 hand_over(e)
 
-        threading.Thread(target=run, name="speakd-engine", daemon=True).start()
+        threading.Thread(  # in the caller's context: its logs keep the request id
+            target=contextvars.copy_context().run, args=(run,), name="speakd-engine", daemon=True
+        ).start()
         t0, audio_s, outcome = time.monotonic(), 0.0, "incomplete"
         try:
             while True:

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from speakd import __version__
+from speakd import __version__, logcontext
 from speakd.bundle import BundleError
 from speakd.client import Client, ClientError
 from speakd.config import ConfigError, load_config
@@ -173,10 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    logcontext.install()  # before any record is made: LOG_FORMAT needs %(request)s
     logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
+        level=args.log_level.upper(), format=logcontext.LOG_FORMAT, stream=sys.stderr
     )
     try:
         return args.func(args)

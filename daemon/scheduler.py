@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from speakd.audio import AudioChunk, scale_volume
+from speakd.logcontext import request_context
 from speakd.messages import (
     Event,
     EventCallback,
@@ -447,22 +448,24 @@ class Scheduler:
         return written
 
     def _produce(self, job: Job, chunks: queue.Queue[Any]) -> None:
-        try:
-            for chunk in self.source.stream(job.request, job.cancel):
-                if not _put(chunks, chunk, job.cancel):
-                    return
-                if job.cancel.is_set():
-                    return
-            _put(chunks, _END, job.cancel)
-        except Exception as e:
-            if not job.cancel.is_set():
-                log.warning(
-                    "synthesis of %s failed: %s",
-                    job.id,
-                    e,
-                    exc_info=log.isEnabledFor(logging.DEBUG),
-                )
-            _put(chunks, e, job.cancel)
+        """Synthesis thread: what the engine and the cache log here names the request."""
+        with request_context(job.id, job.request.config.voice or "default"):
+            try:
+                for chunk in self.source.stream(job.request, job.cancel):
+                    if not _put(chunks, chunk, job.cancel):
+                        return
+                    if job.cancel.is_set():
+                        return
+                _put(chunks, _END, job.cancel)
+            except Exception as e:
+                if not job.cancel.is_set():
+                    log.warning(
+                        "synthesis of %s failed: %s",
+                        job.id,
+                        e,
+                        exc_info=log.isEnabledFor(logging.DEBUG),
+                    )
+                _put(chunks, e, job.cancel)
 
 
 def _order(job: Job) -> tuple[int, int]:

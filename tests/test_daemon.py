@@ -59,6 +59,11 @@ def test_say_wait_round_trip_events_in_order(daemon: DaemonProc, hello_wav: Path
     played = read_wav(daemon.config.parent / "wav" / "door.wav")
     # same text, same default seed → the daemon plays exactly what `speakd synth` wrote
     assert played.pcm == read_wav(hello_wav).pcm
+    # what the cache logs from its synthesis thread says which request it was (journal lines)
+    deadline = time.monotonic() + 10
+    while " speakd.cache.resolver: [door voice=default] stored clip " not in daemon.log_text():
+        assert time.monotonic() < deadline, daemon.log_text()[-3000:]
+        time.sleep(0.05)
 
 
 def test_status_and_voices(daemon: DaemonProc) -> None:

@@ -21,6 +21,7 @@ their flights at once and share decode steps, each cancellable alone (single-fli
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import sqlite3
 import threading
@@ -235,8 +236,11 @@ class CachingSource:
     def _start(self, key: str, request: SpeakRequest, *, detached: bool) -> _Flight:
         """Call with self._lock held."""
         flight = _Flight(key, request, detached=detached)
-        flight.thread = threading.Thread(
-            target=self._synthesize, args=(flight,), name=f"speakd-cache-{key[:8]}", daemon=True
+        flight.thread = threading.Thread(  # in the caller's context: logs name its request
+            target=contextvars.copy_context().run,
+            args=(self._synthesize, flight),
+            name=f"speakd-cache-{key[:8]}",
+            daemon=True,
         )
         self._inflight[key] = flight
         self.counters["synth"] += 1

@@ -1,0 +1,74 @@
+"""Log lines made during a request's synthesis say which request and voice they belong to —
+through the daemon's real layering: scheduler → cache (its own synthesis thread) → breaker
+(another thread) → engine."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from speakd import logcontext
+from speakd.breaker import CircuitBreaker, GuardedEngine
+from speakd.cache.resolver import CachingSource
+from speakd.config import CacheConfig
+from speakd.engines.base import SynthesisConfig
+from speakd.scheduler import Scheduler
+from speakd.sinks import NullSink
+from tests.test_scheduler import Recorder, req, settle
+from tests.tone_engine import ToneEngine
+
+ENGINE_LOG = "speakd.engines.tone"
+
+
+class LoggingTone(ToneEngine):
+    """The tone engine, logging as a real engine does: once at load, once per synthesis."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        logging.getLogger(ENGINE_LOG).info("loaded")
+
+    def synthesize(self, text: str, config: SynthesisConfig, cancel=None) -> Iterator:
+        logging.getLogger(ENGINE_LOG).info("synthesizing %r", text)
+        return super().synthesize(text, config, cancel)
+
+
+def stored_clips(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.getMessage().startswith("stored clip")]
+
+
+async def test_engine_log_records_carry_request_id_and_voice(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    logcontext.install()
+    caplog.set_level(logging.DEBUG, logger="speakd")
+    engine = GuardedEngine(LoggingTone(), CircuitBreaker())
+    source = CachingSource.from_config(engine, CacheConfig(path=str(tmp_path / "cache.db")))
+    sched = Scheduler(source, NullSink())
+    task = asyncio.create_task(sched.run())
+    rec = Recorder()
+    try:
+        request = req(rec, "one two", "req-1")
+        request.config = SynthesisConfig(voice="high")
+        sched.submit(request)
+        sched.submit(req(rec, "three", "req-2"))
+        await settle(rec, "req-1", "req-2")
+        async with asyncio.timeout(5):  # clips are stored after they have been handed over
+            while len(stored := stored_clips(caplog)) < 2:
+                await asyncio.sleep(0.01)
+    finally:
+        task.cancel()
+        source.close()
+    engine_records = [r for r in caplog.records if r.name == ENGINE_LOG]
+    assert [(r.getMessage(), r.request_id, r.voice) for r in engine_records] == [
+        ("loaded", None, None),  # engine load is no request's
+        ("synthesizing 'one two'", "req-1", "high"),
+        ("synthesizing 'three'", "req-2", "default"),
+    ]
+    assert [r.request_id for r in stored] == ["req-1", "req-2"]  # the cache's own thread
+    lines = [logging.Formatter(logcontext.LOG_FORMAT).format(r) for r in engine_records]
+    assert lines[0].endswith(" INFO speakd.engines.tone: loaded")
+    assert lines[1].endswith(" INFO speakd.engines.tone: [req-1 voice=high] synthesizing 'one two'")
