@@ -91,9 +91,9 @@ class StreamSchedule:
     first_chunk: int = 8  # first audio after first_chunk + first_right steps
     chunk: int = 8
     left: int = 12
-    right: int = 8
-    first_right: int = 4
-    growth: float = 1.25
+    right: int = 12
+    first_right: int = 8
+    growth: float = 1.25  # 8, 8, 10, 12, 16, … 128: chunk k is decoded while chunk k−1 plays
     max_chunk: int = 128
 
     def __post_init__(self) -> None:
