@@ -23,9 +23,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--recipe", help="recipe TOML (default: calibration/recipes/<engine>.toml)")
     c.add_argument(
         "--mode",
-        help="a mode of the recipe (chattts: static|dynamic|int4; vits: "
-        "static|static_all|dynamic), or 'auto' = build all, keep the fastest within "
-        "bounds (default: the recipe's default_mode)",
+        help="a mode of the recipe (chattts: static|dynamic|int4; vits: static|static_all|"
+        "dynamic|weight_only|weight_only_tail), or 'auto' = build all, keep the fastest "
+        "within bounds (default: the recipe's default_mode)",
     )
     c.add_argument(
         "--method",
