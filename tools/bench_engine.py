@@ -138,7 +138,7 @@ def run_speakd(bundle: Path, steps: int, threads: int, text: str = TEXT) -> dict
         **playback(arrivals), "chunks": len(arrivals),
         "audio_s": audio_s, "rtf": total / audio_s, "steps": len(stamps) + 1,
         **_ms_per_step_at(stamps, prompt_len.shape[1]), "peak_rss_mb": _peak_rss_mb(),
-        "schedule": engine.schedule.name,
+        "schedule": engine.schedule.key,
     }  # fmt: skip
 
 

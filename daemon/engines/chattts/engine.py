@@ -174,7 +174,7 @@ class ChatTTSEngine:
             "voice": voice,
             "speed_level": self._speed_level(config),
             **dataclasses.asdict(p),
-            "stream": self.schedule.name,
+            "stream": self.schedule.key,
         }
         if config.seed is not None:
             params["seed"] = config.seed

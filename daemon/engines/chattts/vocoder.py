@@ -107,6 +107,15 @@ class StreamSchedule:
         ):
             raise ValueError(f"bad stream schedule {self}")
 
+    @property
+    def key(self) -> str:
+        """Every field that shapes the audio (the cache key's part; a name alone could hide a
+        change of parameters)."""
+        return (
+            f"{self.name}:{self.first_chunk}+{self.first_right},{self.chunk}x{self.growth:g}"
+            f"<={self.max_chunk},{self.left}/{self.right}"
+        )
+
     def size(self, k: int) -> int:
         """Steps in chunk ``k`` (0-based)."""
         if k == 0:
