@@ -364,3 +364,21 @@ def test_include_and_exclude_pick_the_weights_that_go_int8(tmp_path):
     bad = GraphScheme(scheme="weight_only", op_types=("Conv",), include=("/c/",))
     with pytest.raises(CalibrationError, match=re.escape("include entry '/c/' matches no node")):
         quantize_graph(src, dst, bad, where="test")
+
+
+def test_auto_keeps_the_fastest_within_bounds_and_on_random_weights_the_fastest():
+    from speakd_tools.calibrate.pipeline import explain, select_winner
+
+    def cand(speed: float, ok: bool, score: float) -> dict:
+        failed = [] if ok else ["code_agreement 0.20 < 0.95"]
+        return {"speed_ratio": speed, "bytes_ratio": 0.3, "within_bounds": ok,
+                "failed": failed, "score": score}  # fmt: skip
+
+    both = {"int4": cand(4.2, False, 0.2), "dynamic": cand(2.4, True, 0.8)}
+    assert select_winner(both) == "dynamic"  # fast but out of bounds loses to a bounded one
+    none = {"int4": cand(4.2, False, 0.2), "dynamic": cand(2.4, False, 0.77)}
+    assert select_winner(none) == "dynamic"  # none within: best quality, flagged
+    assert "best in quality" in explain("dynamic", none)
+    assert select_winner(none, judged=False) == "int4"  # random weights: bounds say nothing
+    why = explain("int4", none, judged=False)
+    assert "random weights" in why and "misses code_agreement" in why

@@ -2,7 +2,9 @@
 
 With ``mode="auto"`` every mode of the recipe is built and measured, and the fastest one within
 the recipe's quality bounds is written to ``out`` (the report lists all candidates and says why
-the winner won). A single mode writes that mode even when it misses a bound; the report and the
+the winner won). On a random-weight checkpoint the bounds cannot be judged (random networks show
+the size of the quantization error, not a voice's quality), so auto keeps the fastest and the
+report flags it. A single mode writes that mode even when it misses a bound; the report and the
 CLI say so.
 """
 
@@ -84,11 +86,13 @@ def calibrate(opts: CalibrateOptions) -> CalibrateResult:
         for mode in modes:
             where = opts.out if len(modes) == 1 else Path(tmp) / mode.name
             candidates[mode.name] = run.candidate(mode, where)
-        winner = select_winner(candidates)
+        header = run.header()
+        judged = bool(header.get("real_weights", True))
+        winner = select_winner(candidates, judged)
         if len(modes) > 1:
             _replace_files(Path(tmp) / winner, opts.out)
     report = {
-        **run.header(),
+        **header,
         "engine": engine,
         "method": method,
         "recipe": {"path": str(recipe.path), "sha256": recipe.sha256},
@@ -99,7 +103,7 @@ def calibrate(opts: CalibrateOptions) -> CalibrateResult:
         },
         "winner": winner,
         "within_bounds": candidates[winner]["within_bounds"],
-        "why": explain(winner, candidates),
+        "why": explain(winner, candidates, judged),
     }
     report = write_report(opts.out / REPORT_DIR, report, run.plots(candidates, winner))
     manifest = run.finish(opts.out, recipe.modes[winner], report)
@@ -107,22 +111,30 @@ def calibrate(opts: CalibrateOptions) -> CalibrateResult:
     return CalibrateResult(opts.out, manifest, report)
 
 
-def select_winner(candidates: dict[str, dict[str, Any]]) -> str:
+def select_winner(candidates: dict[str, dict[str, Any]], judged: bool = True) -> str:
     """The fastest candidate within bounds; if none is, the best in quality (``score``, flagged):
-    a fast bundle that breaks the quality bounds is the wrong default."""
-    ok = [k for k, c in candidates.items() if c["within_bounds"]]
+    a fast bundle that breaks the quality bounds is the wrong default. ``judged`` False (random
+    weights: the bounds say nothing about the real model): the fastest."""
+    ok = [k for k, c in candidates.items() if c["within_bounds"] or not judged]
     if ok:
         return max(ok, key=lambda k: candidates[k]["speed_ratio"])
     return max(candidates, key=lambda k: candidates[k]["score"])
 
 
-def explain(winner: str, candidates: dict[str, dict[str, Any]]) -> str:
+def explain(winner: str, candidates: dict[str, dict[str, Any]], judged: bool = True) -> str:
     w = candidates[winner]
     head = (
         f"`{winner}` runs at {w['speed_ratio']:.2f}× the fp32 speed with "
         f"{w['bytes_ratio']:.2f}× its bytes"
     )
-    if not w["within_bounds"]:
+    if not judged:
+        head += (
+            "; random weights: the quality bounds cannot be judged, so the fastest candidate is "
+            "kept (calibrate the real checkpoint to let the bounds decide)"
+        )
+        if not w["within_bounds"]:
+            head += f"; measured here it misses {'; '.join(w['failed'])}"
+    elif not w["within_bounds"]:
         head += f", but misses a quality bound ({'; '.join(w['failed'])})"
         if len(candidates) > 1:
             head += "; no candidate met every bound, so the best in quality is kept and flagged"
