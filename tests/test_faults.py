@@ -285,7 +285,8 @@ def say_until(d: DaemonProc, text: str, want: str, timeout: float = 30) -> dict[
         time.sleep(0.3)
 
 
-def test_audio_device_missing_vanishing_and_coming_back(tmp_path: Path) -> None:
+def fifo_device_daemon(tmp_path: Path, plugged: bool) -> tuple[FifoDevice, Any]:
+    """A daemon whose sounddevice sink plays through ALSA's file plugin into a FIFO we control."""
     pytest.importorskip("sounddevice", exc_type=OSError)
     home = tmp_path / "home"
     home.mkdir()
@@ -293,7 +294,13 @@ def test_audio_device_missing_vanishing_and_coming_back(tmp_path: Path) -> None:
     (home / ".asoundrc").write_text(
         f'pcm.!default {{ type file; slave.pcm "null"; file "{device.path}"; format "raw" }}\n'
     )
-    d = start_daemon(write_config(tmp_path, sink="sounddevice"), env={"HOME": str(home)})
+    if plugged:
+        device.plug()
+    return device, start_daemon(write_config(tmp_path, sink="sounddevice"), env={"HOME": str(home)})
+
+
+def test_audio_device_missing_vanishing_and_coming_back(tmp_path: Path) -> None:
+    device, d = fifo_device_daemon(tmp_path, plugged=False)
     try:
         # missing at start: a clear error, the state in status and doctor, the daemon serving
         assert say_until(d, "Anybody?", "audio_unavailable")["code"] == "audio_unavailable"
@@ -332,15 +339,7 @@ def test_audio_device_missing_vanishing_and_coming_back(tmp_path: Path) -> None:
 def test_audio_device_that_stops_taking_audio(tmp_path: Path) -> None:
     """A write into a wedged driver never returns: the utterance fails within the write timeout
     with a clear error, the stream is reopened, and the daemon keeps serving."""
-    pytest.importorskip("sounddevice", exc_type=OSError)
-    home = tmp_path / "home"
-    home.mkdir()
-    device = FifoDevice(tmp_path / "dev" / "pcm.fifo")
-    (home / ".asoundrc").write_text(
-        f'pcm.!default {{ type file; slave.pcm "null"; file "{device.path}"; format "raw" }}\n'
-    )
-    device.plug()
-    d = start_daemon(write_config(tmp_path, sink="sounddevice"), env={"HOME": str(home)})
+    device, d = fifo_device_daemon(tmp_path, plugged=True)
     try:
         assert say_until(d, "Ready.", "done")["status"] == "done"
         device.wedged.set()
