@@ -89,8 +89,8 @@ class ChatTTSEngine:
         )
         self.gpt = GptRunner(make_session(bundle.file("gpt.onnx"), threads), self.spec, emb_code)
         self.vocoder = Vocoder(
-            make_session(bundle.file("decoder.onnx"), threads),
-            make_session(bundle.file("vocos.onnx"), threads),
+            make_session(bundle.file("decoder.onnx"), threads, spinning=False),
+            make_session(bundle.file("vocos.onnx"), threads, spinning=False),
         )
         self._lock = threading.Lock()  # one KV cache: one utterance at a time
         # batch_size > 1: sentences and requests share decode steps (issue 12, batch.py). When

@@ -1,49 +1,27 @@
 """The one place ChatTTS's onnxruntime sessions are configured (STYLE.md habit 3).
 
-The GPT, Decoder and Vocos sessions run one after another on the same cores, so they share one
-process-wide intra-op pool instead of three: with a pool each, the pool that just ran keeps
-spinning for a while and takes cycles from the next session's threads (measured in
-docs/benchmarks.md, "Where the time goes").
+The GPT, Decoder and Vocos sessions run one after another on the same cores. A pool that keeps
+spinning after its run takes cycles from the next session's threads, so only the GPT, which runs
+hundreds of times per utterance, spins; the Decoder and Vocos pools sleep as soon as their chunk
+is done (measured in docs/benchmarks.md, run 4). A process-wide ORT pool would do the same, but
+ORT then refuses every session with its own pool in the process (the VITS fallback voice, tools).
 """
 
 from __future__ import annotations
 
-import logging
-import threading
 from pathlib import Path
 
 import onnxruntime as ort
-from onnxruntime.capi import _pybind_state
-
-log = logging.getLogger(__name__)
-
-_pool_lock = threading.Lock()
-_pool_threads: int | None = None  # size of the shared pool once created
 
 
-def _shared_pool(threads: int) -> bool:
-    """Create the shared pool on first use; False if it exists with another size."""
-    global _pool_threads
-    with _pool_lock:
-        if _pool_threads is None:
-            _pybind_state.set_global_thread_pool_sizes(threads, 1)
-            _pool_threads = threads
-        return _pool_threads == threads
-
-
-def make_session(path: Path, threads: int) -> ort.InferenceSession:
-    """CPU session: ``threads`` intra-op (= physical cores is best, GPT-RUNTIME.md) from the
-    shared pool, sequential execution, all graph optimisations, spinning left on (off costs
-    20–30 %). A second engine asking for another thread count gets a pool of its own."""
+def make_session(path: Path, threads: int, spinning: bool = True) -> ort.InferenceSession:
+    """CPU session: ``threads`` intra-op (= physical cores is best, GPT-RUNTIME.md), inter-op 1,
+    sequential execution, all graph optimisations; ``spinning`` (off costs the GPT 20–30 %)."""
     opts = ort.SessionOptions()
-    if _shared_pool(threads):
-        opts.use_per_session_threads = False
-    else:
-        log.info("%s: %d threads differs from the shared pool's %d: own pool", path.name,
-                 threads, _pool_threads)  # fmt: skip
-        opts.intra_op_num_threads = threads
-        opts.inter_op_num_threads = 1
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
     opts.log_severity_level = 3
     return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
