@@ -6,8 +6,9 @@ what is buffered). A paused utterance is drained part-way and later continued wi
 ``write`` blocks at playback speed on a real device, so the scheduler's block size bounds the
 stop latency. A missing or vanished device is a state, not a crash: ``SinkUnavailable`` fails the
 request, ``status()`` says why, and the next ``begin`` retries. So is a wedged one: a device write
-that does not return within ``max(WRITE_TIMEOUT_MIN_S, WRITE_TIMEOUT_FACTOR × its duration)``
-fails the request and the stream is replaced.
+that does not return within ``max(WRITE_TIMEOUT_MIN_S, WRITE_TIMEOUT_FACTOR × its duration)``, or
+a drain (PortAudio's stop) that does not within ``max(WRITE_TIMEOUT_MIN_S, WRITE_TIMEOUT_FACTOR ×
+the stream's latency)``, fails the request and the stream is replaced.
 """
 
 from __future__ import annotations
@@ -160,30 +161,31 @@ class WavSink:
         pass
 
 
-class _Writer:
-    """Runs device writes on a thread of its own, so the caller can give up on a write that never
-    returns (a wedged driver); the stuck thread is then abandoned with its stream."""
+class _DeviceCalls:
+    """Runs device calls (writes, the end-of-utterance stop) on a thread of their own, so the
+    caller can give up on one that never returns (a wedged driver); the stuck thread is then
+    abandoned with its stream."""
 
     def __init__(self) -> None:
-        self._calls: queue.Queue[tuple[Any, bytes]] = queue.Queue(maxsize=1)
+        self._calls: queue.Queue[tuple[Any, tuple[Any, ...]]] = queue.Queue(maxsize=1)
         self._results: queue.Queue[BaseException | None] = queue.Queue(maxsize=1)
         self._abandoned = False
         threading.Thread(target=self._run, name="speakd-audio-write", daemon=True).start()
 
     def _run(self) -> None:
-        while not self._abandoned:  # a stuck write that returns after all ends the thread
-            write, pcm = self._calls.get()
+        while not self._abandoned:  # a stuck call that returns after all ends the thread
+            fn, args = self._calls.get()
             try:
-                write(pcm)
+                fn(*args)
             except Exception as e:  # handed to the caller
                 self._results.put(e)
             else:
                 self._results.put(None)
 
-    def write(self, write: Any, pcm: bytes, timeout: float) -> bool:
-        """``write(pcm)`` on the writer thread; False when it has not returned within
-        ``timeout`` (the writer is then unusable), its exception re-raised."""
-        self._calls.put((write, pcm))
+    def call(self, timeout: float, fn: Any, *args: Any) -> bool:
+        """``fn(*args)`` on the device thread; False when it has not returned within ``timeout``
+        (the thread is then unusable), its exception re-raised."""
+        self._calls.put((fn, args))
         try:
             error = self._results.get(timeout=timeout)
         except queue.Empty:
@@ -215,7 +217,7 @@ class SoundDeviceSink:
         self._error = ""
         self._last_try = 0.0
         self._wedged = False  # the last stream stopped taking writes: reopen at once
-        self._writer: _Writer | None = None
+        self._device: _DeviceCalls | None = None
         self._lock = threading.Lock()
 
     def _sd(self) -> Any:
@@ -267,9 +269,21 @@ class SoundDeviceSink:
 
     def write(self, pcm: bytes) -> None:
         timeout = max(WRITE_TIMEOUT_MIN_S, WRITE_TIMEOUT_FACTOR * len(pcm) / 2 / self._rate)
-        self._writer = self._writer or _Writer()
+        self._call(timeout, "a write", self._stream.write, pcm)
+
+    def drain(self) -> None:
+        with self._lock:
+            stream = self._stream
+        if stream is not None:  # stop() returns once the buffered audio has played
+            timeout = max(WRITE_TIMEOUT_MIN_S, WRITE_TIMEOUT_FACTOR * float(stream.latency))
+            self._call(timeout, "stopping the stream", stream.stop)
+
+    def _call(self, timeout: float, what: str, fn: Any, *args: Any) -> None:
+        """A device call bounded by ``timeout``: an error or a call that never returns makes
+        the device unavailable (SinkUnavailable) and the stream is replaced next time."""
+        self._device = self._device or _DeviceCalls()
         try:
-            returned = self._writer.write(self._stream.write, pcm, timeout)
+            returned = self._device.call(timeout, fn, *args)
         except Exception as e:
             self._error = f"output device failed during playback: {e}"
             log.warning("%s", self._error)
@@ -277,28 +291,23 @@ class SoundDeviceSink:
                 self._drop_stream()
             raise SinkUnavailable(self._error) from e
         if not returned:
-            self._abandon(timeout)
+            self._abandon(timeout, what)
 
-    def _abandon(self, timeout: float) -> None:
-        """A write is stuck in the driver: leave it and its stream behind (closed on a thread of
+    def _abandon(self, timeout: float, what: str) -> None:
+        """A call is stuck in the driver: leave it and its stream behind (closed on a thread of
         their own, in case closing blocks too); the next utterance opens a new stream."""
         self._error = (
-            f"output device {self.device or 'default'!s} stopped taking audio: a write did not "
+            f"output device {self.device or 'default'!s} stopped taking audio: {what} did not "
             f"return within {timeout:.1f} s; the stream is reopened for the next utterance"
         )
         log.error("%s", self._error)
         with self._lock:
             stuck, self._stream = self._stream, None
-        self._writer, self._wedged = None, True
+        self._device, self._wedged = None, True
         threading.Thread(
             target=_close_stream, args=(stuck,), name="speakd-audio-close", daemon=True
         ).start()
         raise SinkUnavailable(self._error)
-
-    def drain(self) -> None:
-        with self._lock:
-            if self._stream is not None:
-                self._stream.stop()  # returns once the buffered audio has played
 
     def abort(self) -> None:
         with self._lock:

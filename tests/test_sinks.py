@@ -20,12 +20,15 @@ from tests.tone_engine import ToneEngine
 
 
 class FakeStream:
-    """``sounddevice.RawOutputStream``: ``write`` returns at once, or never while ``wedged``."""
+    """``sounddevice.RawOutputStream``: ``write`` returns at once, or never while ``wedged``;
+    ``stop`` (which waits for the buffered audio) never returns while ``stop_wedged``."""
+
+    latency = 0.1
 
     def __init__(self, fake: FakeDevice, **_: Any) -> None:
         self.fake = fake
-        self.wedged = fake.wedge_next
-        fake.wedge_next = False
+        self.wedged, self.stop_wedged = fake.wedge_next, fake.wedge_stop_next
+        fake.wedge_next = fake.wedge_stop_next = False
         self.written = 0
         self.stopped = True
         self.closed = False
@@ -40,6 +43,8 @@ class FakeStream:
         self.written += len(pcm)
 
     def stop(self) -> None:
+        if self.stop_wedged:
+            self.fake.release.wait()
         self.stopped = True
 
     def abort(self) -> None:
@@ -52,7 +57,7 @@ class FakeStream:
 class FakeDevice:
     def __init__(self) -> None:
         self.streams: list[FakeStream] = []
-        self.wedge_next = False
+        self.wedge_next = self.wedge_stop_next = False
         self.release = threading.Event()
 
     def module(self) -> Any:
@@ -95,5 +100,31 @@ async def test_a_write_that_never_returns_fails_the_utterance_and_the_stream_is_
         assert rec.final("next").data["status"] == "done"
         assert len(device.streams) == 2 and device.streams[1].written == 2 * 2 * 1600
         assert sink.status()["available"] is True
+    finally:
+        task.cancel()
+
+
+async def test_a_stop_that_never_returns_fails_the_utterance_and_the_stream_is_reopened(
+    device: FakeDevice, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The end-of-utterance drain (PortAudio's stop) is bounded like a write."""
+    monkeypatch.setattr(sinks, "WRITE_TIMEOUT_MIN_S", 0.5, raising=False)
+    sink = SoundDeviceSink()
+    sched = Scheduler(EngineSource(ToneEngine()), sink, block_ms=50)
+    task = asyncio.create_task(sched.run())
+    rec = Recorder()
+    try:
+        device.wedge_stop_next = True
+        sched.submit(req(rec, "one two", "stuck"))
+        async with asyncio.timeout(5):
+            await settle(rec, "stuck")
+        error = rec.final("stuck")
+        assert error.type.value == "error" and error.data["code"] == "audio_unavailable"
+        assert "stopping the stream did not return within 0.5 s" in error.data["message"]
+        assert device.streams[0].written == 2 * 2 * 1600  # all of it was written first
+
+        sched.submit(req(rec, "three", "next"))
+        await settle(rec, "next")
+        assert rec.final("next").data["status"] == "done" and len(device.streams) == 2
     finally:
         task.cancel()
