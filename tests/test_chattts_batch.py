@@ -7,6 +7,7 @@ with ``batch_size = 1``. Random weights: lengths are forced with min/max_new_tok
 from __future__ import annotations
 
 import copy
+import logging
 import threading
 import time
 import tracemalloc
@@ -323,3 +324,15 @@ def test_precompute_batch_equals_one_by_one(single: ChatTTSEngine, batched: Chat
     for clip, ref in zip(clips, refs, strict=True):
         assert isinstance(clip, Clip) and isinstance(ref, Clip)
         assert (clip.key, clip.audio, clip.params) == (ref.key, ref.audio, ref.params)
+
+
+def test_batch_worker_log_lines_name_their_request(batched: ChatTTSEngine, caplog) -> None:
+    """The decode worker serves many requests; each request's lines carry its id and voice."""
+    from speakd import logcontext
+
+    logcontext.install()
+    caplog.set_level(logging.DEBUG, logger="speakd.engines.chattts.batch_scheduler")
+    with logcontext.request_context("door-7", "default"):
+        list(batched.batch.stream(_sentences(batched, seed=1, lengths=LENGTHS)[:2]))
+    done = [r for r in caplog.records if "sentence" in r.getMessage() and "done" in r.getMessage()]
+    assert len(done) == 2 and {(r.request_id, r.voice) for r in done} == {("door-7", "default")}

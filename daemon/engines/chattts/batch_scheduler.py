@@ -21,6 +21,7 @@ the batch at the next iteration and the other rows go on untouched.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import queue
 import threading
@@ -45,6 +46,8 @@ _END = object()  # end-of-row marker in a row's audio queue
 class _Request:
     cancel: threading.Event
     first_audio: bool = False
+    # the caller's context: the worker logs a request's lines in it, so they name the request
+    context: contextvars.Context = field(default_factory=contextvars.copy_context)
 
 
 @dataclass(eq=False)
@@ -237,7 +240,7 @@ class BatchScheduler:
             if error is not None:
                 job.out.put(error)
             job.out.put(_END)
-            log.debug(
-                "chattts batch: sentence %d done: %d steps (%s)",
+            job.request.context.run(
+                log.debug, "chattts batch: sentence %d done: %d steps (%s)",
                 job.index, job.row.stats.steps, job.row.stats.stop,
             )  # fmt: skip
