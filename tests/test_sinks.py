@@ -4,8 +4,10 @@ device): the real SoundDeviceSink and Scheduler, the tone engine, a fake ``sound
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
+from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -72,15 +74,24 @@ def device(monkeypatch: pytest.MonkeyPatch):
     fake.release.set()
 
 
-async def test_a_write_that_never_returns_fails_the_utterance_and_the_stream_is_reopened(
-    device: FakeDevice, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@contextlib.asynccontextmanager
+async def running(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[tuple[Scheduler, Recorder]]:
+    """The real sink and scheduler on the tone engine, device calls bounded at 0.5 s."""
     monkeypatch.setattr(sinks, "WRITE_TIMEOUT_MIN_S", 0.5, raising=False)
     sink = SoundDeviceSink()
     sched = Scheduler(EngineSource(ToneEngine()), sink, block_ms=50)
     task = asyncio.create_task(sched.run())
-    rec = Recorder()
     try:
+        yield sched, Recorder()
+    finally:
+        task.cancel()
+
+
+async def test_a_write_that_never_returns_fails_the_utterance_and_the_stream_is_reopened(
+    device: FakeDevice, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with running(monkeypatch) as (sched, rec):
+        sink = sched.sink
         device.wedge_next = True
         t0 = time.monotonic()
         sched.submit(req(rec, "one two three", "wedged"))
@@ -100,20 +111,13 @@ async def test_a_write_that_never_returns_fails_the_utterance_and_the_stream_is_
         assert rec.final("next").data["status"] == "done"
         assert len(device.streams) == 2 and device.streams[1].written == 2 * 2 * 1600
         assert sink.status()["available"] is True
-    finally:
-        task.cancel()
 
 
 async def test_a_stop_that_never_returns_fails_the_utterance_and_the_stream_is_reopened(
     device: FakeDevice, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The end-of-utterance drain (PortAudio's stop) is bounded like a write."""
-    monkeypatch.setattr(sinks, "WRITE_TIMEOUT_MIN_S", 0.5, raising=False)
-    sink = SoundDeviceSink()
-    sched = Scheduler(EngineSource(ToneEngine()), sink, block_ms=50)
-    task = asyncio.create_task(sched.run())
-    rec = Recorder()
-    try:
+    async with running(monkeypatch) as (sched, rec):
         device.wedge_stop_next = True
         sched.submit(req(rec, "one two", "stuck"))
         async with asyncio.timeout(5):
@@ -126,5 +130,3 @@ async def test_a_stop_that_never_returns_fails_the_utterance_and_the_stream_is_r
         sched.submit(req(rec, "three", "next"))
         await settle(rec, "next")
         assert rec.final("next").data["status"] == "done" and len(device.streams) == 2
-    finally:
-        task.cancel()

@@ -27,18 +27,9 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from speakd.engines.chattts.ortsession import session_options
+
 TEXT = "Please remember to close the kitchen window before you leave."
-
-
-def _options(threads: int = 2, spin: bool = True) -> ort.SessionOptions:
-    o = ort.SessionOptions()
-    o.intra_op_num_threads = threads
-    o.inter_op_num_threads = 1
-    o.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    o.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    o.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
-    o.log_severity_level = 3
-    return o
 
 
 def _runner(bundle: Path, opts: ort.SessionOptions, ctx: int) -> Any:
@@ -59,7 +50,7 @@ def nodes(bundles: list[Path]) -> None:
     for bundle in bundles:
         path = bundle / "gpt.onnx"
         with tempfile.TemporaryDirectory() as tmp:
-            o = _options()
+            o = session_options(2)
             o.optimized_model_filepath = str(Path(tmp) / "opt.onnx")
             o.add_session_config_entry(
                 "session.optimized_model_external_initializers_file_name", "opt.onnx.data"
@@ -73,7 +64,7 @@ def nodes(bundles: list[Path]) -> None:
 
 
 def ort_profile(bundle: Path, ctx: int, steps: int) -> None:
-    o = _options()
+    o = session_options(2)
     o.enable_profiling = True
     o.profile_file_prefix = str(Path(tempfile.gettempdir()) / "speakd-ortprof")
     r = _runner(bundle, o, ctx)
@@ -119,7 +110,7 @@ def threads(bundle: Path, rounds: int) -> None:
         for t in (1, 2)
         for s in (True, False)
     }
-    runners = {k: _runner(bundle, _options(t, s), 120) for k, (t, s) in variants.items()}
+    runners = {k: _runner(bundle, session_options(t, s), 120) for k, (t, s) in variants.items()}
     times: dict[str, list[float]] = {k: [] for k in runners}
     names = list(runners)
     for rnd in range(rounds):
@@ -192,7 +183,9 @@ def matmul_nbits_us(count: int, threads: int, k: int = 768, n: int = 6144) -> fl
     """Median µs per 4-bit MatMulNBits at M = 1 (the GPT's gate/up shape): ``count`` = 1 keeps
     its weights in cache, ``count`` = 40 streams them from DRAM as a decode step does."""
     sess = ort.InferenceSession(
-        _matmul_nbits_model(k, n, count), _options(threads), providers=["CPUExecutionProvider"]
+        _matmul_nbits_model(k, n, count),
+        session_options(threads),
+        providers=["CPUExecutionProvider"],
     )
     x = {"x": np.random.default_rng(1).normal(size=(1, k)).astype(np.float32)}
     for _ in range(5):

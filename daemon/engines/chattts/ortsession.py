@@ -14,9 +14,9 @@ from pathlib import Path
 import onnxruntime as ort
 
 
-def make_session(path: Path, threads: int, spinning: bool = True) -> ort.InferenceSession:
-    """CPU session: ``threads`` intra-op (= physical cores is best, GPT-RUNTIME.md), inter-op 1,
-    sequential execution, all graph optimisations; ``spinning`` (off costs the GPT 20–30 %)."""
+def session_options(threads: int, spinning: bool = True) -> ort.SessionOptions:
+    """``threads`` intra-op (= physical cores is best, GPT-RUNTIME.md), inter-op 1, sequential
+    execution, all graph optimisations; ``spinning`` (off costs the GPT 20–30 %)."""
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
@@ -24,4 +24,13 @@ def make_session(path: Path, threads: int, spinning: bool = True) -> ort.Inferen
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
     opts.log_severity_level = 3
-    return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
+    return opts
+
+
+def make_session(path: Path, threads: int, spinning: bool = True) -> ort.InferenceSession:
+    """A CPU session with :func:`session_options`."""
+    return ort.InferenceSession(
+        str(path),
+        sess_options=session_options(threads, spinning),
+        providers=["CPUExecutionProvider"],
+    )
