@@ -6,7 +6,8 @@ Each side runs in its own fresh process (so peak RSS is its own) on the same tex
 number of decode steps (``min_new_token = max_new_token = steps``, so EOS never ends either early):
 
 * speakd: ``ChatTTSEngine.synthesize`` (streaming, default schedule) → time to first audio, total,
-  RTF; ms/step around context 100 and 500 from per-step timestamps of the decode loop.
+  RTF; ms/step around context 100 and 500 from per-step timestamps of the decode loop; playback
+  stall and the gapless first-audio time from the chunks' arrival times (``playback``).
 * torch: ChatTTS's modules driven as ``Chat.infer(skip_refine_text=True)`` drives them
   (Tokenizer, Embed, ``Speaker.apply``, ``GPT.generate`` with ``gen_logits`` processors, Decoder,
   ``Vocos.decode``).
