@@ -237,10 +237,10 @@ class BatchScheduler:
             with self._cond:
                 if job in self._running:
                     self._running.remove(job)
-            if error is not None:
-                job.out.put(error)
-            job.out.put(_END)
             job.request.context.run(
                 log.debug, "chattts batch: sentence %d done: %d steps (%s)",
                 job.index, job.row.stats.steps, job.row.stats.stop,
             )  # fmt: skip
+            if error is not None:
+                job.out.put(error)
+            job.out.put(_END)  # last: the caller may return as soon as it sees it
