@@ -83,3 +83,17 @@ def test_step_bytes_and_steps_phase_on_the_tiny_bundle(
     text = table(result)
     assert "| int8 | missing: x: no bundle |" in text
     assert "Ratio to torch" in text and "Speed-up vs torch: fp32: GPT ms/step ctx10" in text
+
+
+def test_playback_counts_gaps_and_the_start_that_avoids_them() -> None:
+    from speakd_tools.bench_engine import playback
+
+    # on time: each chunk arrives before the audio ahead of it has played
+    smooth = playback([(0.3, 0.2), (0.45, 0.5), (0.9, 2.0)])
+    assert smooth["stall_s"] == 0.0 and smooth["gapless_first_audio_s"] == 0.3
+    # chunk 2 comes 0.4 s after chunk 1's 0.2 s ran out; chunk 3 is late by 0.1 s more
+    late = playback([(0.3, 0.2), (0.9, 0.5), (1.5, 1.0)])
+    assert late["stall_s"] == pytest.approx(0.4 + 0.1)
+    # starting 0.5 s later covers the worst lateness: chunk 3 at 1.5 s vs 0.3 + 0.7 s of audio
+    assert late["gapless_first_audio_s"] == pytest.approx(0.3 + 0.5)
+    assert playback([]) == {"stall_s": 0.0, "gapless_first_audio_s": 0.0}
