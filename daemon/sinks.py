@@ -170,7 +170,7 @@ class _DeviceCalls:
         self._calls: queue.Queue[tuple[Any, tuple[Any, ...]]] = queue.Queue(maxsize=1)
         self._results: queue.Queue[BaseException | None] = queue.Queue(maxsize=1)
         self._abandoned = False
-        threading.Thread(target=self._run, name="speakd-audio-write", daemon=True).start()
+        threading.Thread(target=self._run, name="speakd-audio-device", daemon=True).start()
 
     def _run(self) -> None:
         while not self._abandoned:  # a stuck call that returns after all ends the thread

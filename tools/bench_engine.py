@@ -98,11 +98,20 @@ def snr_sweep(bundle: Path, steps: int, threads: int) -> dict[str, float]:
     engine = ChatTTSEngine.load(bundle, threads=threads)
     config = SynthesisConfig(extra={"max_new_token": steps, "min_new_token": steps})
     sweep = [(1, 0), (2, 2), (4, 4), (8, 8), (12, 12), (24, 24), (52, 52)]
-    return stream_snr(
-        engine,
-        config,
-        [StreamSchedule(f"{lo}/{r}", 8, 32, lo, r, r, 1.0, 32) for lo, r in sweep],
-    )
+    schedules = [
+        StreamSchedule(
+            f"{lo}/{r}",
+            first_chunk=8,
+            chunk=32,
+            left=lo,
+            right=r,
+            first_right=r,
+            growth=1.0,
+            max_chunk=32,
+        )
+        for lo, r in sweep
+    ]
+    return stream_snr(engine, config, schedules)
 
 
 def run_speakd(bundle: Path, steps: int, threads: int, text: str = TEXT) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 The GPT, Decoder and Vocos sessions run one after another on the same cores. A pool that keeps
 spinning after its run takes cycles from the next session's threads, so only the GPT, which runs
 hundreds of times per utterance, spins; the Decoder and Vocos pools sleep as soon as their chunk
-is done (measured in docs/benchmarks.md, run 4). A process-wide ORT pool would do the same, but
+is done (measured in docs/benchmarks.md, run 5). A process-wide ORT pool would do the same, but
 ORT then refuses every session with its own pool in the process (the VITS fallback voice, tools).
 """
 
