@@ -57,6 +57,9 @@ class EngineConfig:
     # ChatTTS: decode rows sharing one step (sentences of a request and concurrent requests,
     # docs/chattts-engine.md); 1 = one sentence at a time. Each row's KV slot costs memory.
     batch_size: int = 4
+    # ChatTTS batching favours the sentence being played so it never runs dry (batch_scheduler.py,
+    # "Pacing"); off = every row steps every time (throughput only: precompute)
+    paced: bool = True
     # Degradation: a failing, hung or too slow engine opens a circuit breaker; while it is open
     # (and for requests the engine failed) the fallback prompt plays instead of silence.
     fallback_text: str = "Sorry, I cannot say that right now."

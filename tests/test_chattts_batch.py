@@ -21,7 +21,7 @@ from speakd.cache.resolver import CachingSource
 from speakd.cache.store import CacheStore, Clip
 from speakd.engines.base import SynthesisConfig
 from speakd.engines.chattts.batch import BatchDecoder, Row, sentence_sampler
-from speakd.engines.chattts.batch_scheduler import Sentence
+from speakd.engines.chattts.batch_scheduler import BatchScheduler, Sentence
 from speakd.engines.chattts.engine import ChatTTSEngine
 from speakd.engines.chattts.gpt_runner import DecodeStats
 from speakd.engines.chattts.sampling import SamplingParams
@@ -189,13 +189,14 @@ class _LoneRowRounding:
         dec = self.decoder
         if dec is None:
             return
-        n = next((i + 1 for i, (b, _) in enumerate(dec._steps) if b is binding), 0)
+        lo, hi = next((k for k, (b, _) in dec._windows.items() if b is binding), (0, 0))
+        n = hi - lo
         if n:  # a decode step (0: a prompt pass)
             self.rows_run.append(n)
         if n == 1:
-            dec.logits[0, 0, 0] += 1e-3
+            dec.logits[lo, 0, 0] += 1e-3
         elif n > 1 and self.company:
-            dec.logits[0, 0, 0] += 1e-3 * float(dec.embeds[1, 0, 0])
+            dec.logits[lo, 0, 0] += 1e-3 * float(dec.embeds[lo + 1, 0, 0])
 
 
 def _probe_decoder(engine: ChatTTSEngine, session: _LoneRowRounding) -> BatchDecoder:
@@ -225,6 +226,78 @@ def test_lone_row_kernel_makes_every_step_run_two_rows(single: ChatTTSEngine) ->
 def test_graph_whose_rows_see_each_other_is_not_batch_invariant(single: ChatTTSEngine) -> None:
     dec = _probe_decoder(single, _LoneRowRounding(single.gpt.session, company=True))
     assert not dec.batch_invariant()
+
+
+class _ComputeBoundSteps:
+    """The tiny fp32 session, but a decode step costs ``ms_per_slot`` per slot of its window, as
+    on a 2-core CPU where a 4-bit step is compute-bound: one row is faster than the 21.3 ms of
+    audio it makes, two rows are not. Records the slots of every step."""
+
+    def __init__(self, engine: ChatTTSEngine, ms_per_slot: float) -> None:
+        self.session, self.ms_per_slot = engine.gpt.session, ms_per_slot
+        self.decoder = BatchDecoder(self, engine.spec, engine.gpt.emb_code, 4)  # type: ignore[arg-type]
+        self.windows: list[tuple[int, int]] = []
+
+    def io_binding(self):
+        return self.session.io_binding()
+
+    def run_with_iobinding(self, binding) -> None:
+        self.session.run_with_iobinding(binding)
+        windows = self.decoder._windows
+        lo, hi = next((k for k, (b, _) in windows.items() if b is binding), (0, 0))
+        if hi > lo:  # a decode step (a prompt pass is not in the window table)
+            self.windows.append((lo, hi))
+            time.sleep(self.ms_per_slot * (hi - lo) / 1e3)
+
+
+def _three_sentences(
+    engine: ChatTTSEngine, ms_per_slot: float, paced: bool
+) -> tuple[float, _ComputeBoundSteps, BatchScheduler]:
+    """One request of three 60-step sentences on ``_ComputeBoundSteps``: the gaps a real-time
+    listener hears, the steps, the scheduler. Each sentence's codes must equal its unbatched
+    codes whatever the pacing did (a paused row resumes unchanged)."""
+    from speakd_tools.bench_engine import playback
+
+    steps = _ComputeBoundSteps(engine, ms_per_slot)
+    scheduler = BatchScheduler(steps.decoder, engine.vocoder, engine.schedule, paced=paced)
+    sentences = _sentences(engine, seed=6, lengths=[60, 60, 60, *LENGTHS[3:]])[:3]
+    refs = [_unbatched(engine, s)[0] for s in sentences]
+    codes_out: list[list[np.ndarray]] = []
+    arrivals = []
+    t0 = time.monotonic()
+    for _, audio in scheduler.stream(sentences, codes_out=codes_out):
+        arrivals.append((time.monotonic() - t0, len(audio) / 24000))
+    for i, (ref, got) in enumerate(zip(refs, codes_out, strict=True)):
+        np.testing.assert_array_equal(np.array(got).reshape(-1, 4), ref, err_msg=f"row {i}")
+    return playback(arrivals)["stall_s"], steps, scheduler
+
+
+@pytest.mark.parametrize("paced", [True, False])
+def test_pacing_keeps_the_playing_sentence_ahead_of_its_listener(
+    single: ChatTTSEngine, paced: bool
+) -> None:
+    """A CPU where a lone row is faster than real time and wider steps are not. Unpaced, every
+    row steps every time and the listener of sentence 1 waits for audio again and again; paced,
+    sentence 1 steps alone (the others pause) whenever its buffered audio runs short, so it plays
+    without a gap, and the rows still share steps when it is ahead."""
+    stall, steps, scheduler = _three_sentences(single, ms_per_slot=8.0, paced=paced)
+    assert sum(hi - lo > 1 for lo, hi in steps.windows) > 10  # the rows did share steps
+    if paced:
+        assert stall < 0.25, f"{stall:.2f} s of gaps"
+        assert scheduler.counters["paced_steps"] > 0
+    else:
+        assert stall > 0.5, f"only {stall:.2f} s of gaps"  # the case pacing exists for
+
+
+def test_pacing_lets_every_row_step_when_even_a_lone_row_is_slower_than_real_time(
+    single: ChatTTSEngine,
+) -> None:
+    """When one row alone cannot keep up with its listener, the listener waits whatever runs:
+    pacing then steps every row (the text ends soonest) instead of stepping sentence 1 alone."""
+    _, steps, scheduler = _three_sentences(single, ms_per_slot=30.0, paced=True)
+    c = scheduler.counters
+    assert c["paced_steps"] < 0.4 * c["steps"], c  # only the first sentence's start is paced
+    assert sum(hi - lo == 3 for lo, hi in steps.windows) > 30
 
 
 def test_kv_is_allocated_once(batched: ChatTTSEngine) -> None:

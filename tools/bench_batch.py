@@ -10,9 +10,12 @@ schedule exactly as ``synthesize`` does (vocoder included), timings are wall clo
 
 * throughput: n one-sentence requests of ``--steps`` steps at once → audio seconds / wall second
   and RTF (wall / audio), for each n in ``--rows``;
-* long text: ``--sentences`` sentences (lengths 0.6–1.4 × ``--steps``) as one request (batched:
-  sentence 1 streams while the others decode) vs one sentence after the other (= B 1): time to
-  the last sample, time to first audio, time to sentence 1's last sample.
+* long text: ``--sentences`` sentences (lengths 0.6–1.4 × ``--steps``) as one request, batched
+  with pacing (the daemon's default: the sentence being played steps alone when its listener
+  would catch up), batched without pacing (every row steps every time), and one sentence after
+  the other (= B 1): time to the last sample, time to first audio, time to sentence 1's last
+  sample, and what a real-time listener from the first sample hears: the total gap waiting for
+  audio (stall) and the earliest start that plays without any gap (``bench_engine.playback``).
 
 Random weights show speed and plumbing, not voice quality. Prints a table and one JSON line.
 """
@@ -54,6 +57,7 @@ class _Run:
         self.first_audio: float | None = None
         self.sentence_end: dict[int, float] = {}
         self.samples = 0
+        self.arrivals: list[tuple[float, float]] = []  # (s after t0, audio s) in playing order
 
     def consume(self, stream: Any) -> _Run:
         for index, audio in stream:
@@ -62,6 +66,7 @@ class _Run:
                 self.first_audio = now
             self.sentence_end[index] = now
             self.samples += len(audio)
+            self.arrivals.append((now, len(audio) / RATE))
         return self
 
     @property
@@ -112,31 +117,40 @@ def throughput(engine: Any, rows: int, steps: int) -> dict[str, float]:
     }
 
 
+LONG_TEXT_RUNS = ("batched", "unpaced", "sequential")
+
+
 def long_text(engine: Any, n_sentences: int, steps: int) -> dict[str, Any]:
+    from speakd_tools.bench_engine import playback
+
     lengths = [max(8, round(steps * LENGTH_FACTORS[i % 8])) for i in range(n_sentences)]
-    sentences = _sentences(engine, lengths, seed=7)
+    runs = {}
+    for name in ("batched", "unpaced"):
+        engine.batch.paced = name == "batched"
+        t0 = time.perf_counter()
+        runs[name] = _Run(t0).consume(engine.batch.stream(_sentences(engine, lengths, seed=7)))
+    engine.batch.paced = True
     t0 = time.perf_counter()
-    batched = _Run(t0).consume(engine.batch.stream(sentences))
-    t0 = time.perf_counter()
-    seq = _Run(t0)
-    for i, s in enumerate(sentences):  # one after the other: each alone in the batch (B = 1)
-        one = _Run(t0).consume(engine.batch.stream([s]))
-        seq.first_audio = seq.first_audio if seq.first_audio is not None else one.first_audio
-        seq.sentence_end[i] = one.last
-        seq.samples += one.samples
-    assert batched.samples == seq.samples, "batched and sequential audio lengths differ"
-    return {
+    seq = runs["sequential"] = _Run(t0)
+    for i, s in enumerate(_sentences(engine, lengths, seed=7)):  # one by one: each alone (B = 1)
+        seq.consume((i, audio) for _, audio in engine.batch.stream([s]))
+    assert len({r.samples for r in runs.values()}) == 1, "the runs' audio lengths differ"
+    out: dict[str, Any] = {
         "sentences": n_sentences,
         "steps": lengths,
         "audio_s": seq.samples / RATE,
-        "batched_last_sample_s": batched.last,
-        "sequential_last_sample_s": seq.last,
-        "speedup": seq.last / batched.last,
-        "batched_first_audio_s": batched.first_audio,
-        "sequential_first_audio_s": seq.first_audio,
-        "batched_sentence1_end_s": batched.sentence_end[0],
-        "sequential_sentence1_end_s": seq.sentence_end[0],
+        "speedup": seq.last / runs["batched"].last,
     }
+    for name, run in runs.items():
+        heard = playback(run.arrivals)
+        out |= {
+            f"{name}_last_sample_s": run.last,
+            f"{name}_first_audio_s": run.first_audio,
+            f"{name}_sentence1_end_s": run.sentence_end[0],
+            f"{name}_stall_s": heard["stall_s"],
+            f"{name}_gapless_first_audio_s": heard["gapless_first_audio_s"],
+        }
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -201,9 +215,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.sentences:
         lt = result["long_text"]
         print(f"{lt['sentences']}-sentence text, {lt['audio_s']:.1f} s audio, steps {lt['steps']}:")
-        for what in ("last_sample", "first_audio", "sentence1_end"):
-            b, s = lt[f"batched_{what}_s"], lt[f"sequential_{what}_s"]
-            print(f"  {what:<14} batched {b:7.2f} s  sequential {s:7.2f} s  (×{s / b:.2f})")
+        print(f"  {'':<20}" + "".join(f"{name:>12}" for name in LONG_TEXT_RUNS))
+        for what in ("last_sample", "first_audio", "sentence1_end", "stall", "gapless_first_audio"):
+            cells = "".join(f"{lt[f'{name}_{what}_s']:>10.2f} s" for name in LONG_TEXT_RUNS)
+            print(f"  {what:<20}{cells}")
+        print(f"  batched last sample {lt['speedup']:.2f}× sooner than sequential")
     print(json.dumps(result))
     return 0
 

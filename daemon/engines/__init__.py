@@ -50,7 +50,9 @@ def load_engine(config: EngineConfig) -> Engine:
     elif config.kind == "chattts":
         from speakd.engines.chattts.engine import ChatTTSEngine
 
-        engine = ChatTTSEngine.load(bundle, threads=config.threads, batch_size=config.batch_size)
+        engine = ChatTTSEngine.load(
+            bundle, threads=config.threads, batch_size=config.batch_size, paced=config.paced
+        )
     else:
         raise EngineError(f"engine.kind: unknown engine {config.kind!r}")
     log.info(

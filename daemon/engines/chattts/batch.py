@@ -10,11 +10,14 @@ writes each row at its own position), seeded ``CodeSampler``, repetition window 
   either the whole prompt (``prefill_chunk = 0``, bit-identical to ``GptRunner``'s prompt pass) or
   fixed chunks of ``prefill_chunk`` tokens (chunk boundaries depend on the prompt only, so the
   result does not depend on what else is decoding), one chunk per scheduler iteration.
-- Decode step: one run over slots ``[0, n)`` (n = highest busy slot + 1; one binding per n, built
-  once). A slot in that range that is not decoding (free or mid-prompt) computes a throw-away row
-  that writes only at a position its own next prompt pass overwrites. Rows of a batched step are
-  computed independently (per-row GEMM rows and attention), so a row's codes and hiddens are the
-  same whatever shares the batch (tests/test_chattts_batch.py checks it against ``GptRunner``).
+- Decode step: one run over the contiguous slots ``[lo, hi)`` from the lowest to the highest
+  stepping slot (``window``; one binding per window, built on first use); other slots are not
+  touched. A slot in the window that is not stepping (free or mid-prompt; the scheduler never
+  pauses a row inside the window it steps) computes a throw-away row that writes only at the
+  position its own next pass overwrites. Rows of a
+  batched step are computed independently (per-row GEMM rows and attention), so a row's codes and
+  hiddens are the same whatever shares the batch (tests/test_chattts_batch.py checks it against
+  ``GptRunner``).
   That holds for fp32/fp16 graphs and, from two rows up, for 4-bit ``MatMulNBits`` graphs (they
   quantize activations per row, but a lone row takes the M = 1 kernel, whose float rounding
   differs: such graphs always step at least ``min_rows = 2`` slots). It does not hold for graphs
@@ -102,7 +105,7 @@ class BatchDecoder:
         self.total = np.zeros((), np.int32)
         self.hidden = np.zeros((b, 1, h), np.float32)
         self.logits = np.zeros((b, 1, qv), np.float32)
-        self._steps = [self._prefix_binding(n) for n in range(1, b + 1)]
+        self._windows: dict[tuple[int, int], tuple[ort.IOBinding, list[ort.OrtValue]]] = {}
         self._scratch = np.empty((spec.num_vq, spec.num_audio_tokens), np.float32)
         self.rows: list[Row | None] = [None] * b
         self.min_rows = 1  # slots every decode step runs over (batch_invariant() may raise it)
@@ -127,10 +130,23 @@ class BatchDecoder:
                 binding.bind_ortvalue_output(f"present_{kind}_{i}", kv[2 * i + j])  # in place
         return binding, keep + kv
 
-    def _prefix_binding(self, n: int) -> tuple[ort.IOBinding, list[ort.OrtValue]]:
-        kv = [ort.OrtValue.ortvalue_from_numpy(a[:n]) for a in self.kv]
-        arrays = (self.embeds[:n], self.hidden[:n], self.logits[:n], self.seqlens[:n], self.total)
-        return self._bind(arrays, kv)
+    def window(self, slots: list[int]) -> tuple[int, int]:
+        """The slots ``[lo, hi)`` a step over ``slots`` runs on: contiguous, ≥ ``min_rows``."""
+        lo, hi = min(slots), max(slots) + 1
+        if hi - lo < self.min_rows:
+            hi = min(self.batch_size, lo + self.min_rows)
+            lo = max(0, hi - self.min_rows)
+        return lo, hi
+
+    def _window_binding(self, lo: int, hi: int) -> ort.IOBinding:
+        if (lo, hi) not in self._windows:
+            kv = [ort.OrtValue.ortvalue_from_numpy(a[lo:hi]) for a in self.kv]
+            arrays = (
+                self.embeds[lo:hi], self.hidden[lo:hi], self.logits[lo:hi], self.seqlens[lo:hi],
+                self.total,
+            )  # fmt: skip
+            self._windows[lo, hi] = self._bind(arrays, kv)
+        return self._windows[lo, hi][0]
 
     def batch_invariant(self) -> bool:
         """Is a row's step output bit-identical whatever the other rows hold? Probes steps on the
@@ -148,7 +164,7 @@ class BatchDecoder:
         def row0(n: int, company: float) -> np.ndarray:
             self.embeds[:n_max, 0] = probe[:n_max]
             self.embeds[1:n_max, 0] *= company
-            self.session.run_with_iobinding(self._steps[n - 1][0])
+            self.session.run_with_iobinding(self._window_binding(0, n))
             return self.logits[0, 0].copy()
 
         reference = row0(2, 8.0)
@@ -207,15 +223,16 @@ class BatchDecoder:
         row.hidden, row.logits = hidden[0, -1], logits[0, -1]
         return True
 
-    def step(self, rows: list[Row]) -> None:
-        """One batched decode step for ``rows`` (each has ``codes`` to feed)."""
+    def step(self, rows: list[Row]) -> tuple[int, int]:
+        """One batched decode step for ``rows`` (each has ``codes`` to feed); returns the slot
+        window it ran over."""
         if not rows:
-            return
+            return 0, 0
         t0 = time.perf_counter()
-        n = max(self.min_rows, max(r.slot for r in self.rows if r is not None) + 1)
-        e, out = self.emb_code, self.embeds[:n, 0]
-        out[:] = 0.0
-        for s in range(n):  # idle/prefilling slots write where their next prompt pass will
+        lo, hi = self.window([r.slot for r in rows])
+        e, out = self.emb_code, self.embeds[:, 0]
+        out[lo:hi] = 0.0
+        for s in range(lo, hi):  # idle/prefilling slots write where their next prompt pass will
             r = self.rows[s]
             self.seqlens[s] = 0 if r is None else r.position
         for r in rows:
@@ -224,15 +241,15 @@ class BatchDecoder:
             np.add(e[0, c[0]], e[1, c[1]], out=out[r.slot])
             for q in range(2, self.spec.num_vq):
                 np.add(out[r.slot], e[q, c[q]], out=out[r.slot])
-        self.total[...] = int(self.seqlens[:n].max()) + 1
-        binding, _keep = self._steps[n - 1]
-        self.session.run_with_iobinding(binding)
+        self.total[...] = int(self.seqlens[lo:hi].max()) + 1
+        self.session.run_with_iobinding(self._window_binding(lo, hi))
         ms = (time.perf_counter() - t0) * 1e3
         for r in rows:
             r.position += 1
             r.codes = None
             r.hidden, r.logits = self.hidden[r.slot, 0], self.logits[r.slot, 0]
             r.stats.decode_ms += ms
+        return lo, hi
 
     def sample(self, row: Row) -> bool:
         """Draw the row's codes from its fresh logits (``GptRunner.generate``'s rules); False

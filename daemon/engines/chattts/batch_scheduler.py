@@ -15,6 +15,21 @@ Per iteration of the worker:
    tail, gets its end marker and frees its slot at once, for the next waiting row;
 4. one batched decode step for every row that drew codes.
 
+Pacing (``paced``, the daemon's default): a listener hears a request in real time from its first
+sample, and on a CPU a step of 8 rows can take longer than the 21.3 ms of audio it makes per row, so
+full batches would starve the sentence being played (measured: 4.8 s of gaps in a 16 s text). Each
+iteration checks every request's playing sentence (its *head*): before its first audio it steps with
+as few slots as the graph allows; after it, the audio buffered ahead of the listener must cover its
+next chunk (steps to go × measured seconds per iteration of that width, plus a pending prompt pass
+and a margin). If stepping every row would not, only a contiguous window of slots from the head
+steps, as wide as still delivers in time, and other rows' prompt passes wait; if not even the head
+alone would, it steps alone while it outpaces the listener; an engine slower than real time even for
+one row makes the listener wait whatever runs, and then every row steps so that the text ends
+soonest. Rows outside the window pause with their logits and KV kept and
+resume unchanged (a row's codes never depend on when it steps), so batching only ever spends time
+the listener has spare.
+Precompute, which nobody hears live, turns pacing off for throughput.
+
 Cancel is per request (the caller's event, or the caller leaving its generator): its rows leave
 the batch at the next iteration and the other rows go on untouched.
 """
@@ -27,7 +42,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,19 +50,39 @@ import numpy as np
 from speakd.engines.base import EngineError
 from speakd.engines.chattts.batch import BatchDecoder, Row
 from speakd.engines.chattts.sampling import CodeSampler
-from speakd.engines.chattts.vocoder import StreamingVocoder, StreamSchedule, Vocoder
+from speakd.engines.chattts.vocoder import (
+    SAMPLE_RATE,
+    SAMPLES_PER_STEP,
+    StreamingVocoder,
+    StreamSchedule,
+    Vocoder,
+)
 
 log = logging.getLogger(__name__)
 
 _END = object()  # end-of-row marker in a row's audio queue
+PACING_MARGIN_S = 0.1  # audio kept in hand beyond a playing row's next chunk (jitter, renders)
+_EWMA = 0.2  # weight of the newest iteration in the per-iteration time estimates
 
 
 @dataclass(eq=False)
 class _Request:
     cancel: threading.Event
-    first_audio: bool = False
+    jobs: list[_Job] = field(default_factory=list)  # its sentences, in order
+    first_audio_at: float | None = None  # scheduler clock at its first emitted sample
     # the caller's context: the worker logs a request's lines in it, so they name the request
     context: contextvars.Context = field(default_factory=contextvars.copy_context)
+
+    def head(self) -> _Job | None:
+        """The sentence being played: the first that has not ended."""
+        return next((j for j in self.jobs if not j.ended), None)
+
+    def ahead_s(self, now: float) -> float:
+        """Seconds of audio emitted in playing order beyond what a listener who started at the
+        first sample has heard by ``now`` (< 0: the listener is waiting)."""
+        head = self.head()
+        emitted = sum(j.emitted_s for j in self.jobs if head is None or j.index <= head.index)
+        return emitted - (now - (self.first_audio_at if self.first_audio_at is not None else now))
 
 
 @dataclass(eq=False)
@@ -60,6 +95,8 @@ class _Job:
     stream: StreamingVocoder
     out: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
     codes: list[np.ndarray] = field(default_factory=list)
+    emitted_s: float = 0.0  # audio handed to the caller so far
+    ended: bool = False
 
 
 @dataclass(frozen=True)
@@ -71,16 +108,40 @@ class Sentence:
 
 
 class BatchScheduler:
-    def __init__(self, decoder: BatchDecoder, vocoder: Vocoder, schedule: StreamSchedule) -> None:
+    def __init__(
+        self,
+        decoder: BatchDecoder,
+        vocoder: Vocoder,
+        schedule: StreamSchedule,
+        paced: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.decoder = decoder
         self.vocoder = vocoder
         self.schedule = schedule
+        self.paced = paced
+        self._clock = clock  # the listener's clock (tests run it faster or stop it)
+        # pacing's estimates: s per iteration by step width, vocoder renders apart (they come in
+        # bursts), and the renders' s per hidden state pushed
+        self._iteration_s: dict[int, float] = {}
+        self._render_s = self._rendered = 0.0  # this iteration's renders; all renders' s
+        self._pushes = 0
+        self._prompt_s = 0.0  # s per prompt pass
         self._cond = threading.Condition()
         self._waiting: deque[_Job] = deque()
         self._running: list[_Job] = []  # admitted, in admission order
         self._thread: threading.Thread | None = None
         self.counters: dict[str, float] = dict.fromkeys(
-            ("steps", "row_steps", "step_ms", "prompt_passes", "prompt_ms", "admitted"), 0
+            (
+                "steps",
+                "row_steps",
+                "step_ms",
+                "prompt_passes",
+                "prompt_ms",
+                "admitted",
+                "paced_steps",
+            ),
+            0,
         )
 
     # --- callers -----------------------------------------------------------------------------
@@ -97,7 +158,7 @@ class BatchScheduler:
         the generator early cancels the request's remaining rows.
         """
         request = _Request(cancel if cancel is not None else threading.Event())
-        jobs = [self._job(request, i, s) for i, s in enumerate(sentences)]
+        jobs = request.jobs = [self._job(request, i, s) for i, s in enumerate(sentences)]
         with self._cond:
             self._waiting.extend(jobs)
             self._ensure_worker()
@@ -164,11 +225,12 @@ class BatchScheduler:
         for job in [j for j in self._waiting if j.request.cancel.is_set()]:
             self._waiting.remove(job)
             job.row.stats.stop = "cancelled"
+            job.ended = True
             job.out.put(_END)
 
     def _warming(self) -> bool:
         """A request's first sentence is running but has not sounded yet."""
-        return any(j.index == 0 and not j.request.first_audio for j in self._running)
+        return any(j.index == 0 and j.request.first_audio_at is None for j in self._running)
 
     def _admit(self) -> None:
         while self._waiting and self.decoder.free_slots():
@@ -191,15 +253,21 @@ class BatchScheduler:
         for job in [j for j in self._running if j.row.cancel()]:  # between passes: leave now
             job.row.stats.stop = "cancelled"
             self._end(job)
+        t_iter, self._render_s = time.perf_counter(), 0.0
+        window, may_prompt = self._plan() if self.paced else (None, [])
         prompting = [j for j in self._running if j.row.prefilled < j.row.prompt_len]
+        if window is not None:
+            prompting = [j for j in prompting if j in may_prompt]
         if prompting:
             t0 = time.perf_counter()
             self.decoder.prefill(prompting[0].row)
+            seconds = time.perf_counter() - t0
+            self._prompt_s = seconds if not self._prompt_s else _blend(self._prompt_s, seconds)
             self.counters["prompt_passes"] += 1
-            self.counters["prompt_ms"] += (time.perf_counter() - t0) * 1e3
+            self.counters["prompt_ms"] += seconds * 1e3
         stepping = []
         for job in list(self._running):
-            if job.row.logits is None:
+            if job.row.logits is None or (window is not None and job.row.slot not in window):
                 continue
             if self.decoder.sample(job.row):
                 stepping.append(job.row)
@@ -207,32 +275,117 @@ class BatchScheduler:
                 self._end(job)
         if stepping:
             t0 = time.perf_counter()
-            self.decoder.step(stepping)
+            lo, hi = self.decoder.step(stepping)
             self.counters["step_ms"] += (time.perf_counter() - t0) * 1e3
             self.counters["steps"] += 1
             self.counters["row_steps"] += len(stepping)
+            self.counters["paced_steps"] += window is not None
+            if not prompting:  # an iteration costs what its step's width and its rows cost
+                seconds, width = time.perf_counter() - t_iter - self._render_s, hi - lo
+                old = self._iteration_s.get(width)
+                # a preempted thread or a page fault is not the step's cost: cap outliers
+                new = seconds if old is None else _blend(old, min(seconds, 2 * old))
+                self._iteration_s[width] = new
+
+    def _plan(self) -> tuple[range | None, list[_Job]]:
+        """The slots to step (None: every row) and the rows whose prompt passes may run (module
+        docstring, "Pacing")."""
+        if not self._running:
+            return None, []
+        now = self._clock()
+        lo, hi = self.decoder.window([j.row.slot for j in self._running])  # all, prompts done
+        prompt_s = self._prompt_s if any(
+            j.row.prefilled < j.row.prompt_len for j in self._running
+        ) else 0.0  # fmt: skip
+        prompts: list[_Job] = []
+        slots: list[int] = []
+        for job in self._running:
+            request, slot = job.request, job.row.slot
+            if job is not request.head():
+                continue
+            if request.first_audio_at is None:  # not sounding yet: as soon as it can
+                width, hold = 1, True
+            else:
+                steps, budget = job.stream.steps_to_next_chunk(), request.ahead_s(now)
+                budget -= PACING_MARGIN_S
+                width, hold = self._width(hi - lo, steps, budget - prompt_s), False
+                if width == hi - lo:
+                    continue
+                # no room for a prompt pass: hold them; no room at all: alone, it catches up
+                # if it outpaces the listener; if not, the listener waits whatever runs, and
+                # finishing everything sooner is what serves it best
+                if not width:
+                    width, hold = self._width(hi - lo, steps, budget), True
+                if not width:
+                    alone = self._iteration_estimate(self.decoder.min_rows, rows=1)
+                    if alone is None or alone >= SAMPLES_PER_STEP / SAMPLE_RATE:
+                        continue
+                    width = 1
+                width = max(width, 2)  # the next sentence, which plays right after, goes along
+            slots += [slot, min(self.decoder.batch_size, slot + width) - 1]
+            prompts += [job] if hold else [j for j in self._running if j.request is request]
+        if not slots:
+            return None, []
+        lo, hi = self.decoder.window(slots)
+        window = range(lo, hi)
+        return window, [j for j in prompts if j.row.slot in window]
+
+    def _width(self, widest: int, steps: int, budget_s: float) -> int:
+        """The widest step (≤ ``widest`` slots) whose iterations deliver a row's next chunk,
+        ``steps`` steps away, within ``budget_s``; 0 if not even one slot does."""
+        for width in range(widest, 0, -1):
+            per_iteration = self._iteration_estimate(width)
+            if per_iteration is None or per_iteration * steps <= budget_s:
+                return width
+        return 0
+
+    def _iteration_estimate(self, width: int, rows: int | None = None) -> float | None:
+        """Seconds per iteration whose step is ``width`` slots wide, renders of ``rows`` rows
+        (default: ``width``) included: measured, else scaled up from the widest measured below
+        it, else the narrowest measured above it (None before any measurement)."""
+        if not self._iteration_s:
+            return None
+        renders = (width if rows is None else rows) * self._rendered / max(self._pushes, 1)
+        if width in self._iteration_s:
+            return self._iteration_s[width] + renders
+        narrower = [w for w in self._iteration_s if w < width]
+        if not narrower:
+            return self._iteration_s[min(self._iteration_s)] + renders
+        w = max(narrower)
+        return self._iteration_s[w] * width / w + renders
 
     def _on_step(self, job: _Job, codes: np.ndarray, hidden: np.ndarray) -> None:
         job.codes.append(codes.copy())
+        t0 = time.perf_counter()
         audio = job.stream.push(hidden)
+        self._count_render(time.perf_counter() - t0, pushes=1)
         if audio is not None:
             self._emit(job, audio)
 
+    def _count_render(self, seconds: float, pushes: int) -> None:
+        self._render_s += seconds
+        self._rendered += seconds
+        self._pushes += pushes
+
     def _emit(self, job: _Job, audio: np.ndarray) -> None:
-        if job.index == 0:
-            job.request.first_audio = True
+        if job.request.first_audio_at is None:
+            job.request.first_audio_at = self._clock()
+        job.emitted_s += len(audio) / SAMPLE_RATE
         job.out.put(audio)
 
     def _end(self, job: _Job, error: BaseException | None = None) -> None:
         """Render the row's tail (unless cancelled or failed), mark its end, free its slot."""
         try:
             if error is None and job.row.stats.stop != "cancelled":
+                t0 = time.perf_counter()
                 tail = job.stream.finish()
+                self._count_render(time.perf_counter() - t0, pushes=0)
                 if tail is not None:
                     self._emit(job, tail)
         except Exception as e:  # the vocoder failed on this row only
             error = EngineError(f"ChatTTS vocoder failed: {e}")
         finally:
+            job.ended = True
             self.decoder.release(job.row)
             with self._cond:
                 if job in self._running:
@@ -244,3 +397,7 @@ class BatchScheduler:
             if error is not None:
                 job.out.put(error)
             job.out.put(_END)  # last: the caller may return as soon as it sees it
+
+
+def _blend(old: float, new: float) -> float:
+    return (1 - _EWMA) * old + _EWMA * new

@@ -28,11 +28,10 @@ from speakd.engines.chattts.gpt_runner import DecodeStats, GptRunner, ModelSpec
 from speakd.engines.chattts.ortsession import make_session
 from speakd.engines.chattts.sampling import CodeSampler, SamplingParams
 from speakd.engines.chattts.tokenizer import PromptBuilder
-from speakd.engines.chattts.vocoder import StreamingVocoder, StreamSchedule, Vocoder
+from speakd.engines.chattts.vocoder import SAMPLE_RATE, StreamingVocoder, StreamSchedule, Vocoder
 
 log = logging.getLogger(__name__)
 
-SAMPLE_RATE = 24000
 MAX_CHARS = 2000  # per request, before normalisation
 _SAMPLING_KEYS = {
     "temperature": float, "top_p": float, "top_k": int, "repetition_penalty": float,
@@ -65,6 +64,7 @@ class ChatTTSEngine:
         batch_size: int = 1,
         prefill_chunk: int = 0,
         batch_exact: bool = True,
+        paced: bool = True,
     ) -> None:
         if bundle.engine != "chattts":
             raise BundleError(f"{bundle.path}: engine {bundle.engine!r}, expected 'chattts'")
@@ -104,7 +104,7 @@ class ChatTTSEngine:
             decoder = BatchDecoder(self.gpt.session, self.spec, emb_code, batch_size, prefill_chunk)
             self.batch_invariant = decoder.batch_invariant()
             if self.batch_invariant or not batch_exact:
-                self.batch = BatchScheduler(decoder, self.vocoder, self.schedule)
+                self.batch = BatchScheduler(decoder, self.vocoder, self.schedule, paced)
                 if decoder.min_rows > 1:
                     log.info("%s: decode steps run over ≥ %d rows (M-dependent kernels)",
                              bundle.path, decoder.min_rows)  # fmt: skip

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnxruntime as ort
 
+SAMPLE_RATE = 24000
 N_FFT = 1024
 HOP = 256
 SAMPLES_PER_STEP = 2 * HOP  # one GPT step = 2 mel frames
@@ -146,11 +147,16 @@ class StreamingVocoder:
     def push(self, hidden: np.ndarray) -> np.ndarray | None:
         self.hiddens[self.n] = hidden
         self.n += 1
+        if self.steps_to_next_chunk() == 0:
+            return self._render(self.done + self.schedule.size(self.chunks),
+                                self.schedule.look_ahead(self.chunks), final=False)  # fmt: skip
+        return None
+
+    def steps_to_next_chunk(self) -> int:
+        """Hidden states still to push before the next chunk renders (0: this push renders)."""
         size, right = self.schedule.size(self.chunks), self.schedule.look_ahead(self.chunks)
         # at least one step past the chunk, so the utterance's end is always rendered by finish()
-        if self.n >= self.done + size + max(right, 1):
-            return self._render(self.done + size, right, final=False)
-        return None
+        return max(0, self.done + size + max(right, 1) - self.n)
 
     def finish(self) -> np.ndarray | None:
         """The rest of the utterance (call once, after the last ``push``)."""
