@@ -217,7 +217,7 @@ def test_lone_row_kernel_makes_every_step_run_two_rows(single: ChatTTSEngine) ->
     row = Row(embeds, copy.deepcopy(sentence.sampler), lambda c, h: None)
     dec.admit(row)
     assert dec.prefill(row)
-    while dec.sample(row):
+    while dec.sample([row])[0]:
         dec.step([row])
     assert session.rows_run and min(session.rows_run) == 2  # never the lone-row kernel
     np.testing.assert_array_equal(row.history, _unbatched(single, sentence)[0])

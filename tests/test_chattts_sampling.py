@@ -10,7 +10,9 @@ from speakd.engines.chattts.sampling import (
     SamplingParams,
     inverse_cdf,
     process_logits,
+    process_rows,
     repetition_penalty,
+    sample_rows,
     top_k_filter,
     top_p_filter,
 )
@@ -129,3 +131,59 @@ def test_greedy_equals_argmax_of_chattts_processed_scores() -> None:
         logits, history = _random_case(rng, int(rng.integers(1, 30)))
         t = procs[0](torch.from_numpy(history.T.copy()).long(), torch.from_numpy(logits.copy()))
         assert sampler.sample(logits.copy(), history, 5).tolist() == t.argmax(-1).tolist()
+
+
+def _reference_probs(
+    logits: np.ndarray, history: np.ndarray, step: int, p: SamplingParams
+) -> np.ndarray:
+    """The processing written out step by step on whole rows (dense repetition penalty, full
+    top-P sort, then top-K): the oracle for the fused, row-stacked path."""
+    logits = logits / np.float32(p.temperature)
+    if len(history):
+        recent = history[-p.repetition_window :] + np.arange(4) * V
+        counts = np.bincount(recent.ravel(), minlength=4 * V).reshape(4, V)
+        alpha = np.power(np.float32(p.repetition_penalty), counts, dtype=np.float32)
+        logits = np.where(logits < 0, logits * alpha, logits / alpha)
+    logits = top_k_filter(top_p_filter(logits, p.top_p), p.top_k)
+    if step < p.min_new_token:
+        logits[:, EOS] = -np.inf
+    e = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+@pytest.mark.parametrize("ties", [False, True])
+def test_rows_processed_together_get_the_bits_each_gets_alone(ties: bool) -> None:
+    """8 rows at once (``process_rows``, fused top-P/top-K, sparse repetition penalty) give each
+    row bit for bit the probabilities of the plain processing of that row alone, over top-P
+    values that keep fewer and more than top-K, and with logits rounded to create ties."""
+    rng = np.random.default_rng(7)
+    for trial in range(60):
+        p = SamplingParams(
+            top_p=float(rng.choice([0.05, 0.3, 0.7, 0.95, 1.0])),
+            top_k=int(rng.choice([1, 3, 20, 100])),
+            min_new_token=int(rng.choice([0, 5])),
+        )
+        cases = [_random_case(rng, int(rng.integers(0, 40))) for _ in range(8)]
+        logits = np.stack([c[0] for c in cases])
+        if ties:
+            logits = np.round(logits * 2) / 2  # many equal logits, equal probabilities
+        histories = [c[1] for c in cases]
+        steps = [len(h) for h in histories]
+        got = process_rows(logits.copy(), histories, steps, p, EOS)
+        for i in range(8):
+            want = _reference_probs(logits[i], histories[i], steps[i], p)
+            assert np.array_equal(got[i], want), f"trial {trial} row {i} {p}"
+            alone = process_logits(logits[i].copy(), histories[i], steps[i], p, EOS)
+            assert np.array_equal(alone, want)
+
+
+def test_sample_rows_draws_what_each_sampler_draws_alone() -> None:
+    rng = np.random.default_rng(3)
+    cases = [_random_case(rng, 20) for _ in range(5)]
+    together = sample_rows(
+        [CodeSampler(SamplingParams(), EOS, seed) for seed in range(5)],
+        np.stack([c[0] for c in cases]), [c[1] for c in cases], [20] * 5,
+    )  # fmt: skip
+    for seed, (logits, history) in enumerate(cases):
+        alone = CodeSampler(SamplingParams(), EOS, seed).sample(logits.copy(), history, 20)
+        assert together[seed].tolist() == alone.tolist()

@@ -35,7 +35,7 @@ import numpy as np
 import onnxruntime as ort
 
 from speakd.engines.chattts.gpt_runner import DecodeStats, GptRunner, ModelSpec
-from speakd.engines.chattts.sampling import CodeSampler, SamplingParams
+from speakd.engines.chattts.sampling import CodeSampler, SamplingParams, sample_rows
 
 
 def sentence_sampler(params: SamplingParams, eos: int, seed: int, index: int) -> CodeSampler:
@@ -251,15 +251,36 @@ class BatchDecoder:
             r.stats.decode_ms += ms
         return lo, hi
 
-    def sample(self, row: Row) -> bool:
-        """Draw the row's codes from its fresh logits (``GptRunner.generate``'s rules); False
-        when the row has ended (``row.stats.stop`` says why)."""
+    def sample(self, rows: list[Row]) -> list[bool]:
+        """Draw each row's codes from its fresh logits (``GptRunner.generate``'s rules); per row,
+        False when it has ended (``row.stats.stop`` says why). Rows past their first step that
+        share sampling parameters draw in one vectorised pass (``sample_rows``: the same codes
+        as one by one)."""
+        q, v = self.spec.num_vq, self.spec.num_audio_tokens
+        drawn: dict[int, np.ndarray] = {}
+        groups: dict[SamplingParams, list[Row]] = {}
+        for row in rows:
+            if row.cancel():
+                row.stats.stop = "cancelled"
+            elif row.step and not row.sampler.params.is_greedy:
+                groups.setdefault(row.sampler.params, []).append(row)
+            else:  # greedy, or the first step with its empty-draw retries: one by one
+                assert row.logits is not None
+                drawn[id(row)] = GptRunner._draw(
+                    self._scratch, row.logits, row.history[: row.step], row.step, row.sampler
+                )
+        for group in groups.values():
+            logits = np.stack([r.logits.reshape(q, v) for r in group])  # type: ignore[union-attr]
+            codes = sample_rows(
+                [r.sampler for r in group], logits,
+                [r.history[: r.step] for r in group], [r.step for r in group],
+            )  # fmt: skip
+            drawn.update((id(r), c) for r, c in zip(group, codes, strict=True))
+        return [self._advance(row, drawn[id(row)]) if id(row) in drawn else False for row in rows]
+
+    def _advance(self, row: Row, codes: np.ndarray) -> bool:
         i = row.step
-        if row.cancel():
-            row.stats.stop = "cancelled"
-            return False
-        assert row.logits is not None and row.hidden is not None
-        codes = GptRunner._draw(self._scratch, row.logits, row.history[:i], i, row.sampler)
+        assert row.hidden is not None
         row.logits = None
         if (codes == self.spec.eos_token).any():
             row.stats.stop = "eos" if i else "empty"

@@ -265,11 +265,15 @@ class BatchScheduler:
             self._prompt_s = seconds if not self._prompt_s else _blend(self._prompt_s, seconds)
             self.counters["prompt_passes"] += 1
             self.counters["prompt_ms"] += seconds * 1e3
+        drawing = [
+            j for j in self._running
+            if j.row.logits is not None and (window is None or j.row.slot in window)
+        ]  # fmt: skip
         stepping = []
-        for job in list(self._running):
-            if job.row.logits is None or (window is not None and job.row.slot not in window):
-                continue
-            if self.decoder.sample(job.row):
+        for job, going_on in zip(
+            drawing, self.decoder.sample([j.row for j in drawing]), strict=True
+        ):
+            if going_on:
                 stepping.append(job.row)
             else:
                 self._end(job)

@@ -7,10 +7,15 @@ codebook. The draw is an inverse CDF on a uniform from a seeded ``numpy.random.G
 seed gives the same codes on every machine and tests can inject the uniforms. ChatTTS's
 ``torch.multinomial`` (re-seeded each step) cannot be reproduced in numpy; parity is checked on
 the processed distributions with shared uniforms, and end to end with greedy decoding.
+
+Every function takes rows stacked on the leading axes and reduces along the last one only, so the
+batch decoder samples all rows that share sampling parameters in one pass (``sample_rows``) and
+each row gets exactly the bits it would get alone.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,13 +60,23 @@ def repetition_penalty(
 
     ``logits`` (Q, V); ``history`` (n, Q) codes generated so far in this utterance.
     """
-    if penalty == 1.0 or len(history) == 0:
+    return repetition_penalty_rows(logits[None], [history], penalty, window)[0]
+
+
+def repetition_penalty_rows(
+    logits: np.ndarray, histories: Sequence[np.ndarray], penalty: float, window: int
+) -> np.ndarray:
+    """``repetition_penalty`` of R rows at once: ``logits`` (R, Q, V), one history per row."""
+    if penalty == 1.0 or not any(len(h) for h in histories):
         return logits
-    q, v = logits.shape
-    recent = history[-window:] + np.arange(q) * v  # flat (codebook, code) index
-    counts = np.bincount(recent.ravel(), minlength=q * v).reshape(q, v)
+    _, q, v = logits.shape
+    recent = [h[-window:] + np.arange(q) * v + i * q * v for i, h in enumerate(histories)]
+    # only the codes in the window change (elsewhere alpha = penalty^0 = 1 leaves them exact)
+    index, counts = np.unique(np.concatenate(recent).ravel(), return_counts=True)
     alpha = np.power(np.float32(penalty), counts, dtype=np.float32)
-    np.copyto(logits, np.where(logits < 0, logits * alpha, logits / alpha))
+    flat = logits.reshape(-1)  # a view (C-contiguous)
+    hit = flat[index]
+    flat[index] = np.where(hit < 0, hit * alpha, hit / alpha)
     return logits
 
 
@@ -90,6 +105,36 @@ def top_k_filter(logits: np.ndarray, top_k: int, keep: int = MIN_TOKENS_TO_KEEP)
     return logits
 
 
+def top_p_top_k_filter(
+    logits: np.ndarray, top_p: float, top_k: int, keep: int = MIN_TOKENS_TO_KEEP
+) -> np.ndarray:
+    """``top_k_filter(top_p_filter(logits))``, the same bits, without sorting whole rows.
+
+    Only the k largest logits can survive top-K, and they carry the k largest probabilities
+    (softmax is monotonic), so top-P's cumulative mass is needed over those k only: if fewer
+    than k survive top-P its threshold is one of them (the same prefix sums), and if k or more
+    do, top-K alone decides. Either way a token is dropped iff its probability is below top-P's
+    threshold or its logit below the k-th largest of what top-P kept.
+    """
+    k = min(max(top_k, keep), logits.shape[-1])
+    rows = np.arange(len(logits))[:, None]
+    probs = _softmax(logits)
+    top = np.argpartition(logits, -k, axis=-1)[:, -k:]
+    desc = -np.sort(-probs[rows, top], axis=-1)
+    above = np.cumsum(desc, axis=-1, dtype=np.float64)
+    above[:, 1:] = above[:, :-1].copy()
+    above[:, 0] = 0.0
+    m = np.maximum((above < top_p).sum(axis=-1), keep)  # ≤ k: counted over the k only
+    threshold = desc[rows[:, 0], m - 1]
+    dropped = probs < threshold[:, None]
+    # top-K's k-th value among what top-P kept (ties at the threshold included): the overall
+    # k-th when top-P kept k or more, else -inf (top-K drops nothing more)
+    kept = logits.shape[-1] - dropped.sum(axis=-1)
+    kth = np.where(kept >= k, logits[rows, top].min(axis=-1), -np.inf)
+    logits[dropped | (logits < kth[:, None])] = -np.inf
+    return logits
+
+
 def _softmax(x: np.ndarray) -> np.ndarray:
     e = np.exp(x - x.max(axis=-1, keepdims=True))
     return e / e.sum(axis=-1, keepdims=True)
@@ -99,14 +144,31 @@ def process_logits(
     logits: np.ndarray, history: np.ndarray, step: int, params: SamplingParams, eos: int
 ) -> np.ndarray:
     """Raw code logits (Q, V) → probabilities (Q, V), ChatTTS's order. ``logits`` is clobbered."""
+    return process_rows(logits[None], [history], [step], params, eos)[0]
+
+
+def process_rows(
+    logits: np.ndarray,
+    histories: Sequence[np.ndarray],
+    steps: Sequence[int],
+    params: SamplingParams,
+    eos: int,
+) -> np.ndarray:
+    """``process_logits`` of R rows with the same parameters: (R, Q, V) → (R, Q, V)."""
+    if not logits.flags.c_contiguous:  # the filters write through a flat view
+        raise ValueError("process_rows needs C-contiguous logits")
     logits /= np.float32(params.temperature)
-    repetition_penalty(logits, history, params.repetition_penalty, params.repetition_window)
-    if params.top_p is not None:
-        top_p_filter(logits, params.top_p)
-    if params.top_k is not None:
-        top_k_filter(logits, params.top_k)
-    if step < params.min_new_token:
-        logits[:, eos] = -np.inf
+    repetition_penalty_rows(logits, histories, params.repetition_penalty, params.repetition_window)
+    flat = logits.reshape(-1, logits.shape[-1])  # a view: the filters write through
+    if params.top_p is not None and params.top_k is not None:
+        top_p_top_k_filter(flat, params.top_p, params.top_k)
+    elif params.top_p is not None:
+        top_p_filter(flat, params.top_p)
+    elif params.top_k is not None:
+        top_k_filter(flat, params.top_k)
+    for i, step in enumerate(steps):
+        if step < params.min_new_token:
+            logits[i, :, eos] = -np.inf
     return _softmax(logits)
 
 
@@ -136,5 +198,19 @@ class CodeSampler:
             if step < p.min_new_token:
                 logits[:, self.eos] = -np.inf
             return logits.argmax(axis=-1)
-        probs = process_logits(logits, history, step, p, self.eos)
-        return inverse_cdf(probs, self.rng.random(logits.shape[0]))
+        return sample_rows([self], logits[None], [history], [step])[0]
+
+
+def sample_rows(
+    samplers: Sequence[CodeSampler],
+    logits: np.ndarray,
+    histories: Sequence[np.ndarray],
+    steps: Sequence[int],
+) -> np.ndarray:
+    """Codes (R, Q) for R rows whose samplers share one non-greedy ``SamplingParams``: one
+    vectorised pass, each row drawing its uniforms from its own generator, so each row's codes
+    are those it would draw alone. ``logits`` (R, Q, V) is clobbered."""
+    p, eos = samplers[0].params, samplers[0].eos
+    probs = process_rows(logits, histories, steps, p, eos)
+    uniforms = np.concatenate([s.rng.random(logits.shape[1]) for s in samplers])
+    return inverse_cdf(probs.reshape(-1, logits.shape[-1]), uniforms).reshape(len(samplers), -1)
