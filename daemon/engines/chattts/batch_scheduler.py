@@ -23,9 +23,9 @@ as few slots as the graph allows; after it, the audio buffered ahead of the list
 next chunk (steps to go × measured seconds per iteration of that width, plus a pending prompt pass
 and a margin). If stepping every row would not, only a contiguous window of slots from the head
 steps, as wide as still delivers in time, and other rows' prompt passes wait; if not even the head
-alone would, it steps alone while it outpaces the listener; an engine slower than real time even for
-one row makes the listener wait whatever runs, and then every row steps so that the text ends
-soonest. Rows outside the window pause with their logits and KV kept and
+alone would, it steps alone all the same (the gap stays short) unless a lone row is far slower than
+real time (``PACING_GIVE_UP``): then the listener waits whatever runs, and every row steps so that
+the text ends soonest. Rows outside the window pause with their logits and KV kept and
 resume unchanged (a row's codes never depend on when it steps), so batching only ever spends time
 the listener has spare.
 Precompute, which nobody hears live, turns pacing off for throughput.
@@ -62,6 +62,10 @@ log = logging.getLogger(__name__)
 
 _END = object()  # end-of-row marker in a row's audio queue
 PACING_MARGIN_S = 0.1  # audio kept in hand beyond a playing row's next chunk (jitter, renders)
+# a lone row this many times slower than real time cannot catch up by stepping alone: the
+# listener then waits whatever runs, and every row steps so that the text ends soonest (near
+# real time, stepping alone still leaves far fewer gaps: docs/benchmarks.md, "Pacing")
+PACING_GIVE_UP = 1.25
 _EWMA = 0.2  # weight of the newest iteration in the per-iteration time estimates
 
 
@@ -315,14 +319,13 @@ class BatchScheduler:
                 width, hold = self._width(hi - lo, steps, budget - prompt_s), False
                 if width == hi - lo:
                     continue
-                # no room for a prompt pass: hold them; no room at all: alone, it catches up
-                # if it outpaces the listener; if not, the listener waits whatever runs, and
-                # finishing everything sooner is what serves it best
+                # no room for a prompt pass: hold them; no room at all: it steps alone, unless
+                # even alone it is far slower than its listener (PACING_GIVE_UP)
                 if not width:
                     width, hold = self._width(hi - lo, steps, budget), True
                 if not width:
                     alone = self._iteration_estimate(self.decoder.min_rows, rows=1)
-                    if alone is None or alone >= SAMPLES_PER_STEP / SAMPLE_RATE:
+                    if alone is None or alone >= PACING_GIVE_UP * SAMPLES_PER_STEP / SAMPLE_RATE:
                         continue
                     width = 1
                 width = max(width, 2)  # the next sentence, which plays right after, goes along
