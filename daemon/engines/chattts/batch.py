@@ -12,12 +12,11 @@ writes each row at its own position), seeded ``CodeSampler``, repetition window 
   result does not depend on what else is decoding), one chunk per scheduler iteration.
 - Decode step: one run over the contiguous slots ``[lo, hi)`` from the lowest to the highest
   stepping slot (``window``; one binding per window, built on first use); other slots are not
-  touched. A slot in the window that is not stepping (free or mid-prompt; the scheduler never
-  pauses a row inside the window it steps) computes a throw-away row that writes only at the
-  position its own next pass overwrites. Rows of a
-  batched step are computed independently (per-row GEMM rows and attention), so a row's codes and
-  hiddens are the same whatever shares the batch (tests/test_chattts_batch.py checks it against
-  ``GptRunner``).
+  touched. A slot in the window that is not stepping (free or mid-prompt; the scheduler never pauses
+  a row inside the window it steps) computes a throw-away row that writes only at the position its
+  own next pass overwrites. Rows of a batched step are computed independently (per-row GEMM rows and
+  attention), so a row's codes and hiddens are the same whatever shares the batch
+  (tests/test_chattts_batch.py checks it against ``GptRunner``).
   That holds for fp32/fp16 graphs and, from two rows up, for 4-bit ``MatMulNBits`` graphs (they
   quantize activations per row, but a lone row takes the M = 1 kernel, whose float rounding
   differs: such graphs always step at least ``min_rows = 2`` slots). It does not hold for graphs

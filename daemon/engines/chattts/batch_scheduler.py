@@ -25,9 +25,9 @@ and a margin). If stepping every row would not, only a contiguous window of slot
 steps, as wide as still delivers in time, and other rows' prompt passes wait; if not even the head
 alone would, it steps alone all the same (the gap stays short) unless a lone row is far slower than
 real time (``PACING_GIVE_UP``): then the listener waits whatever runs, and every row steps so that
-the text ends soonest. Rows outside the window pause with their logits and KV kept and
-resume unchanged (a row's codes never depend on when it steps), so batching only ever spends time
-the listener has spare.
+the text ends soonest. Rows outside the window pause with their logits and KV kept and resume
+unchanged (a row's codes never depend on when it steps), so batching only ever spends time the
+listener has spare.
 Precompute, which nobody hears live, turns pacing off for throughput.
 
 Cancel is per request (the caller's event, or the caller leaving its generator): its rows leave
