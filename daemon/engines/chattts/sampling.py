@@ -87,14 +87,19 @@ def top_p_filter(logits: np.ndarray, top_p: float, keep: int = MIN_TOKENS_TO_KEE
     same set, without scattering a full sort back), and the ``keep`` largest always survive.
     """
     probs = _softmax(logits)
-    desc = -np.sort(-probs, axis=-1)
+    threshold = _top_p_threshold(-np.sort(-probs, axis=-1), top_p, keep)
+    logits[probs < threshold[:, None]] = -np.inf
+    return logits
+
+
+def _top_p_threshold(desc: np.ndarray, top_p: float, keep: int) -> np.ndarray:
+    """Over probabilities sorted descending (a whole row or its top part): the smallest that
+    survives top-P (the mass above it is < top_p; at least ``keep`` survive)."""
     above = np.cumsum(desc, axis=-1, dtype=np.float64)
     above[:, 1:] = above[:, :-1].copy()
     above[:, 0] = 0.0
     m = np.maximum((above < top_p).sum(axis=-1), keep)
-    threshold = desc[np.arange(len(desc)), m - 1]
-    logits[probs < threshold[:, None]] = -np.inf
-    return logits
+    return desc[np.arange(len(desc)), m - 1]
 
 
 def top_k_filter(logits: np.ndarray, top_k: int, keep: int = MIN_TOKENS_TO_KEEP) -> np.ndarray:
@@ -120,12 +125,8 @@ def top_p_top_k_filter(
     rows = np.arange(len(logits))[:, None]
     probs = _softmax(logits)
     top = np.argpartition(logits, -k, axis=-1)[:, -k:]
-    desc = -np.sort(-probs[rows, top], axis=-1)
-    above = np.cumsum(desc, axis=-1, dtype=np.float64)
-    above[:, 1:] = above[:, :-1].copy()
-    above[:, 0] = 0.0
-    m = np.maximum((above < top_p).sum(axis=-1), keep)  # ≤ k: counted over the k only
-    threshold = desc[rows[:, 0], m - 1]
+    # counted over the k only (at most k survive here)
+    threshold = _top_p_threshold(-np.sort(-probs[rows, top], axis=-1), top_p, keep)
     dropped = probs < threshold[:, None]
     # top-K's k-th value among what top-P kept (ties at the threshold included): the overall
     # k-th when top-P kept k or more, else -inf (top-K drops nothing more)
