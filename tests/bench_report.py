@@ -1,7 +1,8 @@
 """Bench mode for the reliability tests: measurements appended to ``$SPEAKD_BENCH_REPORT``.
 
-``tools/bench_reliability.py`` runs the fuzz, overload and fault tests with bench-sized budgets
-and collects what they measured here (one JSON object per line); a normal test run writes nothing.
+The reliability bench is the fuzz, overload, crash and fault tests themselves, run with
+bench-sized budgets (docs/reliability.md, "Bench"): with ``$SPEAKD_BENCH_REPORT`` set, each test
+appends what it measured there (one JSON object per line); a normal test run writes nothing.
 """
 
 from __future__ import annotations

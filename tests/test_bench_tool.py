@@ -4,18 +4,21 @@ decode step reads, the board projection, the table, the GPT-step phase on the ti
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from speakd_tools.bench import (
+from speakd_tools.bench.chattts import (
     _parse_bundles,
     find_contenders,
     projection,
     run_steps,
     step_bytes,
 )
-from speakd_tools.bench_report import table
+from speakd_tools.bench.report import table
+from speakd_tools.bench.stats import peak_rss_mb, percentile, summary
 
 
 def test_missing_contenders_are_reported_not_faked(tmp_path: Path) -> None:
@@ -86,7 +89,7 @@ def test_step_bytes_and_steps_phase_on_the_tiny_bundle(
 
 
 def test_playback_counts_gaps_and_the_start_that_avoids_them() -> None:
-    from speakd_tools.bench_engine import playback
+    from speakd_tools.bench.engine import playback
 
     # on time: each chunk arrives before the audio ahead of it has played
     smooth = playback([(0.3, 0.2), (0.45, 0.5), (0.9, 2.0)])
@@ -97,3 +100,43 @@ def test_playback_counts_gaps_and_the_start_that_avoids_them() -> None:
     # starting 0.5 s later covers the worst lateness: chunk 3 at 1.5 s vs 0.3 + 0.7 s of audio
     assert late["gapless_first_audio_s"] == pytest.approx(0.3 + 0.5)
     assert playback([]) == {"stall_s": 0.0, "gapless_first_audio_s": 0.0}
+
+
+def test_every_benchmark_module_is_a_subcommand_and_a_bare_bench_names_them() -> None:
+    import speakd_tools.bench as bench_pkg
+    from speakd_tools.bench.cli import BENCHMARKS
+
+    folder = Path(bench_pkg.__file__).parent
+    measuring = {p.stem for p in folder.glob("*.py") if "\ndef add_arguments(" in p.read_text()} - {
+        "cli"
+    }
+    assert measuring == set(BENCHMARKS)
+    r = subprocess.run(
+        [sys.executable, "-m", "speakd_tools.cli", "bench"], capture_output=True, text=True
+    )
+    assert r.returncode == 2
+    assert all(name in r.stderr for name in BENCHMARKS), r.stderr
+
+
+def test_percentiles_are_measured_values_by_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 101)]  # 1..100
+    assert percentile(values, 50) == 51.0  # rank round(0.5 * 99) = 50 → the 51st value
+    assert percentile(values, 99) == 99.0
+    assert percentile([3.0], 90) == 3.0
+    s = summary([1.0, 2.0, 3.0, 10.0])
+    assert s["n"] == 4 and s["max"] == 10.0 and s["mean"] == 4.0
+    assert s["p50"] in (2.0, 3.0) and s["p99"] == 10.0
+    with pytest.raises(ValueError):
+        percentile([], 50)
+
+
+def test_a_childs_peak_memory_is_its_own_not_its_parents() -> None:
+    """The parent holds ~300 MB; a child measured with ``in_child`` reports its own small peak
+    (``ru_maxrss`` would carry the parent's over fork + exec)."""
+    ballast = bytearray(300 << 20)
+    ballast[::4096] = b"x" * len(ballast[::4096])  # touch every page: resident
+    assert peak_rss_mb() > 300
+    child = "from speakd_tools.bench.stats import peak_rss_mb; print(peak_rss_mb())"
+    r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, check=True)
+    assert float(r.stdout) < 150
+    del ballast

@@ -256,7 +256,7 @@ def _three_sentences(
     """One request of three 60-step sentences on ``_ComputeBoundSteps``: the gaps a real-time
     listener hears, the steps, the scheduler. Each sentence's codes must equal its unbatched
     codes whatever the pacing did (a paused row resumes unchanged)."""
-    from speakd_tools.bench_engine import playback
+    from speakd_tools.bench.engine import playback
 
     steps = _ComputeBoundSteps(engine, ms_per_slot)
     scheduler = BatchScheduler(steps.decoder, engine.vocoder, engine.schedule, paced=paced)

@@ -6,7 +6,7 @@ voice, real mosquitto). Properties: the daemon never dies or hangs; every input 
 error with a code and a message and never ``internal_error``; a fatal line (too long, not UTF-8)
 ends only its own connection; the next client is served.
 
-The example budget is modest for CI; the bench mode (tools/bench_reliability.py) runs e.g.
+The example budget is modest for CI; the bench mode (docs/reliability.md, "Bench") runs e.g.
 
     SPEAKD_JSON_FUZZ_EXAMPLES=10000 SPEAKD_MQTT_FUZZ_EXAMPLES=10000 \\
         .venv/bin/python -m pytest tests/test_fuzz_json.py -q

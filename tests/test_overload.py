@@ -5,7 +5,7 @@ or a ``queue_full`` error that says so; ``status`` keeps answering promptly duri
 daemon's resident memory (VmRSS) does not grow with the burst; the breaker stays closed (overload
 is not an engine failure). The null sink is paced like a real device, so the queue really fills.
 
-Bench mode (tools/bench_reliability.py) repeats the burst: SPEAKD_BURST_ROUNDS=5.
+Bench mode (docs/reliability.md, "Bench") repeats the burst: SPEAKD_BURST_ROUNDS=5.
 """
 
 from __future__ import annotations

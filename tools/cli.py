@@ -51,12 +51,6 @@ def cmd_precompute(args: argparse.Namespace) -> int:
     return run(args)
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
-    from .bench import run
-
-    return run(args)
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="speakd-tools", description=__doc__)
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -110,13 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_calibrate(sub)
 
-    from .bench import add_arguments as bench_arguments
+    from .bench.cli import add_parser as add_bench
 
-    b = sub.add_parser(
-        "bench", help="ChatTTS torch vs speakd fp32/int8/int4: speed, RSS, start-up, cache hits"
-    )
-    bench_arguments(b)
-    b.set_defaults(func=cmd_bench)
+    add_bench(sub)
     return p
 
 

@@ -1,6 +1,6 @@
 """Load time and real-time factor of the VITS engine (the embedded Piper voice by default).
 
-    python -m speakd_tools.bench_vits [--threads 2] [--runs 5] [--bundle PATH]
+    speakd-tools bench vits [--threads 2] [--runs 5] [--bundle PATH]
 
 Prints one JSON object. RTF = synthesis time / audio duration (below 1 is faster than real time);
 timings are wall-clock and noisy on a shared machine, so it reports the median and the min.
@@ -21,12 +21,13 @@ PARAGRAPH = (
 )
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--bundle", type=Path, default=None, help="a vits bundle (default: embedded)")
-    args = p.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     from speakd.audio import join_chunks
@@ -75,7 +76,4 @@ def main(argv: list[str] | None = None) -> None:
             indent=1,
         )
     )
-
-
-if __name__ == "__main__":
-    main()
+    return 0

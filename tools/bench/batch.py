@@ -1,6 +1,6 @@
-"""Batched ChatTTS decoding (issue 12): throughput at B rows, long text batched vs sequential.
+"""Batched ChatTTS decoding: throughput at B rows, long text batched vs sequential.
 
-    python -m speakd_tools.bench_batch --bundle BUNDLE [--rows 1,2,4,8] [--steps 96]
+    speakd-tools bench batch --bundle BUNDLE [--rows 1,2,4,8] [--steps 96]
         [--sentences 8] [--prefill-chunk 0] [--threads 2]
 
 One engine with ``batch_size = max(rows)``; a decode step runs over the busy slots only, so n
@@ -15,7 +15,7 @@ schedule exactly as ``synthesize`` does (vocoder included), timings are wall clo
   would catch up), batched without pacing (every row steps every time), and one sentence after
   the other (= B 1): time to the last sample, time to first audio, time to sentence 1's last
   sample, and what a real-time listener from the first sample hears: the total gap waiting for
-  audio (stall) and the earliest start that plays without any gap (``bench_engine.playback``).
+  audio (stall) and the earliest start that plays without any gap (``engine.playback``).
 
 Random weights show speed and plumbing, not voice quality. Prints a table and one JSON line.
 """
@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import threading
 import time
 from pathlib import Path
@@ -121,7 +120,7 @@ LONG_TEXT_RUNS = ("batched", "unpaced", "sequential")
 
 
 def long_text(engine: Any, n_sentences: int, steps: int) -> dict[str, Any]:
-    from speakd_tools.bench_engine import playback
+    from .engine import playback
 
     lengths = [max(8, round(steps * LENGTH_FACTORS[i % 8])) for i in range(n_sentences)]
     runs = {}
@@ -153,16 +152,16 @@ def long_text(engine: Any, n_sentences: int, steps: int) -> dict[str, Any]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m speakd_tools.bench_batch", description=__doc__)
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bundle", type=Path, required=True)
     p.add_argument("--rows", default="1,2,4,8", help="concurrent rows to measure (default 1,2,4,8)")
     p.add_argument("--steps", type=int, default=96, help="decode steps per sentence (default 96)")
     p.add_argument("--sentences", type=int, default=8, help="long-text sentences (0 = skip)")
     p.add_argument("--prefill-chunk", type=int, default=0, help="prompt chunk (0 = whole)")
     p.add_argument("--threads", type=int, default=2)
-    args = p.parse_args(argv)
 
+
+def run(args: argparse.Namespace) -> int:
     from speakd.engines.chattts.engine import ChatTTSEngine
 
     rows = [int(r) for r in args.rows.split(",")]
@@ -222,7 +221,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  batched last sample {lt['speedup']:.2f}× sooner than sequential")
     print(json.dumps(result))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,7 @@
 """MQTT say → first sample at the sink, for a cached clip (or, with --miss, a fresh synthesis).
 
     mosquitto -p 18830 &                      # any broker; localhost for the target numbers
-    python -m speakd_tools.bench_mqtt --port 18830 [--count 200] [--qos 1] [--miss]
+    speakd-tools bench mqtt --port 18830 [--count 200] [--qos 1] [--miss]
 
 Runs the daemon's real pieces in this process — the embedded VITS voice, the SQLite audio cache
 (a temp file), the scheduler and the MQTT front-end — with a sink that timestamps the first PCM it
@@ -18,7 +18,6 @@ import asyncio
 import json
 import os
 import socket
-import statistics
 import tempfile
 import threading
 import time
@@ -26,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from speakd.sinks import NullSink
+
+from .stats import summary
 
 TEXT = "The front door is open."
 
@@ -45,21 +46,6 @@ class TimingSink(NullSink):
 
     def write(self, pcm: bytes) -> None:
         self.first_write.setdefault(self._id, time.monotonic())
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
-
-
-def summary(values_ms: list[float]) -> dict[str, float]:
-    return {
-        "p50_ms": round(percentile(values_ms, 50), 2),
-        "p90_ms": round(percentile(values_ms, 90), 2),
-        "p99_ms": round(percentile(values_ms, 99), 2),
-        "max_ms": round(max(values_ms), 2),
-        "mean_ms": round(statistics.fmean(values_ms), 2),
-    }
 
 
 class Publisher:
@@ -106,14 +92,14 @@ class Publisher:
         self.client.loop_stop()
 
 
-async def run(args: argparse.Namespace) -> dict[str, Any]:
+async def measure(args: argparse.Namespace) -> dict[str, Any]:
     from speakd.config import CacheConfig, Config, EngineConfig, MqttConfig
     from speakd.control import Control
     from speakd.engines import load_engine
     from speakd.frontends.mqtt import MqttFrontend
     from speakd.messages import EventType
+    from speakd.resolver import Resolver
     from speakd.scheduler import Scheduler
-    from speakd.service import make_source
 
     tmp = Path(tempfile.mkdtemp(prefix="speakd-bench-mqtt-"))
     config = Config(
@@ -125,7 +111,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     )
     engine = await asyncio.to_thread(load_engine, config.engine)
     sink = TimingSink()
-    scheduler = Scheduler(make_source(engine, config), sink, block_ms=50)
+    scheduler = Scheduler(Resolver.from_config(engine, config.cache), sink, block_ms=50)
     control = Control(scheduler, engine, 5000)
     in_daemon: dict[str, float] = {}
 
@@ -169,8 +155,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "qos": args.qos,
         "client_tcp_nodelay": not args.client_nagle,
         "broker": f"{args.host}:{args.port}",
-        "say_to_first_sample": summary(total),
-        "in_daemon_request_to_sink": summary(inside),
+        "say_to_first_sample_ms": summary(total, digits=2),
+        "in_daemon_request_to_sink_ms": summary(inside, digits=2),
         "cache_hits": cache.get("hits"),
         "cache_misses": cache.get("misses"),
         "engine": f"{engine.kind} {engine.bundle_id}",
@@ -179,8 +165,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=1883)
     p.add_argument("--count", type=int, default=200)
@@ -190,9 +175,8 @@ def main(argv: list[str] | None = None) -> None:
         "--client-nagle", action="store_true", help="leave Nagle on in the publishing client"
     )
     p.add_argument("--miss", action="store_true", help="a new text each time (no cache hits)")
-    args = p.parse_args(argv)
-    print(json.dumps(asyncio.run(run(args)), indent=2))
 
 
-if __name__ == "__main__":
-    main()
+def run(args: argparse.Namespace) -> int:
+    print(json.dumps(asyncio.run(measure(args)), indent=2))
+    return 0

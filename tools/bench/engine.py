@@ -1,6 +1,6 @@
 """speakd's ChatTTS engine vs ChatTTS's own torch pipeline, same checkpoint, same decode steps.
 
-    python -m speakd_tools.bench_engine --checkpoint CKPT --bundle BUNDLE [--steps 520]
+    speakd-tools bench engine --checkpoint CKPT --bundle BUNDLE [--steps 520] [--snr-sweep]
 
 Each side runs in its own fresh process (so peak RSS is its own) on the same text, with the same
 number of decode steps (``min_new_token = max_new_token = steps``, so EOS never ends either early):
@@ -25,21 +25,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from .stats import in_child, peak_rss_mb
+
 TEXT = "Hello world, the kitchen lights are on and the front door is locked for the night."
 CONTEXTS = (100, 500)
 WINDOW = 10  # steps either side of a context for the ms/step median
-
-
-def _peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _ms_per_step_at(stamps: list[float], prompt_len: int) -> dict[str, float | None]:
@@ -147,7 +142,7 @@ def run_speakd(bundle: Path, steps: int, threads: int, text: str = TEXT) -> dict
         "side": "speakd", "load_s": load_s, "first_audio_s": arrivals[0][0], "total_s": total,
         **playback(arrivals), "chunks": len(arrivals),
         "audio_s": audio_s, "rtf": total / audio_s, "steps": len(stamps) + 1,
-        **_ms_per_step_at(stamps, prompt_len.shape[1]), "peak_rss_mb": _peak_rss_mb(),
+        **_ms_per_step_at(stamps, prompt_len.shape[1]), "peak_rss_mb": peak_rss_mb(),
         "schedule": engine.schedule.key,
     }  # fmt: skip
 
@@ -218,24 +213,21 @@ def run_torch(
     return {
         "side": "torch", "load_s": load_s, "first_audio_s": first, "total_s": total,
         "audio_s": audio_s, "rtf": total / audio_s, "steps": len(out.ids[0]),
-        **_ms_per_step_at(run_stamps, prompt_len), "peak_rss_mb": _peak_rss_mb(),
+        **_ms_per_step_at(run_stamps, prompt_len), "peak_rss_mb": peak_rss_mb(),
     }  # fmt: skip
 
 
 def _child(args: argparse.Namespace, side: str) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "speakd_tools.bench_engine", "--side", side,
-           "--checkpoint", str(args.checkpoint), "--bundle", str(args.bundle),
-           "--steps", str(args.steps), "--threads", str(args.threads)]  # fmt: skip
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    paths = ["--checkpoint", str(args.checkpoint), "--bundle", str(args.bundle)]
+    sizes = ["--steps", str(args.steps), "--threads", str(args.threads)]
+    return in_child(["engine", "--side", side, *paths, *sizes])
 
 
 def _fmt(v: Any) -> str:
     return f"{v:.3f}" if isinstance(v, float) else str(v)
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", type=Path, required=True, help="folder that contains asset/")
     p.add_argument("--bundle", type=Path, required=True, help="fp32 bundle exported from it")
     p.add_argument(
@@ -243,30 +235,33 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--side", choices=("speakd", "torch"), help=argparse.SUPPRESS)
-    p.add_argument("--snr-sweep", action="store_true",
-                   help="only the streamed-vs-one-shot SNR per context (speakd)")  # fmt: skip
-    args = p.parse_args(argv)
+    p.add_argument(
+        "--snr-sweep",
+        action="store_true",
+        help="only the streamed-vs-one-shot SNR per context (speakd)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
     if args.snr_sweep:
         print(json.dumps(snr_sweep(args.bundle, args.steps, args.threads)))
-        return
+        return 0
     if args.side == "speakd":
         print(json.dumps(run_speakd(args.bundle, args.steps, args.threads)))
-        return
+        return 0
     if args.side == "torch":
         print(json.dumps(run_torch(args.checkpoint, args.bundle, args.steps, args.threads)))
-        return
+        return 0
     ours, ref = _child(args, "speakd"), _child(args, "torch")
-    keys = ["load_s", "first_audio_s", "gapless_first_audio_s", "stall_s", "total_s", "audio_s",
-            "rtf", "steps",
-            *(f"ms_per_step_ctx{c}" for c in CONTEXTS), "peak_rss_mb",
-            *(k for k in ours if k.startswith("snr_db_"))]  # fmt: skip
+    keys = [
+        *("load_s", "first_audio_s", "gapless_first_audio_s", "stall_s", "total_s", "audio_s"),
+        *("rtf", "steps", *(f"ms_per_step_ctx{c}" for c in CONTEXTS), "peak_rss_mb"),
+        *(k for k in ours if k.startswith("snr_db_")),
+    ]
     print(f"{'':22}{'speakd':>12}{'torch':>12}{'speakd/torch':>14}")
     for k in keys:
         a, b = ours.get(k), ref.get(k)
         ratio = f"{a / b:.2f}" if isinstance(a, float) and isinstance(b, float) and b else ""
         print(f"{k:22}{_fmt(a):>12}{_fmt(b):>12}{ratio:>14}")
     print(json.dumps({"speakd": ours, "torch": ref}))
-
-
-if __name__ == "__main__":
-    main()
+    return 0

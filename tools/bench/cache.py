@@ -1,7 +1,7 @@
 """Cache bench: precompute throughput, and `say` of a cached clip → first sample at the sink.
 
-    python -m speakd_tools.bench_cache [--prompts 24] [--jobs 1,2] [--says 200] [--misses 5]
-                                       [--bundle PATH] [--pack PACK] [--json]
+    speakd-tools bench cache [--prompts 24] [--jobs 1,2] [--says 200] [--misses 5]
+                             [--bundle PATH] [--pack PACK] [--json]
 
 1. ``precompute`` of N short device prompts into a fresh pack, once per ``--jobs`` value
    (clips/s = synthesised clips / synthesis wall time; engine load time excluded and reported).
@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from .stats import summary
 
 PROMPTS = [
     "The front door is open.",
@@ -53,21 +54,6 @@ PROMPTS = [
     "The dishwasher has finished.",
     "Please close the fridge door.",
 ]
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
-
-
-def summary(values: list[float]) -> dict[str, float]:
-    return {
-        "n": len(values),
-        "p50": round(percentile(values, 50), 3),
-        "p99": round(percentile(values, 99), 3),
-        "max": round(max(values), 3),
-        "mean": round(statistics.fmean(values), 3),
-    }
 
 
 def bench_precompute(
@@ -144,7 +130,7 @@ def _say(sock: str, text: str, rid: str) -> tuple[float, float]:
     return server_ms, client_ms
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def measure(args: argparse.Namespace) -> dict[str, Any]:
     from speakd.cache.cli import import_pack
     from speakd.cache.store import CacheStore
     from speakd.client import Client
@@ -207,8 +193,7 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", type=int, default=len(PROMPTS), help="how many prompts (max 24)")
     p.add_argument(
         "--jobs",
@@ -224,10 +209,9 @@ def main(argv: list[str] | None = None) -> None:
         "--pack", type=Path, default=None, help="use this pack (made with --bundle), skip step 1"
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    args = p.parse_args(argv)
-    result = run(args)
+
+
+def run(args: argparse.Namespace) -> int:
+    result = measure(args)
     print(json.dumps(result, indent=2) if args.json else table(result))
-
-
-if __name__ == "__main__":
-    main()
+    return 0

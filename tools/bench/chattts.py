@@ -1,4 +1,4 @@
-"""``speakd-tools bench``: ChatTTS's own torch pipeline vs speakd fp32 / INT8 / 4-bit, one run.
+"""``speakd-tools bench chattts``: ChatTTS's torch pipeline vs speakd fp32 / INT8 / 4-bit, one run.
 
 Every contender gets the same text and the same number of decode steps (``min_new_token =
 max_new_token = steps``, EOS never ends a run early). Phases, each contender in its own process so
@@ -11,13 +11,13 @@ that peak RSS is its own:
    step: code embedding on the host + one ``run_with_iobinding``); torch's is what
    ``GPT.generate`` does per step (``emb_code`` sum, LlamaModel with a DynamicCache and attention
    mask, the four ``head_code`` with weight norm cached).
-2. **End to end** (one process per contender): ``bench_engine.run_speakd`` (the engine's streamed
-   ``synthesize``) and ``bench_engine.run_torch`` (ChatTTS's modules driven like
+2. **End to end** (one process per contender): ``engine.run_speakd`` (the engine's streamed
+   ``synthesize``) and ``engine.run_torch`` (ChatTTS's modules driven like
    ``Chat.infer(skip_refine_text=True)``): RTF, time to first audio, in-loop ms/step, peak RSS.
 3. **Start-up to READY**: a real ``speakd serve`` per bundle, timed from spawn to ``READY=1`` on a
    NOTIFY_SOCKET we own, page cache warmed first; then one uncached ``say`` over the socket gives
    the daemon's own time to first audio.
-4. **Cache hits** (socket and MQTT): ``bench_cache.run`` and ``bench_mqtt.run`` (embedded VITS;
+4. **Cache hits** (socket and MQTT): ``cache.measure`` and ``mqtt.measure`` (embedded VITS;
    a cache hit does not touch the engine).
 
 A contender whose bundle or checkpoint is missing is reported as missing. Random weights show
@@ -41,6 +41,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from .stats import in_child, loadavg, peak_rss_mb, percentile
+
 log = logging.getLogger(__name__)
 
 TEXT = "Please remember to close the kitchen window before you leave."  # 10 words
@@ -62,10 +64,6 @@ class Contender:
     @property
     def present(self) -> bool:
         return not self.missing
-
-
-def loadavg() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
 
 
 def find_contenders(checkpoint: Path | None, bundles: dict[str, str]) -> list[Contender]:
@@ -104,7 +102,7 @@ def model_bytes(c: Contender) -> dict[str, int]:
 # --- board projection ------------------------------------------------------------------------
 
 STEP_MS_AUDIO = 512 / 24  # one GPT step = 512 samples at 24 kHz = 21.33 ms of audio
-BOARDS = {  # effective DRAM read bandwidth, GB/s (PERFORMANCE.md)
+BOARDS = {  # effective DRAM read bandwidth, GB/s (published memcpy figures of the boards)
     "Raspberry Pi 5": (9.0, 10.5),
     "RK3588": (12.4, 12.4),
 }
@@ -269,31 +267,26 @@ def run_steps(spec: dict[str, Any]) -> dict[str, Any]:
             out[n][str(ctx)] = {
                 "median_ms": round(statistics.median(flat), 3),
                 "best_round_ms": round(min(statistics.median(rnd) for rnd in times[n][ctx]), 3),
-                "p90_ms": round(sorted(flat)[int(0.9 * (len(flat) - 1))], 3),
+                "p90_ms": round(percentile(flat, 90), 3),
                 "n": len(flat),
             }
     return out
 
 
-# --- phase 2: end to end (bench_engine's functions, one process per contender) -------------------
+# --- phase 2: end to end (engine.py's functions, one process per contender) ---------------------
 
 
 def run_e2e(spec: dict[str, Any]) -> dict[str, Any]:
-    from speakd_tools import bench_engine
+    from . import engine
 
     la0 = loadavg()
     if spec["name"] == "torch":
-        r = bench_engine.run_torch(
+        r = engine.run_torch(
             Path(spec["path"]), Path(spec["voice_bundle"]), spec["steps"], spec["threads"],
             text=spec["text"],
         )  # fmt: skip
     else:
-        r = bench_engine.run_speakd(
-            Path(spec["path"]), spec["steps"], spec["threads"], spec["text"]
-        )
-    # VmHWM, not ru_maxrss: Linux carries ru_maxrss over fork + exec, so a child would report
-    # at least its parent's peak
-    r["peak_rss_mb"] = round(_status_kb(os.getpid(), "VmHWM") / 1024, 1)
+        r = engine.run_speakd(Path(spec["path"]), spec["steps"], spec["threads"], spec["text"])
     return {**r, "loadavg_before": la0, "loadavg_after": loadavg()}
 
 
@@ -306,13 +299,6 @@ def _warm_page_cache(bundle: Path) -> None:
             with f.open("rb") as fh:
                 while fh.read(1 << 24):
                     pass
-
-
-def _status_kb(pid: int, key: str) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return float(line.split()[1])
-    return float("nan")
 
 
 def startup(bundle: Path, threads: int, text: str, starts: int, timeout: float) -> dict[str, Any]:
@@ -351,7 +337,7 @@ def startup(bundle: Path, threads: int, text: str, starts: int, timeout: float) 
                             + (work / f"serve{n}.log").read_text()[-2000:]
                         )
                 ready.append(round(time.monotonic() - t0, 3))
-                rss.append(round(_status_kb(proc.pid, "VmHWM") / 1024, 1))
+                rss.append(peak_rss_mb(proc.pid))
                 if n == starts - 1:
                     with Client(str(sock), timeout=timeout) as c:
                         for ev in c.say({"text": text, "id": "bench-ttfa"}, wait=True):
@@ -387,10 +373,10 @@ def _recv(sock: socket.socket) -> bytes:
 
 
 def cache_hits(says: int, threads: int) -> dict[str, Any]:
-    """bench_cache (socket, real daemon) and bench_mqtt (real mosquitto) for cached clips."""
+    """``bench cache`` (socket, real daemon) and ``bench mqtt`` (real mosquitto), cached clips."""
     import asyncio
 
-    from speakd_tools import bench_cache, bench_mqtt
+    from . import cache, mqtt
 
     out: dict[str, Any] = {"loadavg_before": loadavg()}
     for name in ("speakd", "paho"):  # per-request INFO lines would drown the table
@@ -398,7 +384,7 @@ def cache_hits(says: int, threads: int) -> dict[str, Any]:
     ns = argparse.Namespace(
         prompts=8, jobs=[1], threads=threads, says=says, misses=0, bundle=None, pack=None
     )
-    r = bench_cache.run(ns)
+    r = cache.measure(ns)
     out["socket"] = {"server_ms": r["hit_server_ms"], "client_ms": r["hit_client_ms"]}
     mosquitto = shutil.which("mosquitto")
     if mosquitto is None:
@@ -417,8 +403,8 @@ def cache_hits(says: int, threads: int) -> dict[str, Any]:
                 host="127.0.0.1", port=port, count=says, qos=1, threads=threads,
                 client_nagle=False, miss=False,
             )  # fmt: skip
-            r = asyncio.run(bench_mqtt.run(ns))
-            out["mqtt"] = {"say_to_first_sample": r["say_to_first_sample"], "qos": 1}
+            r = asyncio.run(mqtt.measure(ns))
+            out["mqtt"] = {"say_to_first_sample_ms": r["say_to_first_sample_ms"], "qos": 1}
         finally:
             broker.terminate()
             broker.wait(10)
@@ -430,12 +416,8 @@ def cache_hits(says: int, threads: int) -> dict[str, Any]:
 
 
 def _child(mode: str, spec: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """Run a phase in a fresh interpreter (own RSS, no torch in ORT processes)."""
-    cmd = [sys.executable, "-m", "speakd_tools.bench", "--child", mode, json.dumps(spec)]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    if p.returncode != 0:
-        raise RuntimeError(f"bench child {mode} failed ({p.returncode}): {p.stderr[-3000:]}")
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    """Run a phase in a fresh interpreter (own peak memory, no torch in ORT processes)."""
+    return in_child(["chattts", "--child", mode, json.dumps(spec)], timeout)
 
 
 @dataclass
@@ -512,7 +494,6 @@ def run_bench(opts: BenchOptions) -> dict[str, Any]:
         log.info("phase 4: cache hits (socket, MQTT)")
         result["cache"] = cache_hits(opts.says, opts.threads)
     result["machine"]["loadavg_end"] = loadavg()
-    # last: loading the graphs here would raise this process's RSS, which children inherit
     per_step = {c.name: step_bytes(Path(c.path), (100, 500)) for c in present if c.name in ORT}
     result["bytes_per_step"] = per_step
     result["projection"] = projection(per_step)
@@ -520,8 +501,8 @@ def run_bench(opts: BenchOptions) -> dict[str, Any]:
 
 
 def write_outputs(result: dict[str, Any], out: Path) -> list[Path]:
-    from speakd_tools.bench_plots import plot_all
-    from speakd_tools.bench_report import table
+    from .plots import plot_all
+    from .report import table
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench.json").write_text(json.dumps(result, indent=1))
@@ -575,9 +556,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="JSON",
         help="measure nothing: redraw the table and plots of a saved bench.json into --out",
     )
+    # a phase in a fresh interpreter (stats.in_child): MODE (steps | e2e) and its JSON spec
+    p.add_argument("--child", nargs=2, metavar=("MODE", "SPEC"), help=argparse.SUPPRESS)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.child:
+        mode, spec = args.child[0], json.loads(args.child[1])
+        print(json.dumps(run_steps(spec) if mode == "steps" else run_e2e(spec)))
+        return 0
     if args.render:
         return render(args.render, args.out)
     phases = tuple(x for x in args.phases.split(",") if x)
@@ -598,43 +585,24 @@ def run(args: argparse.Namespace) -> int:
         phases=phases,
         out=args.out,
     )
-    from speakd_tools.bench_report import table
-
-    result = run_bench(opts)
-    files = write_outputs(result, args.out)
-    print(table(result))
-    print("wrote " + ", ".join(str(f) for f in files))
-    return 0
+    return _publish(run_bench(opts), args.out)
 
 
 def render(saved: Path, out: Path) -> int:
     """Table and plots of a saved result; adds the board projection if the run predates it."""
-    from speakd_tools.bench_report import table
-
     result = json.loads(saved.read_text())
     if "projection" not in result:
         bundles = {n: c["path"] for n, c in result["contenders"].items() if not c["missing"]}
         per_step = {n: step_bytes(Path(p), (100, 500)) for n, p in bundles.items() if n in ORT}
         result["bytes_per_step"] = per_step
         result["projection"] = projection(per_step)
+    return _publish(result, out)
+
+
+def _publish(result: dict[str, Any], out: Path) -> int:
+    from .report import table
+
     files = write_outputs(result, out)
     print(table(result))
     print("wrote " + ", ".join(str(f) for f in files))
     return 0
-
-
-def _child_main(mode: str, spec_json: str) -> None:
-    logging.basicConfig(level=logging.WARNING)
-    spec = json.loads(spec_json)
-    result = run_steps(spec) if mode == "steps" else run_e2e(spec)
-    print(json.dumps(result))
-
-
-if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "--child":
-        _child_main(sys.argv[2], sys.argv[3])
-    else:
-        parser = argparse.ArgumentParser(prog="speakd-tools bench", description=__doc__)
-        add_arguments(parser)
-        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-        sys.exit(run(parser.parse_args()))

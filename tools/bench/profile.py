@@ -1,11 +1,11 @@
 """Profiles behind docs/benchmarks.md "Where the time goes" (evidence, not a benchmark table).
 
-python -m speakd_tools.bench_profile nodes BUNDLE...          # node types after ORT's optimiser
-python -m speakd_tools.bench_profile ort BUNDLE [--ctx 500]   # ORT profiler: time per node type
-python -m speakd_tools.bench_profile loop BUNDLE [--steps 150]  # cProfile of the decode loop
-python -m speakd_tools.bench_profile threads BUNDLE           # threads × spinning, interleaved
-python -m speakd_tools.bench_profile machine BUNDLE           # ISA, DRAM read GB/s, MatMulNBits
-                                                              # kernel, and this box's step floor
+speakd-tools bench profile nodes BUNDLE...          # node types after ORT's optimiser
+speakd-tools bench profile ort BUNDLE [--ctx 500]   # ORT profiler: time per node type
+speakd-tools bench profile loop BUNDLE [--steps 150]  # cProfile of the decode loop
+speakd-tools bench profile threads BUNDLE           # threads × spinning, interleaved
+speakd-tools bench profile machine BUNDLE           # ISA, DRAM read GB/s, MatMulNBits kernel,
+                                                    # and this box's step floor
 """
 
 from __future__ import annotations
@@ -201,7 +201,7 @@ def matmul_nbits_us(count: int, threads: int, k: int = 768, n: int = 6144) -> fl
 def machine(bundle: Path) -> None:
     """Why this box's GPT step sits where it does: its ISA, its DRAM read bandwidth, the 4-bit
     kernel's speed with weights hot vs streamed, and the bandwidth floor of one decode step."""
-    from speakd_tools.bench import step_bytes
+    from .chattts import step_bytes
 
     flags: set[str] = set()
     model = platform.processor()
@@ -229,14 +229,15 @@ def machine(bundle: Path) -> None:
               f"{total / (bw[2] * 1e9) * 1e3:.2f} ms at {bw[2]:.1f} GB/s")  # fmt: skip
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("what", choices=["nodes", "ort", "loop", "threads", "machine"])
     p.add_argument("bundles", nargs="+", type=Path)
     p.add_argument("--ctx", type=int, default=500)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--rounds", type=int, default=4)
-    a = p.parse_args(argv)
+
+
+def run(a: argparse.Namespace) -> int:
     if a.what == "nodes":
         nodes(a.bundles)
     elif a.what == "ort":
@@ -247,7 +248,4 @@ def main(argv: list[str] | None = None) -> None:
         machine(a.bundles[0])
     else:
         threads(a.bundles[0], a.rounds)
-
-
-if __name__ == "__main__":
-    main()
+    return 0

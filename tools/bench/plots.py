@@ -1,4 +1,4 @@
-"""PNG plots of a ``speakd-tools bench`` result: GPT ms/step vs context, RTF per contender."""
+"""PNG plots of a ``speakd-tools bench chattts`` result: GPT ms/step vs context, RTF."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The Markdown table of ``speakd-tools bench``: absolute figures, then ratios vs torch and fp32."""
+"""The Markdown table of ``speakd-tools bench chattts``: figures, then ratios to torch and fp32."""
 
 from __future__ import annotations
 
@@ -127,13 +127,13 @@ def _loads(result: dict[str, Any]) -> str:
 def _cache_line(cache: dict[str, Any]) -> str:
     s = _get(cache, "socket", "server_ms") or {}
     c = _get(cache, "socket", "client_ms") or {}
-    q = _get(cache, "mqtt", "say_to_first_sample") or {}
+    q = _get(cache, "mqtt", "say_to_first_sample_ms") or {}
     text = (
         f"Cache hit → first sample (embedded VITS clip, real daemon): socket server p50 "
         f"{s.get('p50')} / p99 {s.get('p99')} ms, client p50 {c.get('p50')} / p99 {c.get('p99')} ms"
     )
     if q:
-        text += f"; MQTT (mosquitto, QoS 1) p50 {q.get('p50_ms')} / p99 {q.get('p99_ms')} ms"
+        text += f"; MQTT (mosquitto, QoS 1) p50 {q.get('p50')} / p99 {q.get('p99')} ms"
     elif _get(cache, "mqtt", "missing"):
         text += f"; MQTT missing: {cache['mqtt']['missing']}"
     return text + f" (load {cache.get('loadavg_before')})."

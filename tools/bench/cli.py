@@ -1,0 +1,38 @@
+"""The ``bench`` command of ``speakd-tools``: one subcommand per measurement module.
+
+A bare ``speakd-tools bench`` is an error that lists the subcommands: each benchmark measures
+something different, and none is the obvious default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from typing import Any
+
+# subcommand (= module of this package) → one-line help
+BENCHMARKS = {
+    "chattts": "ChatTTS torch vs speakd fp32/int8/int4: GPT step, RTF, peak RSS, start-up, cache",
+    "engine": "speakd's ChatTTS engine vs ChatTTS's torch pipeline, one bundle, same steps",
+    "batch": "batched ChatTTS decoding: throughput at B rows, a long text batched vs sequential",
+    "cache": "precompute throughput, and a cached say → first sample at the sink (real daemon)",
+    "mqtt": "MQTT say → first sample at the sink (needs a running broker)",
+    "vits": "load time and real-time factor of the VITS engine (embedded voice by default)",
+    "profile": "where the ChatTTS step's time goes: node types, ORT profile, threads, machine",
+}
+
+
+def add_parser(sub: Any) -> None:
+    """Add ``bench`` and its subcommands to ``speakd-tools``' subparsers."""
+    bench = sub.add_parser("bench", help="benchmarks: " + ", ".join(BENCHMARKS))
+    names = bench.add_subparsers(dest="benchmark", required=True)
+    for name, summary in BENCHMARKS.items():
+        module = importlib.import_module(f"{__package__}.{name}")
+        p = names.add_parser(
+            name,
+            help=summary,
+            description=module.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        module.add_arguments(p)
+        p.set_defaults(func=module.run)
