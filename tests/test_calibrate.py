@@ -19,6 +19,7 @@ from speakd.engines import load_engine, resolve_bundle
 from speakd.engines.base import SynthesisConfig
 from speakd_tools.calibrate import CalibrationError
 from speakd_tools.calibrate.asr import normalize_words
+from speakd_tools.calibrate.base import CalibrateOptions
 from speakd_tools.calibrate.metrics import (
     kl_divergence,
     log_mel,
@@ -26,7 +27,7 @@ from speakd_tools.calibrate.metrics import (
     snr_db,
     word_errors,
 )
-from speakd_tools.calibrate.pipeline import CalibrateOptions, calibrate
+from speakd_tools.calibrate.pipeline import calibrate
 from speakd_tools.calibrate.recipe import default_recipe_path, load_recipe
 from speakd_tools.cli import main
 

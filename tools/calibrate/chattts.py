@@ -39,12 +39,12 @@ from speakd.engines.chattts.engine import ChatTTSEngine
 from speakd.engines.chattts.gpt_runner import GptRunner
 from speakd.engines.chattts.vocoder import istft
 
+from .base import CalibrateOptions, RunBase
 from .bundle_out import write_manifest
 from .corpus import Corpus, Sentence
 from .errors import CalibrationError
 from .kvcache import KvRange, apply_int8_kv
 from .metrics import kl_divergence, log_mel, mcd_db, snr_db
-from .pipeline import CalibrateOptions, RunBase
 from .quantizers import quantize_graph
 from .recipe import Mode, Recipe
 

@@ -57,7 +57,8 @@ def _quiet_ort(record: logging.LogRecord) -> bool:
 
 def run(args: argparse.Namespace) -> int:
     from . import CalibrationError
-    from .pipeline import CalibrateOptions, calibrate
+    from .base import CalibrateOptions
+    from .pipeline import calibrate
 
     for handler in logging.getLogger().handlers:
         handler.addFilter(_quiet_ort)

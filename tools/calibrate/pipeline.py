@@ -19,27 +19,14 @@ from typing import Any
 
 from speakd.bundle import MANIFEST, load_bundle
 
+from .base import CalibrateOptions
 from .bundle_out import REPORT_DIR, prepare_out
 from .corpus import Corpus
 from .errors import CalibrationError
-from .recipe import Mode, Recipe, default_recipe_path, load_recipe
+from .recipe import default_recipe_path, load_recipe
 from .report import write_report
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class CalibrateOptions:
-    bundle: str  # a bundle folder, a Piper .onnx, or "embedded"
-    out: Path
-    recipe: Path | None = None
-    mode: str | None = None  # None = the recipe's default_mode; "auto" = try every mode
-    method: str | None = None  # minmax | entropy | percentile (static); None = recipe's
-    limit: int | None = None  # calibration sentences; None = recipe's
-    eval_sentences: int | None = None
-    asr_sentences: int | None = None  # VITS ASR round trip; 0 = off; None = recipe's
-    corpus: Path | None = None
-    threads: int = 2
 
 
 @dataclass(frozen=True)
@@ -153,42 +140,3 @@ def _replace_files(src: Path, out: Path) -> None:
     for f in src.iterdir():
         if f.is_file():
             shutil.copyfile(f, out / f.name)
-
-
-class RunBase:
-    """What the two engines share: options, recipe, corpus split, sentence counts."""
-
-    def __init__(self, opts: CalibrateOptions, recipe: Recipe, corpus: Corpus, method: str):
-        self.opts, self.recipe, self.method = opts, recipe, method
-        self.corpus = corpus
-        n_cal = opts.limit if opts.limit is not None else recipe.calibration_sentences
-        n_eval = opts.eval_sentences if opts.eval_sentences is not None else recipe.eval_sentences
-        self.cal, self.eval = corpus.split(n_cal, n_eval)
-        if not self.eval:
-            raise CalibrationError("the corpus leaves no sentence for evaluation")
-
-    def corpus_info(self) -> dict[str, Any]:
-        return {
-            "files": list(self.corpus.files),
-            "sha256": self.corpus.sha256(),
-            "calibration_sha256": self.corpus.sha256(self.cal),
-            "calibration_sentences": len(self.cal),
-            "eval_sentences": len(self.eval),
-        }
-
-    def calibration_section(self, mode: Mode, report: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "mode": mode.name,
-            "precision": mode.precision,
-            "why": mode.why,
-            "method": self.method,
-            "recipe": {
-                "path": str(self.recipe.path),
-                "sha256": self.recipe.sha256,
-                "mode": {g: vars(s) for g, s in mode.graphs.items()},
-                "kv_int8": mode.kv_int8,
-            },
-            "corpus": self.corpus_info(),
-            "report": report,
-            "report_files": [f"{REPORT_DIR}/report.md", f"{REPORT_DIR}/report.json"],
-        }

@@ -25,11 +25,11 @@ from speakd.bundle import load_bundle
 from speakd.engines.base import SynthesisConfig
 from speakd.engines.vits import BUNDLE_CONFIG, BUNDLE_MODEL, VitsEngine
 
+from .base import CalibrateOptions, RunBase
 from .bundle_out import write_manifest
 from .corpus import Corpus, Sentence
 from .errors import CalibrationError
 from .metrics import log_mel, mcd_db, snr_db
-from .pipeline import CalibrateOptions, RunBase
 from .quantizers import quantize_graph
 from .recipe import Mode, Recipe
 
