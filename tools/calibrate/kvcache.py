@@ -1,5 +1,6 @@
 """int8 KV cache for the ChatTTS GPT graph: per-layer K/V scales measured on the corpus, and the
-GroupQueryAttention rewrite that uses them (GPT-RUNTIME.md, "Fastest recipe").
+GroupQueryAttention rewrite that uses them (docs/chattts.md, "The GPT graph": GQA's int8 cache
+takes static scales, so they must be calibrated).
 
 Scales are per tensor (one for K, one for V, per layer): absmax over every cached position of the
 float runs over the calibration corpus, divided by 127. GQA then stores int8 keys/values and

@@ -1,8 +1,8 @@
 """One function per scheme, each turning a float ONNX file into a quantized one.
 
 * ``dynamic``: ``quantize_dynamic`` with ``DefaultTensorType FLOAT`` (graphs with com.microsoft
-  ops have no type info for their outputs, GPT-RUNTIME.md pitfall 4) and ``MatMulConstBOnly`` so
-  attention's activation × activation MatMuls stay float.
+  ops have no type info for their outputs; docs/chattts.md, "Export traps") and
+  ``MatMulConstBOnly`` so attention's activation × activation MatMuls stay float.
 * ``static``: ``quantize_static`` in QDQ format with a ``CalibrationDataReader`` fed by the real
   pipeline; MinMax / Entropy / Percentile ranges.
 * ``int4``: ``MatMulNBitsQuantizer`` (4-bit weight-only, block-wise scales).

@@ -1,8 +1,9 @@
 """Calibrating a Piper VITS voice (a trained network: these numbers are real).
 
 Piper graphs have no MatMul with a constant weight (every projection is a Conv1d), so the recipe
-quantizes Conv nodes; the HiFi-GAN decoder (``/dec/``) is the risky part (PERFORMANCE.md §5) and
-the report measures it either way. Static calibration feeds are recorded from the real
+quantizes Conv nodes; the HiFi-GAN decoder (``/dec/``) is the risky part (int8 activations in a
+vocoder's convolutions add hiss; docs/benchmarks.md, "Piper VITS") and the report measures it
+either way. Static calibration feeds are recorded from the real
 ``VitsEngine.synthesize`` over the corpus (the exact phoneme ids, lengths and scales it runs).
 Quality: MCD against fp32 with noise off (``noise_scale = noise_w = 0``), and an ASR round trip
 (Whisper tiny.en) whose WER on the int8 audio is compared with the WER on the fp32 audio.

@@ -1,4 +1,4 @@
-"""B decode rows on one ``gpt.onnx`` session: the batched twin of ``GptRunner`` (issue 12).
+"""B decode rows on one ``gpt.onnx`` session: the batched twin of ``GptRunner``.
 
 A CPU decode step is bound by reading the weights, so advancing B rows costs little more than one.
 Every layer's KV is one buffer ``[B, H, ctx, D]`` allocated once; row b owns slot b (its view

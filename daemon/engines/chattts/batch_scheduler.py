@@ -1,4 +1,4 @@
-"""Continuous batching across sentences and requests on one ``BatchDecoder`` (issue 12).
+"""Continuous batching across sentences and requests on one ``BatchDecoder``.
 
 One worker thread owns the GPT session, the KV slots and the vocoder sessions, so onnxruntime
 never runs two sessions side by side on the board's 2 cores (oversubscription costs 2×). Callers

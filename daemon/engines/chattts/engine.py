@@ -1,4 +1,4 @@
-"""ChatTTS on onnxruntime + numpy: the ``chattts`` engine (DESIGN.md §3, issue 4).
+"""ChatTTS on onnxruntime + numpy: the ``chattts`` engine (docs/chattts-engine.md, docs/chattts.md).
 
 text → ``text.normalize`` → sentences → prompt ``[Stts][spk_emb][speed_N]{text}[Ptts]`` → GPT prompt
 pass → decode loop (in-place KV, numpy sampling in ChatTTS's order) → hidden states → streamed
@@ -93,7 +93,7 @@ class ChatTTSEngine:
             make_session(bundle.file("vocos.onnx"), threads, spinning=False),
         )
         self._lock = threading.Lock()  # one KV cache: one utterance at a time
-        # batch_size > 1: sentences and requests share decode steps (issue 12, batch.py). When
+        # batch_size > 1: sentences and requests share decode steps (batch.py). When
         # the graph is batch-invariant a sentence's audio does not depend on what shares its
         # steps: identical to batch_size = 1 for float graphs; for 4-bit graphs (steps of ≥ 2
         # rows) identical across batches, and within float rounding of batch_size = 1's M = 1

@@ -1,4 +1,4 @@
-"""The GPT decode loop on one ``gpt.onnx`` session with an in-place KV cache (GPT-RUNTIME.md).
+"""The GPT decode loop on one ``gpt.onnx`` session with an in-place KV cache (docs/chattts.md).
 
 Each layer's ``past_*`` and ``present_*`` are bound to the *same* preallocated fixed-capacity
 buffer, so GroupQueryAttention writes the new keys/values in place and nothing is concatenated or

@@ -1,4 +1,4 @@
-"""The one place ChatTTS's onnxruntime sessions are configured (STYLE.md habit 3).
+"""The one place ChatTTS's onnxruntime sessions are configured, so every session runs alike.
 
 The GPT, Decoder and Vocos sessions run one after another on the same cores. A pool that keeps
 spinning after its run takes cycles from the next session's threads, so only the GPT, which runs
@@ -15,7 +15,7 @@ import onnxruntime as ort
 
 
 def session_options(threads: int, spinning: bool = True) -> ort.SessionOptions:
-    """``threads`` intra-op (= physical cores is best, GPT-RUNTIME.md), inter-op 1, sequential
+    """``threads`` intra-op (= physical cores is best, docs/chattts.md), inter-op 1, sequential
     execution, all graph optimisations; ``spinning`` (off costs the GPT 20–30 %)."""
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads

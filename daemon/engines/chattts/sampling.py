@@ -1,4 +1,4 @@
-"""ChatTTS's code sampling in numpy, in ChatTTS's exact order (CHATTTS.md §6).
+"""ChatTTS's code sampling in numpy, in ChatTTS's exact order (docs/chattts.md, "Sampling order").
 
 temperature → repetition penalty (last 16 generated codes per codebook, EOS penalised too, as
 ChatTTS's never-firing guard implies) → top-P (HF ``TopPLogitsWarper``, keep ≥ 3) → top-K (HF

@@ -1,9 +1,10 @@
 """ChatTTS text front-end: verbalise numbers and symbols, apply ChatTTS's character rules, split.
 
 ChatTTS itself registers no text normaliser and *deletes* every character outside
-``[\\u4e00-\\u9fffA-Za-z，。、,. ]`` (CHATTTS.md §1.1): digits, ``?``, ``%``, ``$`` vanish and the
-model silently skips "12月2日" or "$20". Its examples plug in WeTextProcessing / NeMo, which need
-pynini (no ARM wheels, heavy). We verbalise with two small maintained pure-Python packages:
+``[\\u4e00-\\u9fffA-Za-z，。、,. ]`` (docs/chattts.md, "Text"): digits, ``?``, ``%``, ``$``
+vanish and the model silently skips "12月2日" or "$20". Its examples plug in WeTextProcessing /
+NeMo, which need pynini (no ARM wheels, heavy). We verbalise with two small maintained pure-Python
+packages:
 
 * ``num2words`` (English cardinals, ordinals and years; pure Python, on every platform), and
 * ``cn2an`` (Chinese numerals, ``an2cn``; pure Python). Its ``transform`` mangles ISO dates, times

@@ -1,8 +1,9 @@
 """ChatTTS code-pass prompts: text → token ids → input embeddings, on the host in numpy.
 
 Uses the checkpoint's ``tokenizer.json`` with the ``tokenizers`` package. That file enables
-padding Fixed(256) and truncation 256 (CHATTTS.md §2), so both are switched off here, and special
-tokens are not added (ChatTTS encodes with ``add_special_tokens=False``).
+padding Fixed(256) and truncation 256 (docs/chattts.md, "Tokenizer and prompt"), so both are
+switched off here, and special tokens are not added (ChatTTS encodes with
+``add_special_tokens=False``).
 
 The prompt is ChatTTS's ``decorate_code_prompts`` exactly: ``[Stts][spk_emb]{txt_smp}{prompt}
 {text}[Ptts]`` with ``prompt = "[speed_N]"`` (``[empty_spk]`` when no speaker is given). The
@@ -35,7 +36,7 @@ class PromptBuilder:
     @staticmethod
     def prompt_text(text: str, speed: int, has_speaker: bool = True, txt_smp: str = "") -> str:
         """ChatTTS ``Speaker.decorate_code_prompts`` for one text."""
-        for tag in _CONTROL_TAGS:  # issue #459: user text must not inject these
+        for tag in _CONTROL_TAGS:  # as in ChatTTS: user text must not inject these
             text = text.replace(tag, "")
         text = f"[speed_{speed}]{text.strip()}"
         spk = "[spk_emb]" if has_speaker else "[empty_spk]"

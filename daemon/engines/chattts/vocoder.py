@@ -7,8 +7,9 @@ n_fft/2 per end. T hidden states → 2T mel frames → (2T − 1)·256 samples.
 Streaming cuts the hidden sequence into chunks and decodes each with ``left``/``right`` steps of
 context around it (the Decoder and Vocos are non-causal convolution stacks). With context at least
 the receptive field (full-size ChatTTS: Decoder ±75 mel frames, Vocos ±27, ISTFT ±2 → 52 steps
-each side, CHATTTS.md §8) the chunks equal the one-shot waveform up to float rounding; smaller
-context trades exactness for latency and compute (each chunk re-decodes its context).
+each side; docs/chattts.md, "Streaming and receptive fields") the chunks equal the one-shot
+waveform up to float rounding; smaller context trades exactness for latency and compute (each
+chunk re-decodes its context).
 
 Chunks grow geometrically after the first: a small first chunk gives early audio, and each later
 chunk is decoded while the audio already emitted plays, so it can be larger than the one before
