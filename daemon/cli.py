@@ -13,6 +13,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from speakd import __version__, logcontext
 from speakd.bundle import BundleError
@@ -39,13 +40,43 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return serve(args.config)
 
 
+def _param(value: str) -> tuple[str, Any]:
+    """``--param NAME=VALUE``: the value is read as JSON (0.3, true), else kept as a string."""
+    name, sep, raw = value.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {value!r}")
+    try:
+        return name, json.loads(raw)
+    except json.JSONDecodeError:
+        return name, raw
+
+
+def _add_request_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--voice", help="voice name (see `speakd voices`)")
+    p.add_argument("--lang", help="language, e.g. en or zh (picks a voice that speaks it)")
+    p.add_argument("--speed", type=float, help="speaking rate, 1.0 = normal")
+    p.add_argument("--seed", type=int, help="sampling seed (default: derived from the request)")
+    p.add_argument(
+        "--param",
+        dest="params",
+        type=_param,
+        action="append",
+        metavar="NAME=VALUE",
+        help="an engine option (see `speakd voices`), e.g. --param temperature=0.3",
+    )
+
+
 def cmd_say(args: argparse.Namespace) -> int:
-    fields = {"text": _text(args.text), "priority": args.priority}
-    for key in ("voice", "speed", "volume", "id", "seed"):
+    fields: dict[str, Any] = {"text": _text(args.text), "priority": args.priority}
+    for key in ("voice", "lang", "speed", "volume", "id", "seed"):
         if getattr(args, key) is not None:
             fields[key] = getattr(args, key)
+    if args.params:
+        fields["params"] = dict(args.params)
     if args.cache_only:
         fields["cache_only"] = True
+    if args.output:
+        return _fetch(args, fields)
     timeout = None if args.wait else 30.0
     with Client(_socket_path(args), timeout=timeout) as client:
         for event in client.say(fields, wait=args.wait):
@@ -57,6 +88,25 @@ def cmd_say(args: argparse.Namespace) -> int:
             if event["event"] == "finished" and event.get("status") != "done":
                 print(f"speakd: request {event['id']} {event['status']}", file=sys.stderr)
                 return EXIT_FAILED
+    return 0
+
+
+def _fetch(args: argparse.Namespace, fields: dict[str, Any]) -> int:
+    """``say --output FILE``: the socket's ``synth`` op, the audio written to a WAV file."""
+    from speakd.audio import write_wav
+
+    with Client(_socket_path(args), timeout=None) as client:
+        audio, event = client.synth(fields)
+    if args.json:
+        print(json.dumps(event, ensure_ascii=False))
+    if event["event"] == "error":
+        print(f"speakd: {event['code']}: {event['message']}", file=sys.stderr)
+        return EXIT_FAILED
+    if audio is None:
+        print("speakd: no audio came back", file=sys.stderr)
+        return EXIT_FAILED
+    write_wav(Path(args.output), audio)
+    print(f"{args.output}: {audio.duration:.2f} s of audio", file=sys.stderr)
     return 0
 
 
@@ -85,6 +135,8 @@ def cmd_synth(args: argparse.Namespace) -> int:
         voice=args.voice,
         speed=args.speed,
         seed=args.seed,
+        lang=args.lang,
+        params=args.params,
         threads=args.threads,
     )
     print(f"{args.output}: {seconds:.2f} s of audio", file=sys.stderr)
@@ -134,13 +186,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--priority", default="text", help="important, message, text (default), notification"
     )
-    p.add_argument("--voice", help="voice name (see `speakd voices`)")
-    p.add_argument("--speed", type=float, help="speaking rate, 1.0 = normal")
+    _add_request_arguments(p)
     p.add_argument("--volume", type=float, help="gain, 1.0 = unchanged")
-    p.add_argument("--seed", type=int, help="sampling seed (default: derived from the text)")
     p.add_argument(
         "--cache-only", action="store_true", help="play only from the cache (error not_cached)"
     )
+    p.add_argument("-o", "--output", help="write the audio to this WAV file instead of playing it")
     p.add_argument("--id", help="request id (default: generated)")
     p.add_argument("--json", action="store_true", help="print every event as JSON")
 
@@ -148,15 +199,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("cancel", _simple("cancel"), "cancel one request (or the current one)")
     p.add_argument("request_id", nargs="?", help="request id (default: the current request)")
     command("status", _simple("status"), "print the daemon's status as JSON")
-    command("voices", _simple("voices"), "list the loaded model's voices")
+    command("voices", _simple("voices"), "list the voices, their languages and the options")
 
     p = command("synth", cmd_synth, "synthesize text to a WAV file without the daemon")
     p.add_argument("text", help="what to say ('-' reads standard input)")
     p.add_argument("-o", "--output", required=True, help="WAV file to write")
     p.add_argument("--bundle", help="model bundle folder (default: the embedded voice)")
-    p.add_argument("--voice", help="voice name")
-    p.add_argument("--speed", type=float, help="speaking rate, 1.0 = normal")
-    p.add_argument("--seed", type=int, help="sampling seed")
+    _add_request_arguments(p)
     p.add_argument("--threads", type=int, default=2, help="onnxruntime threads (default 2)")
 
     command("doctor", cmd_doctor, "check config, model, audio device, socket and broker")

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import socket
 from collections.abc import Iterator
 from typing import Any
+
+from speakd.audio import AudioChunk, join_chunks
 
 
 class ClientError(Exception):
@@ -61,3 +64,17 @@ class Client:
             if event["event"] in ("finished", "error") or (not wait and event["event"] == "queued"):
                 return
         raise ClientError("speakd closed the connection before the request finished")
+
+    def synth(self, fields: dict[str, Any]) -> tuple[AudioChunk | None, dict[str, Any]]:
+        """The ``synth`` op: the audio (joined) and the terminal event."""
+        self.send({"op": "synth", **fields})
+        chunks: list[AudioChunk] = []
+        for event in self.events():
+            if event["event"] == "audio":
+                fmt = event["format"]
+                chunks.append(
+                    AudioChunk(base64.b64decode(event["data"]), fmt["rate"], fmt["channels"])
+                )
+            elif event["event"] in ("finished", "error"):
+                return join_chunks(chunks), event
+        raise ClientError("speakd closed the connection before the audio ended")

@@ -1,32 +1,31 @@
-"""The daemon's face toward front-ends: build and validate requests, stop, cancel, status.
+"""The daemon's face toward front-ends: build and prepare requests, play them or hand their audio
+back, stop, cancel, status.
 
 Every front-end goes through ``Control`` (never the engine or cache directly), so a JSON client,
-an SSIP client and an MQTT publisher get the same validation and the same errors.
+an SSIP client, an MQTT publisher, a Wyoming or HTTP caller get the same validation, the same
+voice-by-language rule, the same errors and the same audio for the same request.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import math
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from speakd.engines.base import Engine, SynthesisConfig
 from speakd.messages import EventCallback, Priority, RequestError, SpeakRequest, validate_text
+from speakd.prepare import prepare
 from speakd.scheduler import Scheduler
+from speakd.stream import AudioStream
+
+log = logging.getLogger(__name__)
 
 MAX_ID_CHARS = 128
-# Engine sampling knobs a client may override, with their allowed ranges.
-EXTRA_PARAMS: dict[str, tuple[float, float]] = {
-    "temperature": (0.0, 2.0),
-    "top_p": (0.0, 1.0),
-    "top_k": (1, 626),
-    "repetition_penalty": (1.0, 2.0),
-    "max_new_token": (1, 4096),
-    "min_new_token": (0, 4096),
-    "noise_scale": (0.0, 2.0),
-    "noise_w": (0.0, 2.0),
-}
 
 
 @dataclass
@@ -34,11 +33,11 @@ class Control:
     scheduler: Scheduler
     engine: Engine
     max_text_chars: int
+    max_streams: int = 4
     started: float = field(default_factory=time.monotonic)
     reloads: int = 0
-
-    def voice_names(self) -> set[str]:
-        return {v.name for v in self.engine.voices()} | {"default"}
+    streaming: int = 0  # callers reading audio back right now
+    counters: dict[str, int] = field(default_factory=lambda: {"streams": 0, "streams_refused": 0})
 
     def build_request(
         self,
@@ -47,45 +46,39 @@ class Control:
         origin: str,
         client: str = "",
         on_event: EventCallback | None = None,
+        strict_lang: bool = True,
     ) -> SpeakRequest:
-        """Validate a say request's fields (JSON/MQTT share the names) → SpeakRequest."""
+        """Validate a request's fields (every front-end maps onto these names) and prepare it:
+        ``text``, ``id``, ``voice``, ``lang``, ``priority``, ``speed``, ``volume``, ``seed``,
+        ``params`` (the engine's options), ``cache_only``."""
         text = validate_text(fields.get("text"), self.max_text_chars)
-        voice = fields.get("voice")
-        if voice is not None and (not isinstance(voice, str) or voice not in self.voice_names()):
-            known = ", ".join(sorted(self.voice_names()))
-            raise RequestError("unknown_voice", f"unknown voice {voice!r} (known: {known})")
-        priority = Priority.parse(fields.get("priority"))
+        voice, lang = _string(fields, "voice"), _string(fields, "lang")
         speed = _number(fields, "speed", 0.25, 4.0)
         volume = _number(fields, "volume", 0.0, 4.0)
         seed = fields.get("seed")
         if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
             raise RequestError("bad_field", "seed must be a non-negative integer")
-        params = fields.get("params") or {}
-        if not isinstance(params, dict):
-            raise RequestError("bad_field", "params must be an object")
-        extra = {k: _number(params, k, *_range(k)) for k in params}
-        config = SynthesisConfig(voice=voice, speed=speed, seed=seed, extra=extra)
+        config = SynthesisConfig(
+            voice=voice, speed=speed, seed=seed, lang=lang, extra=fields.get("params") or {}
+        )
+        prepared = prepare(self.engine, text, config, strict_lang=strict_lang)
         request = SpeakRequest(
             text=text,
-            priority=priority,
+            priority=Priority.parse(fields.get("priority")),
             config=config,
             volume=1.0 if volume is None else volume,
             origin=origin,
             client=client,
             on_event=on_event,
             cache_only=bool(fields.get("cache_only", False)),
+            prepared=prepared,
         )
         request_id = fields.get("id")
         if request_id is not None:
-            if not isinstance(request_id, str | int) or isinstance(request_id, bool):
-                raise RequestError("bad_field", "id must be a string")
-            request_id = str(request_id)
-            if not 0 < len(request_id) <= MAX_ID_CHARS or not request_id.isprintable():
-                raise RequestError(
-                    "bad_field", f"id must be 1..{MAX_ID_CHARS} printable characters"
-                )
-            request.id = request_id
+            request.id = _request_id(request_id)
         return request
+
+    # ---- playing on the board ---------------------------------------------------------------
 
     def say(self, request: SpeakRequest) -> None:
         self.scheduler.submit(request)
@@ -102,15 +95,58 @@ class Control:
     def resume(self, client: str | None = None) -> bool:
         return self.scheduler.resume(client)
 
-    def voices(self) -> list[dict[str, str]]:
+    # ---- handing the audio back -------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def stream(self, request: SpeakRequest) -> AsyncIterator[AudioStream]:
+        """The request's audio for a caller that wants it back, not played on the board: from the
+        cache on a hit, else a synthesis shared with any playback of the same key. Read it with
+        ``async for chunk in stream.aread()``; leaving the block (a caller gone) releases it, and
+        the last reader out cancels the synthesis. At most ``max_streams`` at once ("busy")."""
+        if self.streaming >= self.max_streams:
+            self.counters["streams_refused"] += 1
+            raise RequestError(
+                "busy", f"{self.max_streams} audio streams are running (limits.max_streams)"
+            )
+        self.streaming += 1
+        self.counters["streams"] += 1
+        try:
+            resolver = self.scheduler.resolver
+            opened = await asyncio.to_thread(resolver.open, request)  # may read SQLite
+            log.info(
+                "request %s streams back (%s, origin %s)",
+                request.id,
+                "cached" if opened.from_cache else "synthesis",
+                request.origin,
+            )
+            try:
+                yield opened
+            finally:
+                opened.release()
+        finally:
+            self.streaming -= 1
+
+    # ---- what there is ----------------------------------------------------------------------
+
+    def voices(self) -> list[dict[str, Any]]:
         return [
-            {"name": v.name, "language": v.language, "description": v.description}
+            {
+                "name": v.name,
+                "language": v.language,
+                "languages": list(v.languages),
+                "description": v.description,
+            }
             for v in self.engine.voices()
         ]
 
+    def options(self) -> list[dict[str, Any]]:
+        """The engine's declared options, as clients send them in ``params``."""
+        return [o.describe() for o in self.engine.options]
+
     def status(self) -> dict[str, Any]:
+        state = self.scheduler.status()
         return {
-            **self.scheduler.status(),
+            **state,
             "engine": {
                 "kind": self.engine.kind,
                 "bundle": self.engine.bundle_id,
@@ -118,20 +154,29 @@ class Control:
                 "sample_rate": self.engine.sample_rate,
                 "default_voice": self.engine.default_voice(),
             },
-            "breaker": breaker.status()
-            if (breaker := getattr(self.engine, "breaker", None))
-            else None,
+            "breaker": state["source"].get("breaker"),
+            "streams": {"active": self.streaming, "max": self.max_streams, **self.counters},
             "uptime_s": round(time.monotonic() - self.started, 1),
             "reloads": self.reloads,
         }
 
 
-def _range(key: str) -> tuple[float, float]:
-    if key not in EXTRA_PARAMS:
-        raise RequestError(
-            "bad_field", f"unknown param {key!r} (known: {', '.join(sorted(EXTRA_PARAMS))})"
-        )
-    return EXTRA_PARAMS[key]
+def _request_id(value: Any) -> str:
+    if not isinstance(value, str | int) or isinstance(value, bool):
+        raise RequestError("bad_field", "id must be a string")
+    value = str(value)
+    if not 0 < len(value) <= MAX_ID_CHARS or not value.isprintable():
+        raise RequestError("bad_field", f"id must be 1..{MAX_ID_CHARS} printable characters")
+    return value
+
+
+def _string(fields: dict[str, Any], key: str) -> str | None:
+    value = fields.get(key)
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise RequestError("bad_field", f"{key} must be a string")
+    return value
 
 
 def _number(fields: dict[str, Any], key: str, lo: float, hi: float) -> Any:

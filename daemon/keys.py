@@ -1,7 +1,9 @@
 """The audio key: what the cache is keyed on and what the default seed derives from.
 
-sha256 of a canonical JSON of everything that changes the audio — normalised text, the
-resolved synthesis parameters (voice included) and the bundle id — never the text alone.
+sha256 of a canonical JSON of everything that changes the audio — the text as normalised for the
+request's language, the resolved synthesis parameters (voice, and the language where the engine
+reads text by it) and the bundle id — never the text alone. ``speakd.prepare`` is its one caller in
+the request path.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ def canonical_json(value: Any) -> str:
 def audio_key(engine: Engine, text: str, config: SynthesisConfig) -> str:
     material = {
         "v": KEY_VERSION,
-        "text": engine.normalize_text(text),
+        "text": engine.normalize_text(text, config.lang),
         "params": engine.audio_params(config),
         "bundle": engine.bundle_id,
     }

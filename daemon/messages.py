@@ -12,9 +12,12 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from speakd.engines.base import SynthesisConfig
+from speakd.engines.base import EngineError, SynthesisConfig, UnknownVoiceError
+
+if TYPE_CHECKING:
+    from speakd.prepare import Prepared
 
 
 class RequestError(ValueError):
@@ -59,6 +62,9 @@ EventCallback = Callable[["Event"], None]
 
 @dataclass
 class SpeakRequest:
+    """A request in the daemon: what the client asked (``text``, ``config``), how it is queued, and
+    once a front-end has validated it, what it means (``prepared``, ``speakd.prepare``)."""
+
     text: str
     id: str = field(default_factory=new_request_id)
     priority: Priority = Priority.TEXT
@@ -69,6 +75,7 @@ class SpeakRequest:
     on_event: EventCallback | None = None  # called on the event loop thread
     cache_only: bool = False
     received: float = field(default_factory=time.monotonic)
+    prepared: Prepared | None = None
 
 
 class EventType(enum.StrEnum):
@@ -132,3 +139,16 @@ def validate_text(text: Any, max_chars: int) -> str:
             "text_too_long", f"text has {len(stripped)} characters, the limit is {max_chars}"
         )
     return stripped
+
+
+def error_data(e: BaseException) -> dict[str, Any]:
+    """An error event's ``code`` and ``message`` for any failure of a request, the same for every
+    front-end: a refused request keeps its code, an engine error names its own (``not_cached``,
+    ``engine_timeout``…), anything else is an internal error."""
+    if isinstance(e, RequestError):
+        return {"code": e.code, "message": str(e)}
+    if isinstance(e, UnknownVoiceError):
+        return {"code": "unknown_voice", "message": str(e)}
+    if isinstance(e, EngineError):
+        return {"code": getattr(e, "code", "synthesis_failed"), "message": str(e)}
+    return {"code": "internal_error", "message": f"{type(e).__name__}: {e}"}

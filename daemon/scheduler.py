@@ -1,25 +1,23 @@
 """The one queue every front-end feeds: priorities, interruption, stop/cancel, and playback.
 
-Policy (SSIP's): important > message > text > notification. An important request interrupts
-whatever non-important speech is playing; a new text request replaces pending and playing text;
-a notification is spoken only when nothing else is, and anything else interrupts it. The queue is
-bounded: past ``max_queue`` pending requests a new one is rejected with ``queue_full``.
+What to do with a new request — admit, replace, interrupt, discard — is decided by
+``speakd.policy`` (SSIP's rules, as pure functions); this module carries the decisions out.
 
-Threads: the queue logic runs on the asyncio loop; each utterance plays on a worker thread while a
-second thread pulls chunks from the audio source (engine or cache), so synthesis runs ahead of
-playback and the loop never blocks. Playback goes in blocks of ``block_ms``; cancellation is checked
-between blocks, so stop/cancel take effect within one block. A pause (of all requests, or of one
-client's) is checked there too: the playing utterance is *parked* — what the sink holds plays out,
-its synthesis and unplayed rest are kept, and it goes back to the queue — so the worker moves on to
-other clients' requests (speech-dispatcher's PAUSE). Paused requests are not started; after
-``resume`` a parked one continues where it stopped.
+Threads: the queue logic runs on the asyncio loop; each utterance plays on one worker thread that
+opens the request's audio stream (``speakd.resolver``: a cache hit is whole at once, a miss is
+filled by its synthesis thread) and reads it straight into the sink, so a cache hit reaches the
+sink with one hand-off, and every wait is on an event, never a poll. Playback goes in blocks of
+``block_ms``; cancellation is checked between blocks, so stop/cancel take effect within one block.
+A pause (of all requests, or of one client's) is checked there too: the playing utterance is
+*parked* — what the sink holds plays out, its stream and its place in it are kept, and it goes
+back to the queue — so the worker moves on to other clients' requests (speech-dispatcher's PAUSE).
+Paused requests are not started; after ``resume`` a parked one continues where it stopped.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import queue
 import threading
 import time
 from collections.abc import Iterator
@@ -27,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from speakd import policy
 from speakd.audio import AudioChunk, scale_volume
 from speakd.logcontext import request_context
 from speakd.messages import (
@@ -36,41 +35,44 @@ from speakd.messages import (
     Priority,
     RequestError,
     SpeakRequest,
+    error_data,
 )
+from speakd.resolver import Resolver
 from speakd.sinks import Sink, SinkUnavailable
-from speakd.source import AudioSource
+from speakd.stream import AudioStream, Cancel
 
 log = logging.getLogger(__name__)
 
-_END = object()
 PARKED = "parked"  # _play's status for an utterance paused part-way (it goes back to the queue)
 
 
 @dataclass(eq=False)
 class Playback:
-    """An utterance in flight: its synthesis thread and what it has not played yet. A parked
-    (paused) job keeps it, so playback resumes where it stopped and synthesis is not redone."""
+    """An utterance in flight: its audio stream and how far it has played. A parked (paused) job
+    keeps it, so playback resumes where it stopped and synthesis is not redone."""
 
-    chunks: queue.Queue[Any]
-    producer: threading.Thread
+    stream: AudioStream
+    position: int = 0  # chunks of the stream taken
     rest: AudioChunk | None = None  # the unplayed part of the chunk that was playing at the pause
     on_sink: bool = False  # begun on the sink and not drained yet
     played: float = 0.0  # seconds of audio played
     t0: float = field(default_factory=time.monotonic)
 
-    def items(self, cancel: threading.Event) -> Iterator[Any]:
-        """What is left to play: the parked rest first, then the synthesis queue."""
+    def items(self, cancel: threading.Event) -> Iterator[AudioChunk]:
+        """What is left to play: the parked rest first, then the stream."""
         if self.rest is not None:
             rest, self.rest = self.rest, None
             yield rest
-        yield from _drain(self.chunks, cancel)
+        for chunk in self.stream.read(cancel, start=self.position):
+            self.position += 1
+            yield chunk
 
 
 @dataclass(eq=False)
 class Job:
     request: SpeakRequest
     seq: int
-    cancel: threading.Event = field(default_factory=threading.Event)
+    cancel: Cancel = field(default_factory=Cancel)
     cancel_status: str = "cancelled"  # "cancelled" | "interrupted" | "replaced" | "stopped"
     started: bool = False
     playback: Playback | None = None  # set once it is picked; kept while parked
@@ -83,6 +85,10 @@ class Job:
     def priority(self) -> Priority:
         return self.request.priority
 
+    @property
+    def entry(self) -> policy.Entry:
+        return policy.Entry(self.id, self.priority, self.seq)
+
     def request_cancel(self, status: str) -> None:
         if not self.cancel.is_set():
             self.cancel_status = status
@@ -92,14 +98,14 @@ class Job:
 class Scheduler:
     def __init__(
         self,
-        source: AudioSource,
+        resolver: Resolver,
         sink: Sink,
         *,
         max_queue: int = 32,
         block_ms: int = 50,
         volume: float = 1.0,
     ) -> None:
-        self.source = source
+        self.resolver = resolver
         self.sink = sink
         self.max_queue = max_queue
         self.block_ms = block_ms
@@ -123,18 +129,22 @@ class Scheduler:
 
     def submit(self, request: SpeakRequest) -> None:
         """Queue a request; its origin hears ``queued`` or a terminal ``error``/``finished``."""
-        try:
-            self._admit(request)
-        except RequestError as e:
-            self.counters["rejected"] += 1
-            log.info("request %s rejected (%s): %s", request.id, e.code, e)
-            self._emit(request, EventType.ERROR, {"code": e.code, "message": str(e)})
-            return
         job = Job(request, self._seq)
+        decision = policy.decide(self._state(), job.entry)
+        if decision.reject is not None:
+            code, message = decision.reject
+            self.counters["rejected"] += 1
+            log.info("request %s rejected (%s): %s", request.id, code, message)
+            self._emit(request, EventType.ERROR, {"code": code, "message": message})
+            return
         self._seq += 1
-        self._apply_policy(job)
-        if job.cancel.is_set():  # a notification that arrived while something else plays
-            self._finish(job, job.cancel_status)
+        for other in [j for j in self._pending if j.id in decision.replace]:
+            self._drop_pending(other, "replaced")
+        if decision.interrupt is not None and self._current is not None:
+            log.info("request %s interrupts %s", job.id, self._current.id)
+            self._current.request_cancel(decision.interrupt)
+        if decision.discard:  # a notification that arrived while something else plays
+            self._finish(job, "discarded")
             return
         self._pending.append(job)
         self.counters["accepted"] += 1
@@ -219,7 +229,7 @@ class Scheduler:
             "queue_length": len(self._pending),
             "max_queue": self.max_queue,
             "audio": self.sink.status(),
-            "source": self.source.status(),
+            "source": self.resolver.status(),
             "counters": dict(self.counters),
             "paused": self._paused_all or sorted(self._paused_clients),
             "fallback_ready": self.fallback is not None,
@@ -230,12 +240,12 @@ class Scheduler:
     async def run(self) -> None:
         self._loop = asyncio.get_running_loop()
         while not self._closing:
-            ready = [j for j in self._pending if not self._held(j)]
+            ready = {j.entry: j for j in self._pending if not self._held(j)}
             if not ready:
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
-            job = min(ready, key=_order)
+            job = ready[policy.next_entry(list(ready))]
             self._pending.remove(job)
             self._current = job
             if job.playback is not None and job.started:
@@ -261,39 +271,13 @@ class Scheduler:
 
     # ---- policy -----------------------------------------------------------------------------
 
-    def _admit(self, request: SpeakRequest) -> None:
-        if self._closing:
-            raise RequestError("shutting_down", "speakd is shutting down")
-        if self.knows(request.id):
-            raise RequestError(
-                "duplicate_id", f"a request with id {request.id!r} is already queued"
-            )
-        if len(self._pending) >= self.max_queue:
-            raise RequestError(
-                "queue_full", f"queue is full ({self.max_queue} pending); try again later"
-            )
-
-    def _apply_policy(self, job: Job) -> None:
-        p = job.priority
-        current = self._current
-        if p >= Priority.NOTIFICATION:
-            for other in [j for j in self._pending if j.priority >= Priority.NOTIFICATION]:
-                self._drop_pending(other, "replaced")
-            if current is not None or self._pending:
-                job.request_cancel("discarded")
-            return
-        if p == Priority.TEXT:
-            for other in [j for j in self._pending if j.priority == Priority.TEXT]:
-                self._drop_pending(other, "replaced")
-        if current is None:
-            return
-        if (
-            (p == Priority.IMPORTANT and current.priority != Priority.IMPORTANT)
-            or (p == Priority.TEXT and current.priority == Priority.TEXT)
-            or current.priority >= Priority.NOTIFICATION
-        ):
-            log.info("request %s interrupts %s", job.id, current.id)
-            current.request_cancel("interrupted" if p != Priority.TEXT else "replaced")
+    def _state(self) -> policy.QueueState:
+        return policy.QueueState(
+            [j.entry for j in self._pending],
+            self._current.entry if self._current else None,
+            self.max_queue,
+            self._closing,
+        )
 
     def _park(self, job: Job) -> None:
         """A paused utterance goes back to the queue (it keeps its place) until resumed."""
@@ -350,7 +334,12 @@ class Scheduler:
         error event data or None)."""
         sink = self.sink  # a reload may swap self.sink meanwhile
         if job.playback is None:
-            job.playback = self._synthesize(job)
+            with request_context(job.id, job.request.config.voice or "default"):
+                try:
+                    stream = self.resolver.open(job.request)
+                except Exception as e:  # not cached, or a request the engine refuses
+                    stream = AudioStream.failed(e)
+            job.playback = Playback(stream)
         playback = job.playback
         status = "error"
         try:
@@ -360,34 +349,23 @@ class Scheduler:
             return "error", {"code": "audio_unavailable", "message": str(e)}
         except Exception as e:
             log.exception("playback of %s failed", job.id)
-            return "error", _error_data(e)
+            return "error", error_data(e)
         finally:
             if status != PARKED:
-                job.cancel.set()  # stops the producer if it is still running
-                playback.producer.join()
+                playback.stream.release()  # the last reader out cancels its synthesis
             self._release(sink, abort=playback.on_sink)
-
-    def _synthesize(self, job: Job) -> Playback:
-        chunks: queue.Queue[Any] = queue.Queue(maxsize=256)
-        producer = threading.Thread(
-            target=self._produce, args=(job, chunks), name=f"speakd-synth-{job.id}", daemon=True
-        )
-        producer.start()
-        return Playback(chunks, producer)
 
     def _stream(
         self, job: Job, playback: Playback, sink: Sink
     ) -> tuple[str, dict[str, Any] | None]:
-        for chunk in playback.items(job.cancel):
-            if isinstance(chunk, BaseException):
-                error = _error_data(chunk)
-                if not job.started and self.fallback is not None and _degrades(chunk):
-                    log.warning("request %s: %s; playing the fallback prompt", job.id, chunk)
-                    self._write(job, playback, sink, self.fallback)  # a pause cuts it short
-                    if not job.cancel.is_set():
-                        self._drain_sink(playback, sink)
-                    error["fallback"] = True
-                return "error", error
+        items = playback.items(job.cancel)
+        while True:
+            try:
+                chunk = next(items, None)
+            except Exception as e:
+                return "error", self._synthesis_failed(job, playback, sink, e)
+            if chunk is None:
+                break
             written = self._write(job, playback, sink, chunk)
             if written < len(chunk.pcm) and not job.cancel.is_set():  # paused between blocks
                 playback.rest = AudioChunk(chunk.pcm[written:], chunk.sample_rate, chunk.channels)
@@ -406,6 +384,22 @@ class Scheduler:
             time.monotonic() - playback.t0,
         )
         return "done", None
+
+    def _synthesis_failed(
+        self, job: Job, playback: Playback, sink: Sink, e: Exception
+    ) -> dict[str, Any]:
+        """The error event's data; an engine fault before any audio plays the fallback prompt."""
+        log.warning(
+            "synthesis of %s failed: %s", job.id, e, exc_info=log.isEnabledFor(logging.DEBUG)
+        )
+        error = error_data(e)
+        if not job.started and self.fallback is not None and _degrades(e):
+            log.warning("request %s: %s; playing the fallback prompt", job.id, e)
+            self._write(job, playback, sink, self.fallback)  # a pause cuts it short
+            if not job.cancel.is_set():
+                self._drain_sink(playback, sink)
+            error["fallback"] = True
+        return error
 
     @staticmethod
     def _drain_sink(playback: Playback, sink: Sink) -> None:
@@ -447,26 +441,6 @@ class Scheduler:
             playback.played += len(block) / chunk.sample_width / chunk.sample_rate
         return written
 
-    def _produce(self, job: Job, chunks: queue.Queue[Any]) -> None:
-        """Synthesis thread: what the engine and the cache log here names the request."""
-        with request_context(job.id, job.request.config.voice or "default"):
-            try:
-                for chunk in self.source.stream(job.request, job.cancel):
-                    if not _put(chunks, chunk, job.cancel):
-                        return
-                    if job.cancel.is_set():
-                        return
-                _put(chunks, _END, job.cancel)
-            except Exception as e:
-                if not job.cancel.is_set():
-                    log.warning(
-                        "synthesis of %s failed: %s",
-                        job.id,
-                        e,
-                        exc_info=log.isEnabledFor(logging.DEBUG),
-                    )
-                _put(chunks, e, job.cancel)
-
 
 def _order(job: Job) -> tuple[int, int]:
     return (int(job.priority), job.seq)
@@ -477,38 +451,9 @@ def _degrades(e: BaseException) -> bool:
     from speakd.breaker import EngineTimeout, EngineUnavailable
     from speakd.engines.base import EngineError
 
+    if isinstance(e, RequestError):
+        return False
     return isinstance(e, EngineUnavailable | EngineTimeout) or not isinstance(e, EngineError)
-
-
-def _error_data(e: BaseException) -> dict[str, Any]:
-    from speakd.engines.base import EngineError, UnknownVoiceError
-
-    if isinstance(e, UnknownVoiceError):
-        return {"code": "unknown_voice", "message": str(e)}
-    if isinstance(e, EngineError):  # subclasses may name their own code (cache: not_cached)
-        return {"code": getattr(e, "code", "synthesis_failed"), "message": str(e)}
-    return {"code": "internal_error", "message": f"{type(e).__name__}: {e}"}
-
-
-def _put(chunks: queue.Queue[Any], item: Any, cancel: threading.Event) -> bool:
-    while not cancel.is_set():
-        try:
-            chunks.put(item, timeout=0.05)
-            return True
-        except queue.Full:
-            continue
-    return False
-
-
-def _drain(chunks: queue.Queue[Any], cancel: threading.Event) -> Iterator[Any]:
-    while not cancel.is_set():
-        try:
-            item = chunks.get(timeout=0.02)
-        except queue.Empty:
-            continue
-        if item is _END:
-            return
-        yield item
 
 
 def _blocks(chunk: AudioChunk, block_ms: int) -> Iterator[bytes]:

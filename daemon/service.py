@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from speakd.audio import AudioChunk, join_chunks
-from speakd.breaker import CircuitBreaker, GuardedEngine
+from speakd.breaker import CircuitBreaker, Guard
 from speakd.config import Config, ConfigError, EngineConfig, load_config
 from speakd.control import Control
 from speakd.engines import load_engine
@@ -32,9 +32,9 @@ from speakd.frontends.ssip import SsipFrontend
 from speakd.frontends.unixserver import AccessPolicy, start_unix_server
 from speakd.messages import SpeakRequest
 from speakd.notify import listen_fds, notify, watchdog_interval
+from speakd.resolver import Resolver
 from speakd.scheduler import Scheduler
 from speakd.sinks import Sink, make_sink
-from speakd.source import AudioSource, EngineSource
 
 log = logging.getLogger(__name__)
 
@@ -47,30 +47,12 @@ EXIT_GRACE_S = 1.0  # how long cancelled engine threads get to leave onnxruntime
 MEMORY_CHECK_S = 5.0  # how often limits.max_rss_mb is checked
 
 
-def make_source(engine: Engine, config: Config) -> AudioSource:
-    """The cache in front of the engine when configured, else the engine alone."""
-    if config.cache.enabled:
-        from speakd.cache.resolver import CachingSource
-        from speakd.cache.store import CacheError
-
-        try:
-            return CachingSource.from_config(engine, config.cache)
-        except CacheError as e:
-            log.error("audio cache disabled: %s", e)
-    return EngineSource(engine)
-
-
-def _close_source(source: AudioSource) -> None:
-    close = getattr(source, "close", None)
-    if close is not None:
-        close()
-
-
 @dataclass
 class Daemon:
     config: Config
     config_path: Path | None = None
     engine: Engine | None = None
+    guard: Guard | None = None
     control: Control | None = None
     mqtt: MqttFrontend | None = None
     servers: list[asyncio.AbstractServer] = field(default_factory=list)
@@ -84,9 +66,11 @@ class Daemon:
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
         self.engine = await _load_engine(self.config.engine)
+        self.guard = make_guard(self.config.engine)
         scheduler = self._make_scheduler(self.engine)
         self._prepare_fallback(scheduler, self.config.engine.fallback_text)
-        self.control = Control(scheduler, self.engine, self.config.limits.max_text_chars)
+        limits = self.config.limits
+        self.control = Control(scheduler, self.engine, limits.max_text_chars, limits.max_streams)
         self._tasks.append(asyncio.create_task(scheduler.run(), name="scheduler"))
         await self._start_listeners()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -115,7 +99,9 @@ class Daemon:
 
         async def prepare() -> None:
             for delay in FALLBACK_RETRY_S:  # a busy or briefly failing engine gets more tries
-                audio = await asyncio.to_thread(_fallback_audio, scheduler.source, text, self._halt)
+                audio = await asyncio.to_thread(
+                    _fallback_audio, scheduler.resolver, text, self._halt
+                )
                 if audio is not None:  # a failed attempt keeps the previous prompt
                     scheduler.fallback = audio
                     return
@@ -127,8 +113,9 @@ class Daemon:
 
     def _make_scheduler(self, engine: Engine) -> Scheduler:
         audio = self.config.audio
+        assert self.guard is not None
         return Scheduler(
-            make_source(engine, self.config),
+            Resolver.from_config(engine, self.config.cache, self.guard),
             make_sink(audio),
             max_queue=self.config.limits.max_queue,
             block_ms=audio.block_ms,
@@ -254,11 +241,11 @@ class Daemon:
     async def _reload(self) -> None:
         assert self.control is not None and self.engine is not None
         new = load_config(self.config_path)
-        engine = self.engine
+        engine, guard = self.engine, self.guard
         if _model_key(new.engine) != _model_key(self.config.engine):
             engine = await _load_engine(new.engine)
-        elif new.engine != self.config.engine:  # only the watchdog/breaker settings changed
-            engine = _guard(getattr(engine, "inner", engine), new.engine)
+        if new.engine != self.config.engine:  # a new model, or new watchdog/breaker settings
+            guard = make_guard(new.engine)
         if (new.socket, new.limits.max_line_bytes) != (
             self.config.socket,
             self.config.limits.max_line_bytes,
@@ -277,9 +264,12 @@ class Daemon:
             self.mqtt = None
         if _sink_key(new) != _sink_key(self.config):
             await self._replace_sink(scheduler, make_sink(new.audio))
-        source = await asyncio.to_thread(make_source, engine, new)  # prewarm reads from disk
-        old_source, scheduler.source = scheduler.source, source
-        await asyncio.to_thread(_close_source, old_source)
+        assert guard is not None
+        resolver = await asyncio.to_thread(  # prewarm reads from disk
+            Resolver.from_config, engine, new.cache, guard
+        )
+        old_resolver, scheduler.resolver = scheduler.resolver, resolver
+        await asyncio.to_thread(old_resolver.close)
         if (
             engine is not self.engine
             or new.engine.fallback_text != self.config.engine.fallback_text
@@ -287,9 +277,10 @@ class Daemon:
             self._prepare_fallback(scheduler, new.engine.fallback_text)
         scheduler.max_queue = new.limits.max_queue
         scheduler.block_ms, scheduler.volume = new.audio.block_ms, new.audio.volume
-        self.config, self.engine = new, engine
+        self.config, self.engine, self.guard = new, engine, guard
         self.control.engine = engine
         self.control.max_text_chars = new.limits.max_text_chars
+        self.control.max_streams = new.limits.max_streams
         self.control.reloads += 1
         if mqtt is not None:
             await self._start_mqtt(mqtt)
@@ -305,7 +296,7 @@ class Daemon:
         if self.control is not None:
             await self.control.scheduler.close()
             self.control.scheduler.sink.close()
-            _close_source(self.control.scheduler.source)
+            self.control.scheduler.resolver.close()
         if self.mqtt is not None:  # after the scheduler: its last sayFinished go out first
             await self.mqtt.close()
         for task in self._tasks:
@@ -331,21 +322,17 @@ def _model_key(config: EngineConfig) -> tuple[Any, ...]:
     return tuple(getattr(config, f.name) for f in fields(config) if f.name not in _GUARD_KEYS)
 
 
-def _guard(engine: Engine, config: EngineConfig) -> Engine:
+def make_guard(config: EngineConfig) -> Guard:
     breaker = CircuitBreaker(config.breaker_failures, config.breaker_reset_s)
-    return GuardedEngine(engine, breaker, config.hang_timeout_s, config.max_rtf)
+    return Guard(breaker, config.hang_timeout_s, config.max_rtf)
 
 
-def _guarded_engine(config: EngineConfig) -> Engine:
-    return _guard(load_engine(config), config)
-
-
-def _fallback_audio(source: AudioSource, text: str, halt: threading.Event) -> AudioChunk | None:
+def _fallback_audio(resolver: Resolver, text: str, halt: threading.Event) -> AudioChunk | None:
     """The prompt played when the engine fails: synthesized (and cached) while it still works."""
     if not text:
         return None
     try:
-        audio = join_chunks(source.stream(SpeakRequest(text=text), halt))
+        audio = join_chunks(resolver.stream(SpeakRequest(text=text), halt))
         if halt.is_set():
             return None
     except Exception as e:
@@ -358,7 +345,7 @@ def _fallback_audio(source: AudioSource, text: str, halt: threading.Event) -> Au
 async def _load_engine(config: EngineConfig) -> Engine:
     """Load a model in a worker thread; meanwhile extend systemd's timeout and say so in STATUS."""
     what = f"{config.kind} model {config.bundle or '(embedded voice)'}"
-    loading = asyncio.ensure_future(asyncio.to_thread(_guarded_engine, config))
+    loading = asyncio.ensure_future(asyncio.to_thread(load_engine, config))
     t0 = time.monotonic()
     while True:
         elapsed = time.monotonic() - t0

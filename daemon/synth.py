@@ -1,8 +1,11 @@
-"""One-shot synthesis to a WAV file, no daemon (``speakd synth``)."""
+"""One-shot synthesis to a WAV file, no daemon (``speakd synth``): the daemon's own request path
+(``prepare`` then the resolver's stream) without a queue or a cache, so the same request gives the
+same audio here as through the daemon."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from speakd.audio import join_chunks, write_wav
 from speakd.bundle import load_bundle
@@ -10,7 +13,9 @@ from speakd.config import EngineConfig
 from speakd.engines import load_engine
 from speakd.engines.base import EngineError, SynthesisConfig
 from speakd.messages import SpeakRequest
-from speakd.source import with_default_seed
+from speakd.prepare import prepare
+from speakd.resolver import Resolver
+from speakd.stream import Cancel
 
 
 def engine_config_for(bundle: Path | None, threads: int) -> EngineConfig:
@@ -29,12 +34,14 @@ def synthesize_to_wav(
     voice: str | None = None,
     speed: float | None = None,
     seed: int | None = None,
+    lang: str | None = None,
+    params: dict[str, Any] | None = None,
     threads: int = 2,
 ) -> float:
     engine = load_engine(engine_config_for(bundle, threads))
-    request = SpeakRequest(text=text, config=SynthesisConfig(voice=voice, speed=speed, seed=seed))
-    _, request = with_default_seed(engine, request)
-    audio = join_chunks(engine.synthesize(request.text, request.config))
+    config = SynthesisConfig(voice=voice, speed=speed, seed=seed, lang=lang, extra=params or {})
+    request = SpeakRequest(text=text, config=config, prepared=prepare(engine, text, config))
+    audio = join_chunks(Resolver(engine).stream(request, Cancel()))
     if audio is None:
         raise EngineError("the engine produced no audio")
     write_wav(output, audio)

@@ -17,9 +17,9 @@ from typing import Any
 from speakd.control import Control
 from speakd.frontends.ssip import SsipFrontend
 from speakd.frontends.unixserver import AccessPolicy, start_unix_server
+from speakd.resolver import Resolver
 from speakd.scheduler import Scheduler
 from speakd.sinks import NullSink, Sink, WavSink
-from speakd.source import EngineSource
 from tests.tone_engine import ToneEngine
 
 
@@ -61,7 +61,7 @@ class SsipServer:
 
     async def _start(self) -> None:
         scheduler = Scheduler(
-            EngineSource(self.engine),
+            Resolver(self.engine),
             self.sink,
             max_queue=self.max_queue,
             block_ms=self.block_ms,

@@ -10,12 +10,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from speakd.audio import AudioChunk, join_chunks, read_wav
-from speakd.breaker import CircuitBreaker, EngineTimeout, EngineUnavailable, GuardedEngine
+from speakd.breaker import CircuitBreaker, EngineTimeout, EngineUnavailable, Guard
 from speakd.engines.base import EngineError, SynthesisConfig
 from speakd.messages import Priority, SpeakRequest
+from speakd.resolver import Resolver
 from speakd.scheduler import Scheduler
 from speakd.sinks import WavSink
-from speakd.source import EngineSource
+from speakd.stream import Cancel
 from tests.test_scheduler import Recorder, settle
 from tests.tone_engine import ToneEngine
 
@@ -41,18 +42,23 @@ class FaultyEngine(ToneEngine):
             yield chunk
 
 
-def drain(engine: GuardedEngine, text: str = "a b c") -> AudioChunk | None:
-    return join_chunks(engine.synthesize(text, SynthesisConfig()))
+def guarded(inner: FaultyEngine, breaker: CircuitBreaker, **limits: float) -> Resolver:
+    """The engine as the daemon runs it: behind a resolver (no cache) and its guard."""
+    return Resolver(inner, guard=Guard(breaker, **limits))
+
+
+def drain(resolver: Resolver, text: str = "a b c") -> AudioChunk | None:
+    return join_chunks(resolver.stream(SpeakRequest(text), Cancel()))
 
 
 def test_breaker_opens_after_failures_and_recovers_half_open() -> None:
     inner = FaultyEngine()
-    engine = GuardedEngine(inner, CircuitBreaker(failure_threshold=2, reset_timeout_s=0.3))
+    engine = guarded(inner, CircuitBreaker(failure_threshold=2, reset_timeout_s=0.3))
     inner.mode = "crash"
     for _ in range(2):
         with contextlib.suppress(RuntimeError):
             drain(engine)
-    assert engine.breaker.state == "open"
+    assert engine.guard.breaker.state == "open"
     try:
         drain(engine)
         raise AssertionError("an open breaker must refuse")
@@ -61,12 +67,12 @@ def test_breaker_opens_after_failures_and_recovers_half_open() -> None:
     inner.mode = "ok"
     time.sleep(0.35)
     assert drain(engine) is not None  # the half-open trial succeeds
-    assert engine.breaker.status()["state"] == "closed"
+    assert engine.guard.breaker.status()["state"] == "closed"
 
 
 def test_hang_is_detected_and_counts_as_failure() -> None:
     inner = FaultyEngine()
-    engine = GuardedEngine(inner, CircuitBreaker(failure_threshold=1), hang_timeout_s=0.3)
+    engine = guarded(inner, CircuitBreaker(failure_threshold=1), hang_timeout_s=0.3)
     inner.mode = "hang"
     t0 = time.monotonic()
     try:
@@ -76,30 +82,31 @@ def test_hang_is_detected_and_counts_as_failure() -> None:
         pass
     inner.release.set()
     assert time.monotonic() - t0 < 2
-    assert engine.breaker.state == "open"
+    assert engine.guard.breaker.state == "open"
 
 
 def test_too_slow_counts_as_failure_but_the_audio_is_delivered() -> None:
     inner = FaultyEngine()
-    engine = GuardedEngine(inner, CircuitBreaker(failure_threshold=1), max_rtf=2.0)
+    engine = guarded(inner, CircuitBreaker(failure_threshold=1), max_rtf=2.0)
     inner.mode = "slow"
     audio = drain(engine, " ".join(["w"] * 12))  # 1.2 s of audio at RTF ~5
     assert audio is not None and audio.duration > 1.0
-    assert engine.breaker.state == "open"
-    assert "too slow" in engine.breaker.status()["last_error"]
+    assert engine.guard.breaker.state == "open"
+    assert "too slow" in engine.guard.breaker.status()["last_error"]
 
 
 def test_bad_requests_do_not_open_the_breaker() -> None:
-    engine = GuardedEngine(FaultyEngine(), CircuitBreaker(failure_threshold=1))
+    engine = guarded(FaultyEngine(), CircuitBreaker(failure_threshold=1))
     with contextlib.suppress(EngineError):
         drain(engine, "please FAIL")  # a clean EngineError: the request's fault
-    assert engine.breaker.state == "closed"
+    assert engine.guard.breaker.state == "closed"
 
 
 async def test_scheduler_plays_the_fallback_when_the_engine_fails(tmp_path: Path) -> None:
     inner = FaultyEngine()
-    engine = GuardedEngine(inner, CircuitBreaker(failure_threshold=1, reset_timeout_s=60))
-    sched = Scheduler(EngineSource(engine), WavSink(tmp_path))
+    sched = Scheduler(
+        guarded(inner, CircuitBreaker(failure_threshold=1, reset_timeout_s=60)), WavSink(tmp_path)
+    )
     sched.fallback = join_chunks(inner.synthesize("sorry", SynthesisConfig(voice="high")))
     task = asyncio.create_task(sched.run())
     rec = Recorder()

@@ -14,20 +14,19 @@ from pathlib import Path
 import pytest
 
 from speakd.audio import read_wav
-from speakd.cache.resolver import CachingSource, NotCachedError
 from speakd.cache.store import CacheStore, Clip
 from speakd.config import CacheConfig, Config
-from speakd.engines.base import EngineError
+from speakd.engines.base import EngineError, SynthesisConfig
 from speakd.messages import SpeakRequest
+from speakd.prepare import prepare
+from speakd.resolver import NotCachedError, Resolver
 from speakd.scheduler import Scheduler
-from speakd.service import _close_source, make_source
 from speakd.sinks import WavSink
-from speakd.source import with_default_seed
 from tests.test_scheduler import Recorder, settle
 from tests.tone_engine import ToneEngine
 
 
-def pcm(source: CachingSource, text: str, cancel: threading.Event | None = None) -> bytes:
+def pcm(source: Resolver, text: str, cancel: threading.Event | None = None) -> bytes:
     return b"".join(c.pcm for c in source.stream(SpeakRequest(text), cancel or threading.Event()))
 
 
@@ -40,11 +39,11 @@ def wait_until(cond, timeout: float = 10.0) -> None:
 
 @pytest.fixture
 def make(tmp_path: Path):
-    made: list[CachingSource] = []
+    made: list[Resolver] = []
 
-    def factory(engine: ToneEngine | None = None, **kw) -> CachingSource:
+    def factory(engine: ToneEngine | None = None, **kw) -> Resolver:
         store_kw = {k: kw.pop(k) for k in ("max_bytes", "ttl_s", "ttl_jitter") if k in kw}
-        source = CachingSource(
+        source = Resolver(
             engine or ToneEngine(), CacheStore(tmp_path / "cache.db", **store_kw), **kw
         )
         made.append(source)
@@ -132,7 +131,7 @@ def test_pinned_clips_are_prewarmed_within_budget_and_hit_from_ram(make, tmp_pat
     keys = []
     with CacheStore(tmp_path / "cache.db") as store:
         for i, text in enumerate(["alpha", "beta", "gamma"]):
-            key, _ = with_default_seed(engine, SpeakRequest(text))
+            key = prepare(engine, text, SynthesisConfig()).key
             keys.append(key)
             store.put_many(
                 [Clip(key, text, "low", {}, engine.bundle_id, 16000, bytes(3200), pinned=True)]
@@ -153,7 +152,7 @@ def test_pinned_clips_are_prewarmed_within_budget_and_hit_from_ram(make, tmp_pat
 
 def test_stale_while_revalidate_plays_old_audio_and_refreshes(make, tmp_path) -> None:
     engine = ToneEngine()
-    key, _ = with_default_seed(engine, SpeakRequest("stale words"))
+    key = prepare(engine, "stale words", SynthesisConfig()).key
     with CacheStore(tmp_path / "cache.db") as store:
         store.put(Clip(key, "stale words", "low", {}, "tone-1", 16000, bytes(640), expires=1.0))
     plain = make(engine)
@@ -194,12 +193,12 @@ async def test_cache_only_miss_fails_with_not_cached_through_the_scheduler(make,
     task.cancel()
 
 
-def test_make_source_reports_a_recovered_cache_and_reloads_leak_nothing(tmp_path) -> None:
+def test_from_config_reports_a_recovered_cache_and_reloads_leak_nothing(tmp_path) -> None:
     db = tmp_path / "cache.db"
     db.write_bytes(b"\x00garbage" * 1000)
     config = Config(cache=CacheConfig(path=str(db)))
     engine = ToneEngine()
-    source = make_source(engine, config)
+    source = Resolver.from_config(engine, config.cache)
     status = source.status()["cache"]
     assert status["recovered"] is True and ".corrupt-" in status["recovered_from"]
 
@@ -209,17 +208,17 @@ def test_make_source_reports_a_recovered_cache_and_reloads_leak_nothing(tmp_path
     pcm(source, "before reload")
     counts = []
     for _ in range(20):  # SIGHUP: a new source, the old one closed
-        old, source = source, make_source(engine, config)
-        _close_source(old)
+        old, source = source, Resolver.from_config(engine, config.cache)
+        old.close()
         counts.append(open_fds())
     assert old.store.closed
     assert max(counts) <= 6  # one live connection (SQLite may defer closing a few fds); no growth
     assert pcm(source, "before reload")  # still served (from SQLite) after the reloads
     assert source.counters["hits"] == 1
-    _close_source(source)
+    source.close()
     assert open_fds() == 0
-    disabled = make_source(engine, Config(cache=CacheConfig(path=str(db), enabled=False)))
-    assert disabled.status() == {"cache": None}
+    disabled = Resolver.from_config(engine, CacheConfig(path=str(db), enabled=False))
+    assert disabled.status()["cache"] is None
 
 
 def _target(fd: str) -> str:

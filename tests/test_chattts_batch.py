@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 
 from speakd.audio import join_chunks
-from speakd.cache.resolver import CachingSource
 from speakd.cache.store import CacheStore, Clip
 from speakd.engines.base import SynthesisConfig
 from speakd.engines.chattts.batch import BatchDecoder, Row, sentence_sampler
@@ -26,6 +25,7 @@ from speakd.engines.chattts.engine import ChatTTSEngine
 from speakd.engines.chattts.gpt_runner import DecodeStats
 from speakd.engines.chattts.sampling import SamplingParams
 from speakd.messages import SpeakRequest
+from speakd.resolver import Resolver
 from speakd_tools.precompute import Prompt, synthesize_batch
 
 TEXTS = [
@@ -351,7 +351,7 @@ def test_concurrent_cache_misses_share_steps_and_cancel_alone(
     texts = ["Kitchen lights on.", "Front door locked.", "Garage is open."]
     refs = [join_chunks(single.synthesize(t, cfg)) for t in texts[:2]]
     with CacheStore(tmp_path / "cache.db") as store:
-        source = CachingSource(batched, store)
+        source = Resolver(batched, store)
         before = dict(batched.batch.counters)
         out: dict[int, list] = {0: [], 1: []}
         threads = [

@@ -66,7 +66,7 @@ def test_voices_options_and_limits(engine: ChatTTSEngine) -> None:
     with pytest.raises(EngineError, match="temperature"):
         list(engine.synthesize("hi", SynthesisConfig(extra={"temperature": -1})))
     with pytest.raises(EngineError, match="lang 'fr'"):
-        engine.audio_params(SynthesisConfig(extra={"lang": "fr"}))
+        engine.audio_params(SynthesisConfig(lang="fr"))
     with pytest.raises(EngineError, match="speed_level"):
         engine.audio_params(SynthesisConfig(extra={"speed_level": 12}))
     with pytest.raises(EngineError, match="top_k"):

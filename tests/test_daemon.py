@@ -61,7 +61,7 @@ def test_say_wait_round_trip_events_in_order(daemon: DaemonProc, hello_wav: Path
     assert played.pcm == read_wav(hello_wav).pcm
     # what the cache logs from its synthesis thread says which request it was (journal lines)
     deadline = time.monotonic() + 10
-    while " speakd.cache.resolver: [door voice=default] stored clip " not in daemon.log_text():
+    while " speakd.resolver: [door voice=default] stored clip " not in daemon.log_text():
         assert time.monotonic() < deadline, daemon.log_text()[-3000:]
         time.sleep(0.05)
 
@@ -76,6 +76,14 @@ def test_status_and_voices(daemon: DaemonProc) -> None:
     assert status["audio"]["sink"] == "wav"
     names = {v["name"] for v in voices["voices"]}
     assert "en_US-joe-medium" in names
+    assert all(v["languages"] == ["en_US"] for v in voices["voices"])
+    options = {o["name"]: o for o in voices["options"]}  # the engine's own declarations
+    assert set(options) == {"noise_scale", "noise_w", "sentence_silence"}
+    assert options["sentence_silence"]["type"] == "float" and options["noise_w"]["help"]
+    assert voices["id"] is None and status["id"] is None
+    with daemon.client() as c:  # every reply carries the request's id
+        replies = [c.request({"op": op, "id": f"x-{op}"}) for op in ("status", "voices", "stop")]
+    assert [r["id"] for r in replies] == ["x-status", "x-voices", "x-stop"]
 
 
 @pytest.mark.parametrize(
@@ -90,6 +98,10 @@ def test_status_and_voices(daemon: DaemonProc) -> None:
         (b'{"op": "say", "text": "hi", "voice": "nobody"}\n', "unknown_voice"),
         (b'{"op": "say", "text": "hi", "priority": "urgent"}\n', "bad_priority"),
         (b'{"op": "say", "text": "hi", "speed": "fast"}\n', "bad_field"),
+        (b'{"op": "say", "text": "hi", "params": {"noise_w": 9}}\n', "bad_field"),
+        (b'{"op": "say", "text": "hi", "params": {"temperature": 0.3}}\n', "bad_field"),
+        (b'{"op": "say", "text": "hi", "lang": "zh"}\n', "unknown_language"),
+        (b'{"op": "synth", "text": ""}\n', "empty_text"),
     ],
 )
 def test_bad_requests_get_clear_errors(daemon: DaemonProc, payload: bytes, code: str) -> None:
@@ -184,3 +196,39 @@ def test_client_without_daemon_says_how_to_fix(tmp_path: Path) -> None:
     )
     assert r.returncode == 1
     assert "is speakd running" in r.stderr
+
+
+def test_synth_op_streams_the_audio_back_without_playing_it(daemon: DaemonProc) -> None:
+    """The socket's ``synth``: the same bytes ``speakd synth`` makes (first a synthesis, then a
+    cache hit), nothing written to the board's sink; ``say --output`` is its CLI."""
+    text = "Fetched, not played."
+    reference = synth(text, daemon.config.parent / "reference.wav")
+    out = daemon.config.parent / "fetched.wav"
+    for cached in (False, True):
+        r = daemon.cli("say", text, "--output", str(out), "--json", "--id", f"fetch-{cached}")
+        assert r.returncode == 0, r.stderr
+        finished = json.loads(r.stdout)
+        assert finished == {**finished, "event": "finished", "status": "done", "cached": cached}
+        assert read_wav(out).pcm == read_wav(reference).pcm
+    assert not (daemon.config.parent / "wav" / "fetch-False.wav").exists()
+    events = raw_exchange(daemon, b'{"op":"synth","text":"Hi.","id":"s1"}\n', replies=2)
+    assert events[0]["event"] == "audio" and events[0]["id"] == "s1"
+    assert events[0]["format"] == {"encoding": "s16le", "rate": 22050, "width": 2, "channels": 1}
+
+
+def test_half_closed_client_still_gets_every_event(daemon: DaemonProc) -> None:
+    """``printf '{…"wait":true}\\n' | socat - UNIX-CONNECT:…`` half-closes after its request: it
+    must still read queued, started and finished, and the audio of a synth."""
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(30)
+        s.connect(daemon.socket)
+        s.sendall(
+            b'{"op":"say","text":"Half closed.","id":"half","wait":true}\n'
+            b'{"op":"synth","text":"Half closed.","id":"half-synth"}\n'
+        )
+        s.shutdown(socket.SHUT_WR)
+        events = [json.loads(line) for line in s.makefile("rb")]
+    said = [e["event"] for e in events if e["id"] == "half"]
+    assert said == ["queued", "started", "finished"]
+    fetched = [e["event"] for e in events if e["id"] == "half-synth"]
+    assert fetched[-1] == "finished" and set(fetched[:-1]) == {"audio"}

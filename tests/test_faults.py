@@ -27,13 +27,13 @@ import pytest
 
 import speakd.service
 from speakd.bundle import BundleError, file_entry
-from speakd.cache.resolver import CachingSource
 from speakd.cache.store import CacheStore
 from speakd.config import EngineConfig
 from speakd.doctor import run_doctor
 from speakd.engines import load_engine
 from speakd.engines.base import SynthesisConfig
 from speakd.messages import SpeakRequest
+from speakd.resolver import Resolver
 from tests.bench_report import report
 from tests.daemon_proc import DaemonProc, InProcessDaemon, start_daemon, write_config
 from tests.mosquitto import Mosquitto, Watcher
@@ -442,7 +442,7 @@ def test_full_disk_during_a_cache_write_loses_no_clip(tmp_path: Path) -> None:
             except Exception as e:
                 outcome["put"] = f"{type(e).__name__}: {e}"
             engine = ToneEngine()
-            source = CachingSource(engine, store)
+            source = Resolver(engine, store)
             text = " ".join(["word"] * 200)  # 20 s of tone: too big to store
             played = b"".join(
                 c.pcm for c in source.stream(SpeakRequest(text=text), threading.Event())

@@ -25,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from speakd.control import EXTRA_PARAMS
+from speakd.engines.vits import OPTIONS
 from tests.bench_report import report
 from tests.daemon_proc import DaemonProc
 from tests.mosquitto import Mosquitto, Watcher
@@ -116,7 +116,9 @@ FIELDS: dict[str, st.SearchStrategy[Any]] = {
     "speed": st.floats() | json_values,
     "volume": st.floats() | json_values,
     "seed": st.integers() | json_values,
-    "params": st.dictionaries(st.sampled_from([*EXTRA_PARAMS, "bogus"]), json_values, max_size=3)
+    "params": st.dictionaries(
+        st.sampled_from([*(o.name for o in OPTIONS), "bogus"]), json_values, max_size=3
+    )
     | json_values,
     "wait": st.booleans() | json_values,
     "cache_only": st.booleans() | json_values,

@@ -12,10 +12,9 @@ from pathlib import Path
 import pytest
 
 from speakd import logcontext
-from speakd.breaker import CircuitBreaker, GuardedEngine
-from speakd.cache.resolver import CachingSource
 from speakd.config import CacheConfig
 from speakd.engines.base import SynthesisConfig
+from speakd.resolver import Resolver
 from speakd.scheduler import Scheduler
 from speakd.sinks import NullSink
 from tests.test_scheduler import Recorder, req, settle
@@ -45,8 +44,8 @@ async def test_engine_log_records_carry_request_id_and_voice(
 ) -> None:
     logcontext.install()
     caplog.set_level(logging.DEBUG, logger="speakd")
-    engine = GuardedEngine(LoggingTone(), CircuitBreaker())
-    source = CachingSource.from_config(engine, CacheConfig(path=str(tmp_path / "cache.db")))
+    engine = LoggingTone()
+    source = Resolver.from_config(engine, CacheConfig(path=str(tmp_path / "cache.db")))
     sched = Scheduler(source, NullSink())
     task = asyncio.create_task(sched.run())
     rec = Recorder()

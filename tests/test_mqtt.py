@@ -26,9 +26,9 @@ from speakd.control import Control
 from speakd.frontends.mqtt import MqttFrontend, RecentIds
 from speakd.frontends.mqtt_messages import decode_object, parse_command_topic
 from speakd.messages import Event, RequestError
+from speakd.resolver import Resolver
 from speakd.scheduler import Scheduler
 from speakd.sinks import NullSink
-from speakd.source import EngineSource
 from tests.daemon_proc import DaemonProc, InProcessDaemon, start_daemon, write_config
 from tests.mosquitto import Mosquitto, Received, Watcher
 from tests.tone_engine import ToneEngine
@@ -513,7 +513,7 @@ async def test_tls_and_password_in_process(
     ).start()
     (tmp_path / "secret").write_text("s3cret\n")
     engine = ToneEngine()
-    scheduler = Scheduler(EngineSource(engine), NullSink())
+    scheduler = Scheduler(Resolver(engine), NullSink())
     control = Control(scheduler, engine, 1000)
     events: list[Event] = []
     scheduler.listeners.append(events.append)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from speakd.cache.resolver import CachingSource
 from speakd.cache.store import CacheStore
 from speakd.messages import SpeakRequest
+from speakd.resolver import Resolver
 from speakd_tools.precompute import Prompt, PromptError, precompute, read_prompts
 from tests.tone_engine import ToneEngine
 
@@ -77,7 +77,7 @@ def test_pack_keys_match_the_daemon_and_reruns_are_idempotent(tmp_path: Path) ->
         clips = list(store.clips())
     assert all(c.pinned and c.expires is None and c.bundle == "tone-1" for c in clips)
     # the daemon, asked with cache_only, finds every prompt: the keys are the same
-    source = CachingSource(engine, CacheStore(pack))
+    source = Resolver(engine, CacheStore(pack))
     engine.calls.clear()
     for text, voice, speed, seed in [
         ("Front door open.", "high", None, None),

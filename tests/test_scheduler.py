@@ -10,9 +10,9 @@ import pytest
 
 from speakd.audio import read_wav
 from speakd.messages import Event, Priority, SpeakRequest
+from speakd.resolver import Resolver
 from speakd.scheduler import Scheduler
 from speakd.sinks import WavSink
-from speakd.source import EngineSource
 from tests.tone_engine import ToneEngine
 
 
@@ -44,7 +44,7 @@ async def settle(rec: Recorder, *ids: str, timeout: float = 10.0) -> None:
 def setup(tmp_path: Path):
     async def make(**kw):
         engine = ToneEngine()
-        sched = Scheduler(EngineSource(engine), WavSink(tmp_path, realtime=True), **kw)
+        sched = Scheduler(Resolver(engine), WavSink(tmp_path, realtime=True), **kw)
         task = asyncio.create_task(sched.run())
         return sched, engine, task
 

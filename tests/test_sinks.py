@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from speakd import sinks
+from speakd.resolver import Resolver
 from speakd.scheduler import Scheduler
 from speakd.sinks import SoundDeviceSink
-from speakd.source import EngineSource
 from tests.test_scheduler import Recorder, req, settle
 from tests.tone_engine import ToneEngine
 
@@ -79,7 +79,7 @@ async def running(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[tuple[Schedu
     """The real sink and scheduler on the tone engine, device calls bounded at 0.5 s."""
     monkeypatch.setattr(sinks, "WRITE_TIMEOUT_MIN_S", 0.5, raising=False)
     sink = SoundDeviceSink()
-    sched = Scheduler(EngineSource(ToneEngine()), sink, block_ms=50)
+    sched = Scheduler(Resolver(ToneEngine()), sink, block_ms=50)
     task = asyncio.create_task(sched.run())
     try:
         yield sched, Recorder()

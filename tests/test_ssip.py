@@ -318,6 +318,13 @@ def test_spd_say_transcript(server: SsipServer) -> None:
         ("SET SELF VOLUME -300", 414),
         ("SET SELF VOICE_TYPE FEMALE1", 209),
         ("SET SELF VOICE_TYPE ROBOT", 309),
+        ("SET SELF VOICE FEMALE2", 209),  # before speechd 0.10: VOICE was the voice type
+        ("SET SELF VOICE ROBOT", 309),
+        ("SET SELF PUNCTUATION_TABLE default", 215),  # before 0.2: tables, accepted and inert
+        ("SET SELF CHARACTER_TABLE default", 215),
+        ("SET SELF KEY_TABLE default", 215),
+        ("SET SELF TEXT_TABLE default", 299),
+        ("SET SELF SOUND_TABLE", 510),
         ("SET SELF SYNTHESIS_VOICE no such voice", 209),  # speechd accepts any name
         ("SET SELF OUTPUT_MODULE piper", 216),
         ("SET SELF PUNCTUATION some", 205),
@@ -383,6 +390,9 @@ def test_reply_bodies(server: SsipServer) -> None:
         assert c.command("LIST VOICES")[0] == "249-MALE1"
         assert c.code("SET SELF RATE -30") == 203
         assert c.command("GET RATE") == ["251--30", "251 OK GET RETURNED"]
+        assert c.code("SET SELF VOICE child_female") == 209  # the pre-0.10 spelling
+        assert c.command("GET VOICE") == ["251-CHILD_FEMALE", "251 OK GET RETURNED"]
+        assert c.command("GET VOICE_TYPE") == ["251-CHILD_FEMALE", "251 OK GET RETURNED"]
         client_id = c.command("HISTORY GET CLIENT_ID")[0]
         assert re.fullmatch(r"245-\d+", client_id)
         assert c.command("QUIT") == ["231 HAPPY HACKING"]

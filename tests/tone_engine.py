@@ -15,6 +15,7 @@ import numpy as np
 
 from speakd.audio import AudioChunk
 from speakd.engines.base import EngineError, SynthesisConfig, VoiceInfo
+from speakd.engines.options import Option
 
 
 class ToneEngine:
@@ -22,6 +23,7 @@ class ToneEngine:
     sample_rate = 16000
     bundle_id = "tone-1"
     precision = "fp32"
+    options = (Option("pitch", float, "a tone option, for front-end tests", 0.0, 2.0),)
 
     def __init__(self, word_s: float = 0.1, compute_s: float = 0.0) -> None:
         self.word_s = word_s
@@ -34,7 +36,7 @@ class ToneEngine:
     def default_voice(self) -> str:
         return "low"
 
-    def normalize_text(self, text: str) -> str:
+    def normalize_text(self, text: str, lang: str | None = None) -> str:
         return " ".join(text.split())
 
     def audio_params(self, config: SynthesisConfig) -> dict[str, Any]:

@@ -40,13 +40,14 @@ from speakd.audio import join_chunks
 from speakd.bundle import BundleError
 from speakd.cache.store import CacheError, CacheStore, Clip
 from speakd.engines.base import Engine, EngineError, SynthesisConfig
-from speakd.keys import audio_key
 from speakd.messages import SpeakRequest
-from speakd.source import with_default_seed
+from speakd.prepare import prepare
+from speakd.resolver import Resolver
+from speakd.stream import Cancel
 
 log = logging.getLogger(__name__)
 
-PROMPT_FIELDS = {"text", "voice", "speed", "seed", "params"}
+PROMPT_FIELDS = {"text", "voice", "lang", "speed", "seed", "params"}
 
 
 class PromptError(ValueError):
@@ -57,13 +58,18 @@ class PromptError(ValueError):
 class Prompt:
     text: str
     voice: str | None = None
+    lang: str | None = None
     speed: float | None = None
     seed: int | None = None
     params: tuple[tuple[str, Any], ...] = ()  # sorted items: hashable, so duplicates collapse
 
     def config(self) -> SynthesisConfig:
         return SynthesisConfig(
-            voice=self.voice, speed=self.speed, seed=self.seed, extra=dict(self.params)
+            voice=self.voice,
+            speed=self.speed,
+            seed=self.seed,
+            lang=self.lang,
+            extra=dict(self.params),
         )
 
 
@@ -111,6 +117,7 @@ def _prompt(where: str, item: Any) -> Prompt:
     checks: dict[str, tuple[type, ...]] = {
         "text": (str,),
         "voice": (str,),
+        "lang": (str,),
         "speed": (int, float),
         "seed": (int,),
         "params": (dict,),
@@ -126,6 +133,7 @@ def _prompt(where: str, item: Any) -> Prompt:
     return Prompt(
         text=text,
         voice=item.get("voice"),
+        lang=item.get("lang"),
         speed=None if speed is None else float(speed),
         seed=item.get("seed"),
         params=tuple(sorted((item.get("params") or {}).items())),
@@ -149,7 +157,7 @@ def _keys(prompts: list[Prompt]) -> tuple[str, list[str | Exception]]:
     keys: list[str | Exception] = []
     for p in prompts:
         try:
-            keys.append(audio_key(_engine, p.text, p.config()))
+            keys.append(prepare(_engine, p.text, p.config()).key)
         except Exception as e:
             keys.append(e)
     return _engine.bundle_id, keys
@@ -167,15 +175,16 @@ def synthesize_batch(engine: Engine, prompts: Sequence[Prompt]) -> list[Clip | E
 
 def _clip(engine: Engine, p: Prompt) -> Clip | Exception:
     try:
-        key, request = with_default_seed(engine, SpeakRequest(text=p.text, config=p.config()))
-        audio = join_chunks(engine.synthesize(request.text, request.config))
+        prepared = prepare(engine, p.text, p.config())
+        request = SpeakRequest(text=p.text, config=p.config(), prepared=prepared)
+        audio = join_chunks(Resolver(engine).stream(request, Cancel()))
         if audio is None:
             raise ValueError("the engine produced no audio")
         return Clip(
-            key=key,
+            key=prepared.key,
             text=p.text,
-            voice=p.voice or engine.default_voice(),
-            params={**engine.audio_params(request.config), "seed": request.config.seed},
+            voice=prepared.config.voice or engine.default_voice(),
+            params={**prepared.params, "seed": prepared.config.seed},
             bundle=engine.bundle_id,
             sample_rate=audio.sample_rate,
             audio=audio.pcm,

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from speakd.audio import AudioChunk
+from speakd.engines.options import Option
 
 
 class EngineError(Exception):
@@ -30,7 +31,8 @@ class SynthesisConfig:
     voice: str | None = None
     speed: float | None = None  # 1.0 = normal; engines map it to their own scale
     seed: int | None = None
-    # Engine-specific sampling overrides (e.g. ChatTTS temperature/top_p/top_k).
+    lang: str | None = None  # a language the voice speaks ("en", "zh"); None = the voice's own
+    # The engine's declared options (``Engine.options``), already validated.
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -40,8 +42,12 @@ class SynthesisConfig:
 @dataclass(frozen=True)
 class VoiceInfo:
     name: str
-    language: str
+    language: str  # one code ("en_US") or several, comma-separated ("zh,en")
     description: str = ""
+
+    @property
+    def languages(self) -> tuple[str, ...]:
+        return tuple(code.strip() for code in self.language.split(",") if code.strip())
 
 
 class Engine(Protocol):
@@ -49,17 +55,19 @@ class Engine(Protocol):
     sample_rate: int
     bundle_id: str  # identifies the model bytes; part of every cache key
     precision: str
+    options: tuple[Option, ...]  # what a request may tune (speakd.engines.options)
 
     def voices(self) -> list[VoiceInfo]: ...
 
     def default_voice(self) -> str: ...
 
-    def normalize_text(self, text: str) -> str:
+    def normalize_text(self, text: str, lang: str | None = None) -> str:
         """The text as the model will read it; the cache key is built from this."""
         ...
 
     def audio_params(self, config: SynthesisConfig) -> dict[str, Any]:
-        """Every resolved parameter that changes the audio (voice, speed, sampling...)."""
+        """Every resolved parameter that changes the audio (voice, speed, sampling, a language
+        that changes how the text is read...)."""
         ...
 
     def synthesize(

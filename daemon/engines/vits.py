@@ -29,6 +29,7 @@ from speakd.audio import AudioChunk
 from speakd.bundle import load_bundle
 from speakd.engines.base import EngineError, SynthesisConfig, UnknownVoiceError, VoiceInfo
 from speakd.engines.noise import SEED_INPUT, make_noise_deterministic
+from speakd.engines.options import Option
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,11 @@ BUNDLE_CONFIG = "voice.onnx.json"
 DEFAULT_ALIAS = "default"
 SPEAKER_SEP = "#"
 # Per-request overrides accepted in SynthesisConfig.extra (Piper's SynthesisConfig knobs).
-EXTRA_KEYS = ("noise_scale", "noise_w", "sentence_silence")
+OPTIONS = (
+    Option("noise_scale", float, "variation of the voice (Piper's noise_scale)", 0.0, 2.0),
+    Option("noise_w", float, "variation of phoneme durations (Piper's noise_w)", 0.0, 2.0),
+    Option("sentence_silence", float, "seconds of silence between sentences", 0.0, 10.0),
+)
 CANCEL_POLL_S = 0.02  # how often a running inference looks at the cancel event
 
 _espeak_lock = threading.Lock()  # espeak-ng keeps global state (voice, buffers)
@@ -170,6 +175,7 @@ class VitsEngine:
 
     kind = "vits"
     max_phonemes = 400  # per inference; longer sentences are split (``split_long``)
+    options = OPTIONS
 
     def __init__(
         self,
@@ -329,7 +335,7 @@ class VitsEngine:
     def default_voice(self) -> str:
         return self._default
 
-    def normalize_text(self, text: str) -> str:
+    def normalize_text(self, text: str, lang: str | None = None) -> str:
         """NFC with runs of whitespace collapsed; numbers and symbols are left to espeak-ng."""
         return " ".join(unicodedata.normalize("NFC", text).split())
 
@@ -379,10 +385,11 @@ class VitsEngine:
 
     def _resolve(self, config: SynthesisConfig) -> VitsParams:
         voice = self._canonical_voice(config.voice)
-        unknown = sorted(set(config.extra) - set(EXTRA_KEYS))
+        known = [o.name for o in OPTIONS]
+        unknown = sorted(set(config.extra) - set(known))
         if unknown:
             raise EngineError(
-                f"vits: unknown synthesis options {unknown}; known: {', '.join(EXTRA_KEYS)}"
+                f"vits: unknown synthesis options {unknown}; known: {', '.join(known)}"
             )
         extra = config.extra
         speed = _number("speed", 1.0 if config.speed is None else config.speed, positive=True)

@@ -1,33 +1,75 @@
 """JSON lines on a Unix socket: one JSON object per line in, events out on the same connection.
 
-Ops: ``say`` (text, id, voice, priority, speed, volume, seed, params, wait), ``stop``, ``cancel``
-(id), ``status``, ``voices``. A ``say`` is answered with ``queued`` (or ``error``); with
-``"wait": true`` the connection also gets ``started`` and the terminal ``finished``/``error``.
+Ops: ``say`` (text, id, voice, lang, priority, speed, volume, seed, params, cache_only, wait) plays
+on the board; ``synth`` (the same fields but priority, volume and wait) streams the audio back
+without playing it; ``stop``, ``cancel`` (id), ``status``, ``voices``. Every reply and event
+carries the request's ``id`` (null when the request had none and none was made).
+
+A ``say`` is answered with ``queued`` (or ``error``); with ``"wait": true`` the connection also
+gets ``started`` and the terminal ``finished``/``error``:
 
     $ echo '{"op":"say","text":"Door open","wait":true}' | socat - UNIX:/run/speakd/speakd.sock
     {"event":"queued","id":"r…","position":0}
     {"event":"started","id":"r…","latency_ms":12.5}
     {"event":"finished","id":"r…","status":"done"}
 
-A malformed line gets an ``error`` event and the connection stays usable; a line over
-``limits.max_line_bytes`` or invalid UTF-8 gets an error and the connection is closed.
+A ``synth`` is answered with ``audio`` events, base64 PCM with its format, then ``finished``:
+
+    {"event":"audio","id":"r…","format":{"encoding":"s16le","rate":22050,"width":2,"channels":1},
+     "data":"…"}
+    {"event":"finished","id":"r…","status":"done","duration_s":1.32,"cached":true}
+
+A client that half-closes after its requests (``printf … | socat``) still gets every event until
+those requests end. A malformed line gets an ``error`` event and the connection stays usable; a
+line over ``limits.max_line_bytes`` or invalid UTF-8 gets an error and the connection is closed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from speakd.control import Control
 from speakd.frontends.unixserver import peer_of
-from speakd.messages import Event, RequestError, dump_json, parse_json
+from speakd.messages import Event, RequestError, dump_json, error_data, parse_json
 
 log = logging.getLogger(__name__)
+
+OPS = ("say", "synth", "stop", "cancel", "status", "voices")
+AUDIO_EVENT_BYTES = 32768  # PCM per ``audio`` event (≈ 0.7 s at 24 kHz), so lines stay short
+
+Send = Callable[[dict[str, Any]], None]
 
 
 def _line(obj: dict[str, Any]) -> bytes:
     return dump_json(obj) + b"\n"
+
+
+class _Connection:
+    """One client: what it is still owed, so a half-close does not cut its events short."""
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self.writer = writer
+        self.owed: set[str] = set()  # ids of say(wait) requests not ended yet
+        self.tasks: set[asyncio.Task[None]] = set()  # synth streams
+        self.settled = asyncio.Event()
+        self.settled.set()
+
+    def send(self, obj: dict[str, Any]) -> None:
+        if not self.writer.is_closing():
+            self.writer.write(_line(obj))
+
+    def owe(self, request_id: str) -> None:
+        self.owed.add(request_id)
+        self.settled.clear()
+
+    def paid(self, request_id: str) -> None:
+        self.owed.discard(request_id)
+        if not self.owed:
+            self.settled.set()
 
 
 class JsonLinesFrontend:
@@ -43,65 +85,78 @@ class JsonLinesFrontend:
         peer = peer_of(writer)
         client = f"json:{self._connections}"
         origin = f"json:{peer}" if peer else "json"
-
-        def send(obj: dict[str, Any]) -> None:
-            if not writer.is_closing():
-                writer.write(_line(obj))
-
+        conn = _Connection(writer)
         try:
             while True:
                 try:
                     raw = await reader.readline()
                 except ValueError:  # asyncio's LimitOverrunError for an endless line
-                    send(_error(None, "line_too_long", f"line exceeds {self.max_line_bytes} bytes"))
+                    conn.send(
+                        _error(None, "line_too_long", f"line exceeds {self.max_line_bytes} bytes")
+                    )
                     break
-                if not raw:
+                if not raw:  # EOF, or a half-close: what is owed still goes out
+                    await conn.settled.wait()
+                    if conn.tasks:
+                        await asyncio.gather(*conn.tasks, return_exceptions=True)
                     break
                 if not raw.strip():
                     continue
                 try:
                     text = raw.decode("utf-8")
                 except UnicodeDecodeError:
-                    send(_error(None, "bad_encoding", "request is not valid UTF-8"))
+                    conn.send(_error(None, "bad_encoding", "request is not valid UTF-8"))
                     break
-                self._dispatch(text, send, origin, client)
+                self._dispatch(text, conn, origin, client)
                 await writer.drain()
         except (ConnectionError, asyncio.IncompleteReadError):
             log.debug("%s went away", origin)
         finally:
+            for task in conn.tasks:
+                task.cancel()
             writer.close()
 
-    def _dispatch(self, text: str, send: Any, origin: str, client: str) -> None:
+    def _dispatch(self, text: str, conn: _Connection, origin: str, client: str) -> None:
         try:
             msg = parse_json(text)
         except RequestError as e:
-            send(_error(None, e.code, str(e)))
+            conn.send(_error(None, e.code, str(e)))
             return
         if not isinstance(msg, dict):
-            send(_error(None, "bad_request", "a request must be a JSON object"))
+            conn.send(_error(None, "bad_request", "a request must be a JSON object"))
             return
         op = msg.get("op", "say")
-        request_id = msg.get("id") if isinstance(msg.get("id"), str) else None
+        raw_id = msg.get("id")
+        request_id = str(raw_id) if isinstance(raw_id, str | int) and raw_id is not True else None
+        reply: dict[str, Any] | None
         try:
             if op == "say":
-                self._say(msg, send, origin, client)
+                reply = None
+                self._say(msg, conn, origin, client)
+            elif op == "synth":
+                reply = None
+                self._synth(msg, conn, origin, client)
             elif op == "stop":
-                send({"event": "ok", "op": "stop", "stopped": self.control.stop()})
+                reply = {"event": "ok", "op": "stop", "stopped": self.control.stop()}
             elif op == "cancel":
                 n = self.control.cancel(request_id) if request_id else self.control.cancel()
-                send({"event": "ok", "op": "cancel", "id": request_id, "cancelled": n})
+                reply = {"event": "ok", "op": "cancel", "cancelled": n}
             elif op == "status":
-                send({"event": "status", **self.control.status()})
+                reply = {"event": "status", **self.control.status()}
             elif op == "voices":
-                send({"event": "voices", "voices": self.control.voices()})
+                reply = {
+                    "event": "voices",
+                    "voices": self.control.voices(),
+                    "options": self.control.options(),
+                }
             else:
-                raise RequestError(
-                    "unknown_op", f"unknown op {op!r} (say, stop, cancel, status, voices)"
-                )
+                raise RequestError("unknown_op", f"unknown op {op!r} ({', '.join(OPS)})")
         except RequestError as e:
-            send(_error(request_id, e.code, str(e)))
+            reply = _error(request_id, e.code, str(e))
+        if reply is not None:
+            conn.send({"event": reply.pop("event"), "id": request_id, **reply})
 
-    def _say(self, msg: dict[str, Any], send: Any, origin: str, client: str) -> None:
+    def _say(self, msg: dict[str, Any], conn: _Connection, origin: str, client: str) -> None:
         wait = bool(msg.get("wait", False))
 
         def on_event(event: Event) -> None:
@@ -110,10 +165,49 @@ class JsonLinesFrontend:
                 or event.type.value in ("queued", "error")
                 or (event.terminal and event.data.get("status") == "discarded")
             ):
-                send(event.to_dict())
+                conn.send(event.to_dict())
+            if event.terminal:
+                conn.paid(event.request_id)
 
         request = self.control.build_request(msg, origin=origin, client=client, on_event=on_event)
+        if wait:
+            conn.owe(request.id)
         self.control.say(request)
+
+    def _synth(self, msg: dict[str, Any], conn: _Connection, origin: str, client: str) -> None:
+        request = self.control.build_request(msg, origin=origin, client=client)
+        task = asyncio.create_task(self._stream(request, conn), name=f"synth-{request.id}")
+        conn.tasks.add(task)
+        task.add_done_callback(conn.tasks.discard)
+
+    async def _stream(self, request: Any, conn: _Connection) -> None:
+        rid = request.id
+        try:
+            async with self.control.stream(request) as stream:
+                async for chunk in stream.aread():
+                    fmt = {
+                        "encoding": "s16le",
+                        "rate": chunk.sample_rate,
+                        "width": chunk.sample_width,
+                        "channels": chunk.channels,
+                    }
+                    for i in range(0, len(chunk.pcm), AUDIO_EVENT_BYTES):
+                        data = base64.b64encode(chunk.pcm[i : i + AUDIO_EVENT_BYTES]).decode()
+                        conn.send({"event": "audio", "id": rid, "format": fmt, "data": data})
+                        await conn.writer.drain()
+                conn.send(
+                    {
+                        "event": "finished",
+                        "id": rid,
+                        "status": "done",
+                        "duration_s": round(stream.duration, 3),
+                        "cached": stream.from_cache,
+                    }
+                )
+        except ConnectionError:
+            log.info("request %s: the client left; its synthesis is released", rid)
+        except Exception as e:  # RequestError (busy), engine failures: the caller hears why
+            conn.send({"event": "error", "id": rid, **error_data(e)})
 
 
 def _error(request_id: str | None, code: str, message: str) -> dict[str, Any]:

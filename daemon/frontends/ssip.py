@@ -39,6 +39,7 @@ from speakd.frontends.ssip_parser import (
 )
 from speakd.frontends.unixserver import peer_of
 from speakd.messages import Event, EventType, Priority, RequestError
+from speakd.prepare import match_language
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +83,20 @@ SET_REPLIES: dict[str, tuple[int, str, int]] = {
     "volume": (218, "OK VOLUME SET", 314),
     "ssml_mode": (219, "OK SSML MODE SET", 315),
     "pitch_range": (263, "OK PITCH RANGE SET", 340),
+}
+# Settings older libspeechd clients still send. Before speech-dispatcher 0.10 the voice type was
+# ``SET … VOICE`` (and ``GET VOICE``); before 0.2 a client could load character, key, sound,
+# spelling and punctuation tables, answered 215 (TEXT_TABLE: 299, accepted but inert). speakd
+# answers as those releases did; the tables change nothing.
+OBSOLETE_NAMES = {"voice": "voice_type"}
+OBSOLETE_TABLES = {
+    "spelling_table": (215, "OK TABLE SET"),
+    "punctuation_table": (215, "OK TABLE SET"),
+    "character_table": (215, "OK TABLE SET"),
+    "key_table": (215, "OK TABLE SET"),
+    "sound_table": (215, "OK TABLE SET"),
+    "cap_let_recogn_table": (215, "OK TABLE SET"),
+    "text_table": (299, "OK BUT NOT IMPLEMENTED -- DOES NOTHING"),
 }
 # −100..100 settings: (error code too high, too low, name in the error).
 RANGES = {
@@ -299,6 +314,9 @@ class SsipFrontend:
         who, sub, value = _arg(words, 1), _arg(words, 2).lower(), _arg(words, 3)
         if not who or not sub:
             return ERR_MISSING_PARAMETER
+        sub = OBSOLETE_NAMES.get(sub, sub)
+        if sub in OBSOLETE_TABLES:
+            return reply(*OBSOLETE_TABLES[sub]) if value else ERR_MISSING_PARAMETER
         self_only = who.lower() == "self"
         if sub == "priority":
             if conn.in_block:
@@ -420,6 +438,7 @@ class SsipFrontend:
             "id": f"ssip-{msg.msg_id}",
             "priority": conn.settings.priority.name.lower(),
             "voice": self._voice(conn.settings),
+            "lang": _lang(conn.settings.language),
             "speed": rate_to_speed(conn.settings.rate),
             "volume": volume_to_gain(conn.settings.volume),
         }
@@ -430,6 +449,7 @@ class SsipFrontend:
                 origin=origin,
                 client=conn.key,
                 on_event=lambda ev: self._on_event(msg, ev),
+                strict_lang=False,  # speechd speaks a language it lacks in the default voice
             )
         except RequestError as e:
             return _error_reply(e.code, str(e))
@@ -462,23 +482,15 @@ class SsipFrontend:
             conn.notify("resume", 705, msg.msg_id, "RESUMED")
 
     def _voice(self, settings: Settings) -> str | None:
-        """SYNTHESIS_VOICE when speakd knows it, else a voice matching LANGUAGE, else default."""
-        voices = self.control.voices()
-        if settings.synthesis_voice:
-            wanted = settings.synthesis_voice.lower()
-            for v in voices:
-                if v["name"].lower() == wanted:
-                    return v["name"]
-            log.debug("ssip: unknown voice %r, using the default", settings.synthesis_voice)
-        lang = _language(settings.language)
-        if not lang or lang in ("c", "posix"):
+        """SYNTHESIS_VOICE when speakd knows it (any case); else None, so LANGUAGE picks one."""
+        if not settings.synthesis_voice:
             return None
-        matching = [v["name"] for v in voices if _language_matches(v["language"], lang)]
-        if not matching and "-" in lang:  # de-AT with only a de-DE voice: the language decides
-            base = lang.split("-")[0]
-            matching = [v["name"] for v in voices if _language_matches(v["language"], base)]
-        default = self.control.status()["engine"]["default_voice"] if matching else None
-        return matching[0] if matching and default not in matching else None
+        wanted = settings.synthesis_voice.lower()
+        for v in self.control.voices():
+            if v["name"].lower() == wanted:
+                return v["name"]
+        log.debug("ssip: unknown voice %r, using the default", settings.synthesis_voice)
+        return None
 
     # ---- STOP, CANCEL, PAUSE, RESUME ------------------------------------------------------
 
@@ -549,11 +561,11 @@ class SsipFrontend:
         if what == "voices":
             return reply(249, "OK VOICE LIST SENT", *(v.upper() for v in VOICE_TYPES))
         if what == "synthesis_voices":
-            lang = _language(_arg(words, 2))
+            lang = _lang(_arg(words, 2))
             rows = [
                 f"{printable(v['name'])}\t{printable(v['language'])}\tnone"
                 for v in self.control.voices()
-                if not lang or _language_matches(v["language"], lang)
+                if not lang or match_language(tuple(v["languages"]), lang) is not None
             ]
             return reply(249, "OK VOICE LIST SENT", *rows)
         if what == "output_modules":
@@ -562,6 +574,7 @@ class SsipFrontend:
 
     def _get(self, conn: Connection, words: list[str], line: str) -> bytes:
         what = _arg(words, 1).lower()
+        what = OBSOLETE_NAMES.get(what, what)
         if not what:
             return ERR_MISSING_PARAMETER
         s = conn.settings
@@ -662,13 +675,10 @@ def _apply(settings: Settings, sub: str, value: Any) -> None:
     setattr(settings, sub, value)
 
 
-def _language(value: str) -> str:
-    return value.strip().lower().replace("_", "-")
-
-
-def _language_matches(voice_language: str, wanted: str) -> bool:
-    have = _language(voice_language)
-    return have == wanted or have.startswith(wanted + "-")
+def _lang(language: str) -> str | None:
+    """SSIP's LANGUAGE as a request's ``lang``; "C"/"POSIX" (no language) and unset are None."""
+    value = language.strip()
+    return None if value.lower() in ("", "c", "posix") else value
 
 
 def _error_reply(code: str, message: str) -> bytes:

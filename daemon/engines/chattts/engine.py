@@ -29,15 +29,25 @@ from speakd.engines.chattts.ortsession import make_session
 from speakd.engines.chattts.sampling import CodeSampler, SamplingParams
 from speakd.engines.chattts.tokenizer import PromptBuilder
 from speakd.engines.chattts.vocoder import SAMPLE_RATE, StreamingVocoder, StreamSchedule, Vocoder
+from speakd.engines.options import Option
 
 log = logging.getLogger(__name__)
 
 MAX_CHARS = 2000  # per request, before normalisation
-_SAMPLING_KEYS = {
-    "temperature": float, "top_p": float, "top_k": int, "repetition_penalty": float,
-    "max_new_token": int, "min_new_token": int,
-}  # fmt: skip
-_EXTRA_KEYS = {*_SAMPLING_KEYS, "greedy", "speed_level", "lang"}
+LANGS = ("zh", "en")
+SAMPLING_OPTIONS = (
+    Option("temperature", float, "sampling temperature of the audio codes", 0.0, 2.0),
+    Option("top_p", float, "nucleus sampling: keep the likeliest codes up to this mass", 0.0, 1.0),
+    Option("top_k", int, "keep only the k most likely codes", 1, 626),
+    Option("repetition_penalty", float, "penalise codes repeated in the recent window", 1.0, 2.0),
+    Option("max_new_token", int, "at most this many codes per sentence", 1, 4096),
+    Option("min_new_token", int, "at least this many codes per sentence", 0, 4096),
+)
+OPTIONS = (
+    *SAMPLING_OPTIONS,
+    Option("greedy", bool, "take the most likely code at every step (no sampling)", default=False),
+    Option("speed_level", int, "ChatTTS's [speed_N] token directly (overrides speed)", 0, 9),
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +63,7 @@ class Utterance:
 class ChatTTSEngine:
     kind = "chattts"
     sample_rate = SAMPLE_RATE
+    options = OPTIONS
 
     def __init__(
         self,
@@ -116,7 +127,7 @@ class ChatTTSEngine:
                     "would change the audio of a seed, so this engine decodes one sentence at "
                     "a time", bundle.path, batch_size,
                 )  # fmt: skip
-        self.concurrent_synthesis = self.batch is not None  # CachingSource drops its lock
+        self.concurrent_synthesis = self.batch is not None  # the resolver drops its engine lock
 
     @classmethod
     def load(cls, bundle_path: Path, threads: int = 2, **kwargs: Any) -> ChatTTSEngine:
@@ -144,18 +155,19 @@ class ChatTTSEngine:
     # --- Engine protocol ---------------------------------------------------------------------
 
     def voices(self) -> list[VoiceInfo]:
-        return [VoiceInfo(n, "zh,en", "ChatTTS speaker embedding") for n in sorted(self._voices)]
+        langs = ",".join(LANGS)
+        return [VoiceInfo(n, langs, "ChatTTS speaker embedding") for n in sorted(self._voices)]
 
     def default_voice(self) -> str:
         return "default"
 
-    def normalize_text(self, text: str, lang: textfe.Lang | None = None) -> str:
+    def normalize_text(self, text: str, lang: str | None = None) -> str:
         if len(text) > self.max_chars:
             raise EngineError(
                 f"text is {len(text)} characters; this engine takes at most {self.max_chars} "
                 "per request (send it as several requests)"
             )
-        return textfe.normalize(text, lang)
+        return textfe.normalize(text, _lang(lang))
 
     def audio_params(self, config: SynthesisConfig) -> dict[str, Any]:
         voice = config.voice or self.default_voice()
@@ -163,12 +175,12 @@ class ChatTTSEngine:
             raise UnknownVoiceError(
                 f"unknown voice {voice!r}; this bundle has {', '.join(sorted(self._voices))}"
             )
-        unknown = sorted(set(config.extra) - _EXTRA_KEYS)
+        known = {o.name for o in OPTIONS}
+        unknown = sorted(set(config.extra) - known)
         if unknown:
-            known = ", ".join(sorted(_EXTRA_KEYS))
-            raise EngineError(f"unknown ChatTTS option(s) {', '.join(unknown)}; known: {known}")
-        if config.extra.get("lang") not in (None, "zh", "en"):
-            raise EngineError(f"lang {config.extra['lang']!r}: ChatTTS speaks 'zh' or 'en'")
+            raise EngineError(
+                f"unknown ChatTTS option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+            )
         p = self._sampling(config)
         params: dict[str, Any] = {
             "voice": voice,
@@ -176,6 +188,8 @@ class ChatTTSEngine:
             **dataclasses.asdict(p),
             "stream": self.schedule.key,
         }
+        if config.lang is not None:  # it decides how numbers and symbols are read
+            params["lang"] = _lang(config.lang)
         if config.seed is not None:
             params["seed"] = config.seed
         return params
@@ -184,7 +198,7 @@ class ChatTTSEngine:
         self, text: str, config: SynthesisConfig, cancel: threading.Event | None = None
     ) -> Iterator[AudioChunk]:
         params = self.audio_params(config)  # validates voice/options before any work
-        normalized = self.normalize_text(text, config.extra.get("lang"))
+        normalized = self.normalize_text(text, config.lang)
         seed = config.seed if config.seed is not None else self._default_seed(text, config)
         sampling = self._sampling(config)
         sentences = textfe.split_sentences(normalized, self.split)
@@ -296,11 +310,12 @@ class ChatTTSEngine:
     def _sampling(self, config: SynthesisConfig) -> SamplingParams:
         d, x = self._defaults, config.extra
         values: dict[str, Any] = {}
-        for key, cast in _SAMPLING_KEYS.items():
+        for option in SAMPLING_OPTIONS:
+            key = option.name
             value = x.get(key, d.get(key))
             if value is not None:
                 try:
-                    values[key] = cast(value)
+                    values[key] = option.type(value)
                 except (TypeError, ValueError):
                     raise EngineError(f"ChatTTS option {key}: {value!r} is not a number") from None
         if "repetition_window" in d:
@@ -326,3 +341,13 @@ class ChatTTSEngine:
         from speakd.keys import audio_key, seed_from_key
 
         return seed_from_key(audio_key(self, text, config))
+
+
+def _lang(lang: str | None) -> textfe.Lang | None:
+    """A language code as the text front-end takes it: "en_US" → "en"; others are refused."""
+    if lang is None:
+        return None
+    base = lang.replace("-", "_").split("_")[0].lower()
+    if base not in LANGS:
+        raise EngineError(f"lang {lang!r}: ChatTTS speaks {' or '.join(LANGS)}")
+    return base  # type: ignore[return-value]

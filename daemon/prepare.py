@@ -1,0 +1,115 @@
+"""Prepare once: what a request *means*, decided in one place for every caller.
+
+``prepare`` turns the text and knobs a client sent into a ``Prepared`` request: the voice resolved
+(by name, or by language), the language, the engine's options validated against its declarations
+(``Engine.options``), the audio key and the seed derived from it. The daemon (``Control``),
+``speakd synth`` and ``speakd-tools precompute`` all call it, so the same request gives the same
+key, and so the same bytes, everywhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from speakd.engines.base import Engine, EngineError, SynthesisConfig, VoiceInfo
+from speakd.engines.options import OptionError, validate
+from speakd.keys import audio_key, seed_from_key
+from speakd.messages import RequestError
+
+DEFAULT_VOICE = "default"
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A request ready for the cache or the engine. ``config`` has the voice resolved and the seed
+    pinned; ``params`` is what the engine says changes the audio (stored beside each clip)."""
+
+    text: str
+    normalized: str
+    config: SynthesisConfig
+    key: str
+    bundle: str
+    params: dict[str, Any]
+
+
+def prepare(
+    engine: Engine, text: str, config: SynthesisConfig, *, strict_lang: bool = True
+) -> Prepared:
+    """Resolve and validate ``config`` for ``engine``; RequestError says what is wrong.
+
+    ``strict_lang`` False (SSIP's LANGUAGE setting) lets a language no voice speaks fall back to
+    the default voice, as speech-dispatcher does, instead of failing the request.
+    """
+    try:
+        extra = validate(engine.options, config.extra)
+    except OptionError as e:
+        raise RequestError("bad_field", str(e)) from None
+    voice, lang = select_voice(
+        engine.voices(), engine.default_voice(), config.voice, config.lang, strict=strict_lang
+    )
+    config = dataclasses.replace(config, voice=voice, lang=lang, extra=extra)
+    try:
+        normalized = engine.normalize_text(text, lang)
+        params = engine.audio_params(config)
+        key = audio_key(engine, text, config)
+    except EngineError as e:
+        raise RequestError(getattr(e, "code", "bad_request"), str(e)) from None
+    if config.seed is None:  # the same request always yields the same audio
+        config = dataclasses.replace(config, seed=seed_from_key(key))
+    return Prepared(text, normalized, config, key, engine.bundle_id, params)
+
+
+def select_voice(
+    voices: list[VoiceInfo],
+    default: str,
+    voice: str | None,
+    lang: str | None,
+    *,
+    strict: bool = True,
+) -> tuple[str | None, str | None]:
+    """(voice, language) for a request: a named voice must exist; without one, a language picks
+    the default voice when it speaks it, else the first voice that does. The language returned is
+    the code the chosen voice lists (``en`` for a request's ``en-GB`` when the voice says ``en``).
+    """
+    names = {v.name: v for v in voices}
+    if voice is not None and voice != DEFAULT_VOICE and voice not in names:
+        known = ", ".join(sorted([*names, DEFAULT_VOICE]))
+        raise RequestError("unknown_voice", f"unknown voice {voice!r} (known: {known})")
+    if not lang:
+        return voice, None
+    chosen = names.get(voice or default) if voice not in (None, DEFAULT_VOICE) else None
+    candidates = [chosen] if chosen is not None else [names.get(default), *voices]
+    for candidate in candidates:
+        if candidate is None:
+            continue
+        match = match_language(candidate.languages, lang)
+        if match is not None:
+            picked = voice if chosen is not None or candidate.name == default else candidate.name
+            return picked, match
+    if strict:
+        spoken = sorted({code for v in voices for code in v.languages})
+        who = f"voice {voice!r}" if chosen is not None else "no voice"
+        raise RequestError(
+            "unknown_language",
+            f"{who} speaks {lang!r} (languages: {', '.join(spoken) or 'none listed'})",
+        )
+    return voice, None
+
+
+def _code(lang: str) -> str:
+    return lang.strip().replace("_", "-").lower()
+
+
+def match_language(spoken: tuple[str, ...], wanted: str) -> str | None:
+    """The voice's code for ``wanted``: exact first, then by base language (en-GB ~ en_US)."""
+    codes = {_code(c): c for c in spoken}
+    wanted = _code(wanted)
+    if wanted in codes:
+        return codes[wanted]
+    base = wanted.split("-")[0]
+    for code, original in codes.items():
+        if code.split("-")[0] == base:
+            return original
+    return None

@@ -1,0 +1,359 @@
+"""Resolves a request to its audio stream: the cache when it has the clip, else one synthesis.
+
+- hit: pinned clips come from RAM (prewarmed at start within ``prewarm_bytes``), others from
+  SQLite; the stream is whole at once (one chunk), nothing runs.
+- miss: the engine runs on a *flight* thread that fills an ``AudioStream``; its readers follow
+  it as chunks come, and the clip is stored once the engine has finished — never when it was
+  cancelled or failed. Without a cache store every request is a miss and nothing is stored.
+- single-flight: a request for a key that is being synthesised joins that stream, whoever reads
+  it (a playback, a Wyoming or HTTP caller, a socket ``synth``): one synthesis, every reader from
+  the first chunk. The synthesis is cancelled only when its last reader leaves.
+- stale-while-revalidate (optional): an expired unpinned clip is served at once and
+  re-synthesised in the background.
+- the engine's health (``Guard``): an open breaker refuses at once; a hang, a crash or a crawl
+  counts against it.
+
+Engine calls are serialised by one lock, so a cancelled flight that is still finishing its current
+step never runs side by side with the next request's synthesis — unless the engine batches
+(``concurrent_synthesis``, ChatTTS with ``batch_size`` > 1): then misses for different keys run
+their flights at once and share decode steps, each cancellable alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from speakd.audio import AudioChunk, join_chunks
+from speakd.breaker import CircuitBreaker, Guard
+from speakd.cache.store import CacheError, CacheStore, Clip
+from speakd.config import CacheConfig
+from speakd.engines.base import Engine, EngineError
+from speakd.messages import SpeakRequest
+from speakd.prepare import Prepared, prepare
+from speakd.stream import AudioStream
+
+log = logging.getLogger(__name__)
+
+
+class NotCachedError(EngineError):
+    """A ``cache_only`` request whose clip is not in the cache (error code ``not_cached``)."""
+
+    code = "not_cached"
+
+
+class Resolver:
+    def __init__(
+        self,
+        engine: Engine,
+        store: CacheStore | None = None,
+        *,
+        guard: Guard | None = None,
+        prewarm_bytes: int = 0,
+        stale_while_revalidate: bool = False,
+    ) -> None:
+        self.engine = engine
+        self.store = store
+        self.guard = guard or Guard(CircuitBreaker())
+        self.stale_while_revalidate = stale_while_revalidate
+        self.counters = {
+            "hits": 0,
+            "hits_ram": 0,
+            "misses": 0,
+            "synth": 0,  # engine syntheses started (flights)
+            "shared": 0,  # requests that joined a flight already running
+            "stored": 0,
+            "not_stored": 0,  # flights cancelled or failed
+            "stale_served": 0,
+            "not_cached": 0,
+            "errors": 0,
+        }
+        self._lock = threading.Lock()
+        self._engine_lock = threading.Lock()
+        self._inflight: dict[str, AudioStream] = {}
+        self._closed = False
+        self._ram: dict[str, Clip] = {}
+        self._ram_bytes = 0
+        self._store_stats: dict[str, Any] = {}
+        # Hit bookkeeping (last used, hits) is written off the path to the first sample.
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="speakd-cache-write")
+        if store is not None:
+            self._prewarm(prewarm_bytes)
+            self._refresh_stats()
+
+    @classmethod
+    def from_config(
+        cls, engine: Engine, config: CacheConfig, guard: Guard | None = None
+    ) -> Resolver:
+        """The cache in front of the engine when configured (and openable), else the engine."""
+        if not config.enabled:
+            return cls(engine, guard=guard)
+        try:
+            store = CacheStore(
+                config.path,
+                max_bytes=config.max_bytes,
+                ttl_s=config.ttl_s,
+                ttl_jitter=config.ttl_jitter,
+            )
+        except CacheError as e:
+            log.error("audio cache disabled: %s", e)
+            return cls(engine, guard=guard)
+        return cls(
+            engine,
+            store,
+            guard=guard,
+            prewarm_bytes=config.prewarm_bytes,
+            stale_while_revalidate=config.stale_while_revalidate,
+        )
+
+    # ---- the request path -------------------------------------------------------------------
+
+    def prepare(self, request: SpeakRequest) -> Prepared:
+        """The request as prepared by its front-end, or anew when the model changed since."""
+        prepared = request.prepared
+        if prepared is None or prepared.bundle != self.engine.bundle_id:
+            prepared = prepare(self.engine, request.text, request.config)
+        return prepared
+
+    def open(self, request: SpeakRequest) -> AudioStream:
+        """The request's audio stream with one reader attached: the caller reads it and then
+        calls ``release`` (``stream`` does both). Raises NotCachedError for a ``cache_only``
+        miss and RequestError for a request the engine cannot take."""
+        prepared = self.prepare(request)
+        clip = self._lookup(prepared.key)
+        if clip is not None:
+            stale = clip.expired(time.time())
+            if not stale or self.stale_while_revalidate:
+                if stale:
+                    self._count("stale_served")
+                    self._refresh(prepared)
+                self._count("hits")
+                self._writer.submit(self._touch, clip.key)
+                return AudioStream.complete(clip.key, clip.chunk()).attach()
+        self._count("misses")
+        if request.cache_only:
+            self._count("not_cached")
+            raise NotCachedError(f"{request.text[:60]!r} is not in the cache (cache_only)")
+        return self._join(prepared)
+
+    def stream(self, request: SpeakRequest, cancel: threading.Event) -> Iterator[AudioChunk]:
+        """Open, read to the end (or ``cancel``), release: for callers that read in one go."""
+        stream = self.open(request)
+        try:
+            yield from stream.read(cancel)
+        finally:
+            stream.release()
+
+    def status(self) -> dict[str, Any]:
+        breaker = self.guard.breaker.status()
+        if self.store is None:
+            return {"cache": None, "breaker": breaker}
+        with self._lock:
+            info: dict[str, Any] = {
+                "enabled": True,
+                **self.counters,
+                "prewarmed": len(self._ram),
+                "prewarmed_bytes": self._ram_bytes,
+                "inflight": len(self._inflight),
+                "stale_while_revalidate": self.stale_while_revalidate,
+                **self._store_stats,
+            }
+        info["recovered"] = info.get("recovered_from") is not None
+        return {"cache": info, "breaker": breaker}
+
+    def close(self) -> None:
+        """Stop background refreshes; the file closes once the last running flight has stored."""
+        with self._lock:
+            self._closed = True
+            for stream in self._inflight.values():
+                if stream.detached:
+                    stream.cancel.set()
+            idle = not self._inflight
+        self._writer.shutdown(wait=True)
+        if idle and self.store is not None:
+            self.store.close()
+
+    # ---- hits -------------------------------------------------------------------------------
+
+    def _lookup(self, key: str) -> Clip | None:
+        if self.store is None:
+            return None
+        clip = self._ram.get(key)
+        if clip is not None:
+            self._count("hits_ram")
+            return clip
+        try:
+            return self.store.get(key)
+        except (CacheError, sqlite3.Error) as e:
+            self._count("errors")
+            log.warning("cache lookup failed, treating it as a miss: %s", e)
+            return None
+
+    def _touch(self, key: str) -> None:
+        assert self.store is not None
+        # closed by a reload meanwhile: the hit counter is all that is lost
+        with contextlib.suppress(CacheError, sqlite3.Error):
+            self.store.touch(key)
+
+    # ---- misses -----------------------------------------------------------------------------
+
+    def _join(self, prepared: Prepared) -> AudioStream:
+        with self._lock:
+            stream = self._inflight.get(prepared.key)
+            if stream is not None and not stream.cancel.is_set() and not stream.done:
+                self.counters["shared"] += 1
+                return stream.attach()
+            return self._start(prepared, detached=False).attach()
+
+    def _refresh(self, prepared: Prepared) -> None:
+        with self._lock:
+            if prepared.key not in self._inflight and not self._closed:
+                self._start(prepared, detached=True)
+
+    def _start(self, prepared: Prepared, *, detached: bool) -> AudioStream:
+        """Call with self._lock held."""
+        stream = AudioStream(
+            prepared.key,
+            hang_timeout_s=self.guard.hang_timeout_s,
+            detached=detached,
+            on_hang=self._hung,
+        )
+        thread = threading.Thread(  # in the caller's context: logs name its request
+            target=contextvars.copy_context().run,
+            args=(self._synthesize, stream, prepared),
+            name=f"speakd-synth-{prepared.key[:8]}",
+            daemon=True,
+        )
+        self._inflight[prepared.key] = stream
+        self.counters["synth"] += 1
+        thread.start()
+        return stream
+
+    def _hung(self, stream: AudioStream) -> None:
+        self.guard.breaker.record_failure(str(stream.error))
+
+    def _synthesize(self, stream: AudioStream, prepared: Prepared) -> None:
+        lock = (
+            contextlib.nullcontext()
+            if getattr(self.engine, "concurrent_synthesis", False)
+            else self._engine_lock
+        )
+        error: BaseException | None = None
+        admitted, t0 = False, 0.0
+        try:
+            with lock:
+                if not stream.cancel.is_set():
+                    self.guard.admit()
+                    admitted, t0 = True, time.monotonic()
+                    stream.begin()
+                    for chunk in self.engine.synthesize(
+                        prepared.text, prepared.config, stream.cancel
+                    ):
+                        stream.put(chunk)
+                        if stream.cancel.is_set():
+                            break
+        except Exception as e:
+            error = e
+        cancelled = stream.cancel.is_set()
+        if admitted and not stream.done:  # judged before readers hear the end; a hang already was
+            self.guard.judge(error, cancelled, time.monotonic() - t0, stream.duration)
+        ended_here = stream.finish(error)
+        if ended_here and error is None and not cancelled and stream.chunks:
+            self._store(stream, prepared)
+        else:
+            self._count("not_stored")
+            log.debug(
+                "clip %s not stored (%s)", prepared.key[:12], "failed" if error else "cancelled"
+            )
+        with self._lock:
+            if self._inflight.get(prepared.key) is stream:
+                del self._inflight[prepared.key]
+            close_now = self._closed and not self._inflight
+        if close_now and self.store is not None:
+            self.store.close()
+
+    def _store(self, stream: AudioStream, prepared: Prepared) -> None:
+        if self.store is None:
+            return
+        try:
+            audio = join_chunks(stream.chunks)
+            assert audio is not None
+            clip = Clip(
+                key=prepared.key,
+                text=prepared.text,
+                voice=prepared.config.voice or self.engine.default_voice(),
+                params={**prepared.params, "seed": prepared.config.seed},
+                bundle=prepared.bundle,
+                sample_rate=audio.sample_rate,
+                audio=audio.pcm,
+            )
+            evicted = self.store.put(clip)
+        except (CacheError, sqlite3.Error, ValueError, OSError) as e:
+            self._count("errors")
+            log.warning("clip %s not stored: %s", prepared.key[:12], e)
+            return
+        self._count("stored")
+        self._refresh_stats()
+        log.debug(
+            "stored clip %s (%.2f s)%s",
+            prepared.key[:12],
+            clip.duration,
+            f", evicted {len(evicted)}" if evicted else "",
+        )
+
+    # ---- bookkeeping ------------------------------------------------------------------------
+
+    def _prewarm(self, budget: int) -> None:
+        assert self.store is not None
+        t0, used, skipped = time.monotonic(), 0, 0
+        for key, size in self.store.prewarm_order(self.engine.bundle_id):
+            if used + size > budget:
+                skipped += 1
+                continue
+            clip = self.store.get(key)
+            if clip is not None:
+                self._ram[key] = clip
+                used += size
+        self._ram_bytes = used
+        foreign = {
+            b: n for b, n in self.store.pinned_by_bundle().items() if b != self.engine.bundle_id
+        }
+        if foreign:
+            log.warning(
+                "cache %s: %d pinned clips were made with other bundles (%s) and cannot play "
+                "with %s; rebuild those packs with this model (precompute --bundle)",
+                self.store.path,
+                sum(foreign.values()),
+                ", ".join(sorted(foreign)),
+                self.engine.bundle_id,
+            )
+        log.info(
+            "cache %s: %d pinned clips (%d bytes) prewarmed into RAM in %.0f ms%s",
+            self.store.path,
+            len(self._ram),
+            used,
+            (time.monotonic() - t0) * 1000,
+            f"; {skipped} left on disk (cache.prewarm_bytes = {budget})" if skipped else "",
+        )
+
+    def _refresh_stats(self) -> None:
+        """Snapshot the store's aggregate stats on a worker thread (at open and after each
+        store), so ``status()`` — called on the event loop — never waits on SQLite."""
+        assert self.store is not None
+        try:
+            stats = self.store.stats()
+        except (CacheError, sqlite3.Error) as e:
+            stats = {"error": str(e)}
+        with self._lock:
+            self._store_stats = stats
+
+    def _count(self, name: str) -> None:
+        with self._lock:
+            self.counters[name] += 1

@@ -1,0 +1,151 @@
+"""The request path: prepare once (one key for one meaning), one audio stream for many readers."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from speakd.audio import join_chunks
+from speakd.engines.base import SynthesisConfig, VoiceInfo
+from speakd.engines.chattts.engine import ChatTTSEngine
+from speakd.messages import RequestError, SpeakRequest
+from speakd.prepare import prepare, select_voice
+from speakd.resolver import Resolver
+from speakd.stream import AudioStream, Cancel
+from tests.tone_engine import ToneEngine
+
+
+@pytest.fixture(scope="module")
+def chattts(tiny_bundle: Path) -> ChatTTSEngine:
+    return ChatTTSEngine.load(tiny_bundle, threads=1)
+
+
+def test_lang_is_part_of_the_key_and_of_the_audio(chattts: ChatTTSEngine) -> None:
+    """The same text read as Chinese and as English is two clips, never one served for both."""
+    text = "3, 2, 1!"
+    options = {"max_new_token": 24, "min_new_token": 24}
+    zh = prepare(chattts, text, SynthesisConfig(lang="zh", extra=options))
+    en = prepare(chattts, text, SynthesisConfig(lang="en", extra=options))
+    assert (zh.normalized, en.normalized) == ("三，二，一。", "three, two, one.")
+    assert zh.key != en.key
+    assert zh.params["lang"] == "zh" and en.params["lang"] == "en"
+    pcm = {}
+    for p in (zh, en):
+        request = SpeakRequest(text=text, config=p.config, prepared=p)
+        pcm[p.key] = join_chunks(Resolver(chattts).stream(request, Cancel())).pcm
+    assert pcm[zh.key] != pcm[en.key]
+    # equal requests → one key; the language as a region code (en_US) means the same
+    assert prepare(chattts, text, SynthesisConfig(lang="en_US", extra=options)).key == en.key
+    assert prepare(chattts, " " + text, SynthesisConfig(lang="en", extra=options)).key == en.key
+
+
+def test_engine_options_are_validated_against_the_declarations(chattts: ChatTTSEngine) -> None:
+    ok = prepare(chattts, "hi", SynthesisConfig(extra={"greedy": True, "speed_level": 3}))
+    assert ok.params["speed_level"] == 3 and ok.params["greedy"] is True
+    bad = [
+        ({"temperature": 9.0}, "temperature must be within"),
+        ({"top_k": 2.5}, "top_k must be an integer"),
+        ({"greedy": 1}, "greedy must be true or false"),
+        ({"noise_w": 0.5}, "unknown param 'noise_w'"),  # a VITS option, not ChatTTS's
+    ]
+    for extra, message in bad:
+        with pytest.raises(RequestError, match=message) as e:
+            prepare(chattts, "hi", SynthesisConfig(extra=extra))
+        assert e.value.code == "bad_field"
+    with pytest.raises(RequestError) as e:
+        prepare(chattts, "hi", SynthesisConfig(lang="de"))
+    assert e.value.code == "unknown_language"
+
+
+def test_voice_by_language_is_one_rule() -> None:
+    voices = [VoiceInfo("low", "en_US"), VoiceInfo("high", "de_DE"), VoiceInfo("both", "zh,en")]
+    pick = lambda voice, lang, strict=True: select_voice(voices, "low", voice, lang, strict=strict)  # noqa: E731
+    assert pick(None, None) == (None, None)
+    assert pick(None, "en-GB") == (None, "en_US")  # the default speaks it: stays the default
+    assert pick(None, "de") == ("high", "de_DE")
+    assert pick(None, "zh") == ("both", "zh")
+    assert pick("both", "en") == ("both", "en")
+    assert pick(None, "fr", strict=False) == (None, None)  # SSIP: speechd's fallback
+    refused = [
+        ("nobody", None, "unknown_voice"),
+        ("high", "en", "unknown_language"),
+        (None, "fr", "unknown_language"),
+    ]
+    for voice, lang, code in refused:
+        with pytest.raises(RequestError) as e:
+            pick(voice, lang)
+        assert e.value.code == code
+
+
+def test_one_synthesis_many_readers_and_the_last_one_out_cancels() -> None:
+    engine = ToneEngine(compute_s=0.02)
+    resolver = Resolver(engine)
+    request = SpeakRequest("one two three four five six seven eight")
+    first = resolver.open(request)
+    second = resolver.open(SpeakRequest("one two three four five six seven eight"))
+    assert second is first and first.readers == 2
+    got: dict[str, bytes] = {}
+
+    def read(name: str, stream: AudioStream) -> None:
+        got[name] = b"".join(c.pcm for c in stream.read(Cancel()))
+        stream.release()
+
+    threads = [threading.Thread(target=read, args=(n, first)) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert got["a"] == got["b"] and len(got["a"]) == 8 * 3200
+    assert engine.calls == ["one two three four five six seven eight"]  # synthesised once
+    # a stream whose every reader leaves early stops its synthesis
+    slow = ToneEngine(compute_s=0.05)
+    stream = Resolver(slow).open(SpeakRequest(" ".join(["w"] * 100)))
+    next(stream.read(Cancel()))
+    stream.release()
+    deadline = time.monotonic() + 5
+    while not stream.done:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert stream.cancel.is_set() and len(stream.chunks) < 20
+
+
+async def test_async_reader_is_woken_by_the_producer_and_a_cancel_wakes_a_thread() -> None:
+    stream = AudioStream("k")
+    chunk = ToneEngine().synthesize("x", SynthesisConfig()).__next__()
+
+    async def produce() -> None:
+        for _ in range(3):
+            await asyncio.sleep(0.05)
+            await asyncio.to_thread(stream.put, chunk)
+        await asyncio.to_thread(stream.finish)
+
+    producer = asyncio.create_task(produce())
+    seen = [c async for c in stream.aread()]
+    await producer
+    assert seen == [chunk] * 3
+    # a blocked thread reader returns at once when its Cancel is set (no polling interval)
+    idle, cancel, out = AudioStream("idle"), Cancel(), []
+    reader = threading.Thread(target=lambda: out.extend(idle.read(cancel)))
+    reader.start()
+    await asyncio.sleep(0.1)
+    t0 = time.monotonic()
+    cancel.set()
+    await asyncio.to_thread(reader.join, 5)
+    assert not reader.is_alive() and out == [] and time.monotonic() - t0 < 0.1
+
+
+def test_streamed_and_played_audio_are_the_same_bytes(chattts: ChatTTSEngine) -> None:
+    """``speakd synth``'s path and the resolver give identical audio for one prepared request."""
+    config = SynthesisConfig(extra={"max_new_token": 16, "min_new_token": 16})
+    p = prepare(chattts, "door open", config)
+    via_resolver = join_chunks(
+        Resolver(chattts).stream(SpeakRequest("door open", config=config), Cancel())
+    )
+    direct = join_chunks(chattts.synthesize(p.text, p.config))
+    assert via_resolver.pcm == direct.pcm
+    assert np.abs(via_resolver.samples()).max() > 0
