@@ -140,3 +140,21 @@ def test_a_childs_peak_memory_is_its_own_not_its_parents() -> None:
     r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, check=True)
     assert float(r.stdout) < 150
     del ballast
+
+
+def test_machine_line_names_the_cpu_its_flags_and_bandwidth_or_says_what_is_missing() -> None:
+    from speakd_tools.bench.machine import ISA_FLAGS, cpu, line
+
+    info = {
+        "model": "Some CPU",
+        "logical_cores": 2,
+        "flags": {"avx2": True, "avx512f": False},
+        "read_gb_s": {"1": 10.6, "2": 20.1},
+    }
+    assert line(info) == (
+        "Machine: Some CPU, 2 logical cores; avx2 (not avx512f); "
+        "DRAM read 10.6 GB/s (1 thread), 20.1 GB/s (2 threads)."
+    )
+    assert line({**info, "read_gb_s": None}).endswith("; read bandwidth not measured.")
+    assert line({"cpus": 2}) == "Machine: not recorded."  # a result saved before machine lines
+    assert set(cpu()["flags"]) == set(ISA_FLAGS)

@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from .machine import describe
 from .stats import in_child, loadavg, peak_rss_mb, percentile
 
 log = logging.getLogger(__name__)
@@ -437,6 +438,7 @@ class BenchOptions:
     out: Path = Path("bench-out")
     timeout: float = 7200.0
     seed: int = 1
+    bandwidth: bool = True  # measure DRAM read bandwidth for the machine line
 
 
 def _save_partial(result: dict[str, Any], out: Path) -> None:
@@ -494,6 +496,8 @@ def run_bench(opts: BenchOptions) -> dict[str, Any]:
         log.info("phase 4: cache hits (socket, MQTT)")
         result["cache"] = cache_hits(opts.says, opts.threads)
     result["machine"]["loadavg_end"] = loadavg()
+    # last, with every contender's process gone: the 1 GiB buffer would compete with them
+    result["machine"].update(describe(bandwidth=opts.bandwidth))
     per_step = {c.name: step_bytes(Path(c.path), (100, 500)) for c in present if c.name in ORT}
     result["bytes_per_step"] = per_step
     result["projection"] = projection(per_step)

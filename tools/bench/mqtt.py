@@ -143,7 +143,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     publisher.close()
     total = [(sink.first_write[rid] - t) * 1000 for rid, t in sent]
     inside = [in_daemon[rid] for rid, _ in sent]
-    source_status = scheduler.source.status()
+    source_status = scheduler.resolver.status()
     await frontend.close()
     await scheduler.close()
     task.cancel()

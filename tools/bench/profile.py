@@ -15,11 +15,9 @@ import collections
 import cProfile
 import json
 import os
-import platform
 import pstats
 import statistics
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -28,6 +26,8 @@ import numpy as np
 import onnxruntime as ort
 
 from speakd.engines.chattts.ortsession import session_options
+
+from .machine import ISA_FLAGS, cpu, read_bandwidth
 
 TEXT = "Please remember to close the kitchen window before you leave."
 
@@ -126,26 +126,6 @@ def threads(bundle: Path, rounds: int) -> None:
         print(f"  {k:28s} median {statistics.median(v):7.2f} ms  min {min(v):7.2f}")
 
 
-ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8", "asimddp", "i8mm")
-
-
-def read_bandwidth(threads: int, gib: float = 1.0, repeats: int = 4) -> float:
-    """Best-of-``repeats`` DRAM read bandwidth in GB/s: ``threads`` numpy reductions (they drop
-    the GIL) over disjoint slices of a buffer far larger than the last-level cache."""
-    buf = np.ones(int(gib * (1 << 30)) // 8, np.uint64)
-    parts = np.array_split(buf, threads)
-    best = float("inf")
-    for _ in range(repeats):
-        workers = [threading.Thread(target=np.bitwise_or.reduce, args=(x,)) for x in parts]
-        t0 = time.perf_counter()
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join()
-        best = min(best, time.perf_counter() - t0)
-    return buf.nbytes / best / 1e9
-
-
 def _matmul_nbits_model(k: int, n: int, count: int) -> bytes:
     """``count`` independent [1,k]x[k,n] MatMuls, quantized like the shipped GPT (4-bit b256
     symmetric, accuracy level 4)."""
@@ -203,18 +183,9 @@ def machine(bundle: Path) -> None:
     kernel's speed with weights hot vs streamed, and the bandwidth floor of one decode step."""
     from .chattts import step_bytes
 
-    flags: set[str] = set()
-    model = platform.processor()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() in ("flags", "Features"):
-                flags |= set(value.split())
-            elif key.strip() == "model name":
-                model = value.strip()
-    print(f"cpu: {model}, {os.cpu_count()} logical cores, load {os.getloadavg()}")
-    print("isa: " + ", ".join(f"{f} {'yes' if f in flags else 'no'}" for f in ISA_FLAGS))
+    info = cpu()
+    print(f"cpu: {info['model']}, {info['logical_cores']} logical cores, load {os.getloadavg()}")
+    print("isa: " + ", ".join(f"{f} {'yes' if info['flags'][f] else 'no'}" for f in ISA_FLAGS))
     bw = {t: read_bandwidth(t) for t in (1, 2)}
     print(f"DRAM read: {bw[1]:.1f} GB/s (1 thread), {bw[2]:.1f} GB/s (2 threads)")
     nbytes = 768 * 6144 // 2

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .machine import line as machine_line
+
 # (key, header, unit scale); every metric is "lower is better". The interleaved GPT-step columns
 # ("step<ctx>") are added per measured context in front of these.
 COLUMNS = [
@@ -67,7 +69,7 @@ def table(result: dict[str, Any]) -> str:
     cols = columns(result)
     head = "| contender | " + " | ".join(h for _, h, _ in cols) + " |"
     sep = "|---|" + "---:|" * len(cols)
-    lines = [head, sep]
+    lines = [machine_line(result["machine"]), "", head, sep]
     for n in names:
         c = result["contenders"][n]
         if c["missing"]:

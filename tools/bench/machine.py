@@ -1,0 +1,83 @@
+"""The machine line every benchmark table carries: CPU model, the ISA flags that decide which
+int8/int4 kernels run, and measured DRAM read bandwidth (the floor of a decode step).
+
+Results from machines of different speeds are only comparable within one machine, so a result
+records what it ran on instead of leaving the reader to guess.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+# the flags that change which matmul kernels onnxruntime's MLAS can use (x86 and Arm)
+ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8", "asimddp", "i8mm")
+
+
+def cpu() -> dict[str, Any]:
+    """CPU model, logical cores and which of ``ISA_FLAGS`` it has (from /proc/cpuinfo)."""
+    flags: set[str] = set()
+    model = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("flags", "Features"):
+                flags |= set(value.split())
+            elif key.strip() == "model name":
+                model = value.strip()
+    return {
+        "model": model,
+        "logical_cores": os.cpu_count(),
+        "flags": {f: f in flags for f in ISA_FLAGS},
+    }
+
+
+def read_bandwidth(threads: int, gib: float = 1.0, repeats: int = 4) -> float:
+    """Best-of-``repeats`` DRAM read bandwidth in GB/s: ``threads`` numpy reductions (they drop
+    the GIL) over disjoint slices of a buffer far larger than the last-level cache."""
+    import numpy as np
+
+    buf = np.ones(int(gib * (1 << 30)) // 8, np.uint64)
+    parts = np.array_split(buf, threads)
+    best = float("inf")
+    for _ in range(repeats):
+        workers = [threading.Thread(target=np.bitwise_or.reduce, args=(x,)) for x in parts]
+        t0 = time.perf_counter()
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        best = min(best, time.perf_counter() - t0)
+    return buf.nbytes / best / 1e9
+
+
+def describe(bandwidth: bool = True) -> dict[str, Any]:
+    """``cpu()`` plus, unless ``bandwidth`` is False, the read bandwidth with 1 and 2 threads."""
+    out = cpu()
+    if bandwidth:
+        out["read_gb_s"] = {str(t): round(read_bandwidth(t), 1) for t in (1, 2)}
+    return out
+
+
+def line(info: dict[str, Any]) -> str:
+    """One Markdown line: "Machine: <model>, N logical cores; flags …; DRAM read … GB/s". A result
+    saved before machine lines existed has no ``flags``: it says so rather than guess."""
+    if "flags" not in info:
+        return "Machine: not recorded."
+    have = [f for f, on in info["flags"].items() if on]
+    lacks = [f for f, on in info["flags"].items() if not on]
+    flags = ", ".join(have) or "none of " + ", ".join(ISA_FLAGS)
+    if have and lacks:
+        flags += f" (not {', '.join(lacks)})"
+    bw = info.get("read_gb_s")
+    read = (
+        f"DRAM read {bw['1']} GB/s (1 thread), {bw['2']} GB/s (2 threads)"
+        if bw
+        else "read bandwidth not measured"
+    )
+    return f"Machine: {info['model']}, {info['logical_cores']} logical cores; {flags}; {read}."
