@@ -141,9 +141,12 @@ class BatchDecoder:
         if (lo, hi) not in self._windows:
             kv = [ort.OrtValue.ortvalue_from_numpy(a[lo:hi]) for a in self.kv]
             arrays = (
-                self.embeds[lo:hi], self.hidden[lo:hi], self.logits[lo:hi], self.seqlens[lo:hi],
+                self.embeds[lo:hi],
+                self.hidden[lo:hi],
+                self.logits[lo:hi],
+                self.seqlens[lo:hi],
                 self.total,
-            )  # fmt: skip
+            )
             self._windows[lo, hi] = self._bind(arrays, kv)
         return self._windows[lo, hi][0]
 
@@ -271,9 +274,11 @@ class BatchDecoder:
         for group in groups.values():
             logits = np.stack([r.logits.reshape(q, v) for r in group])  # type: ignore[union-attr]
             codes = sample_rows(
-                [r.sampler for r in group], logits,
-                [r.history[: r.step] for r in group], [r.step for r in group],
-            )  # fmt: skip
+                [r.sampler for r in group],
+                logits,
+                [r.history[: r.step] for r in group],
+                [r.step for r in group],
+            )
             drawn.update((id(r), c) for r, c in zip(group, codes, strict=True))
         return [self._advance(row, drawn[id(row)]) if id(row) in drawn else False for row in rows]
 

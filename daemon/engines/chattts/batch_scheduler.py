@@ -270,9 +270,10 @@ class BatchScheduler:
             self.counters["prompt_passes"] += 1
             self.counters["prompt_ms"] += seconds * 1e3
         drawing = [
-            j for j in self._running
+            j
+            for j in self._running
             if j.row.logits is not None and (window is None or j.row.slot in window)
-        ]  # fmt: skip
+        ]
         stepping = []
         for job, going_on in zip(
             drawing, self.decoder.sample([j.row for j in drawing]), strict=True
@@ -302,9 +303,11 @@ class BatchScheduler:
             return None, []
         now = self._clock()
         lo, hi = self.decoder.window([j.row.slot for j in self._running])  # all, prompts done
-        prompt_s = self._prompt_s if any(
-            j.row.prefilled < j.row.prompt_len for j in self._running
-        ) else 0.0  # fmt: skip
+        prompt_s = (
+            self._prompt_s
+            if any(j.row.prefilled < j.row.prompt_len for j in self._running)
+            else 0.0
+        )
         prompts: list[_Job] = []
         slots: list[int] = []
         for job in self._running:
@@ -398,9 +401,12 @@ class BatchScheduler:
                 if job in self._running:
                     self._running.remove(job)
             job.request.context.run(
-                log.debug, "chattts batch: sentence %d done: %d steps (%s)",
-                job.index, job.row.stats.steps, job.row.stats.stop,
-            )  # fmt: skip
+                log.debug,
+                "chattts batch: sentence %d done: %d steps (%s)",
+                job.index,
+                job.row.stats.steps,
+                job.row.stats.stop,
+            )
             if error is not None:
                 job.out.put(error)
             job.out.put(_END)  # last: the caller may return as soon as it sees it

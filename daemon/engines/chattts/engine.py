@@ -117,16 +117,21 @@ class ChatTTSEngine:
             if self.batch_invariant or not batch_exact:
                 self.batch = BatchScheduler(decoder, self.vocoder, self.schedule, paced)
                 if decoder.min_rows > 1:
-                    log.info("%s: decode steps run over ≥ %d rows (M-dependent kernels)",
-                             bundle.path, decoder.min_rows)  # fmt: skip
+                    log.info(
+                        "%s: decode steps run over ≥ %d rows (M-dependent kernels)",
+                        bundle.path,
+                        decoder.min_rows,
+                    )
             else:
                 self.batch_size = 1
                 log.warning(
                     "%s: gpt.onnx is not batch-invariant (a row's output depends on the rows "
                     "decoded with it, e.g. activations quantized per batch); batch_size %d "
                     "would change the audio of a seed, so this engine decodes one sentence at "
-                    "a time", bundle.path, batch_size,
-                )  # fmt: skip
+                    "a time",
+                    bundle.path,
+                    batch_size,
+                )
         self.concurrent_synthesis = self.batch is not None  # the resolver drops its engine lock
 
     @classmethod
@@ -204,8 +209,11 @@ class ChatTTSEngine:
         sentences = textfe.split_sentences(normalized, self.split)
         log.info(
             "chattts: %d sentence(s), voice %s, seed %d: %.60r",
-            len(sentences), params["voice"], seed, normalized,
-        )  # fmt: skip
+            len(sentences),
+            params["voice"],
+            seed,
+            normalized,
+        )
         t0 = time.perf_counter()
         first_audio, samples = None, 0
         for audio in self._audio(sentences, params, sampling, seed, cancel):
@@ -218,9 +226,12 @@ class ChatTTSEngine:
         cancelled = ", cancelled" if cancel is not None and cancel.is_set() else ""
         log.info(
             "chattts: %.2f s audio in %.2f s (RTF %.2f), first audio %.0f ms%s",
-            samples / SAMPLE_RATE, elapsed, elapsed / max(samples / SAMPLE_RATE, 1e-9),
-            (first_audio or 0) * 1e3, cancelled,
-        )  # fmt: skip
+            samples / SAMPLE_RATE,
+            elapsed,
+            elapsed / max(samples / SAMPLE_RATE, 1e-9),
+            (first_audio or 0) * 1e3,
+            cancelled,
+        )
 
     def _audio(
         self,
@@ -250,9 +261,13 @@ class ChatTTSEngine:
                 yield from self._stream_sentence(sentence, params, sampler, cancel, stats)
                 log.debug(
                     "chattts: sentence %.30r: prompt %d tokens %.0f ms, %d steps %.1f ms/step (%s)",
-                    sentence, stats.prompt_tokens, stats.prompt_ms, stats.steps,
-                    stats.ms_per_step, stats.stop,
-                )  # fmt: skip
+                    sentence,
+                    stats.prompt_tokens,
+                    stats.prompt_ms,
+                    stats.steps,
+                    stats.ms_per_step,
+                    stats.stop,
+                )
 
     # --- pieces (also used by tests and tools) -------------------------------------------------
 

@@ -130,8 +130,16 @@ class StreamSchedule:
     @classmethod
     def exact(cls) -> StreamSchedule:
         """Context ≥ full-size ChatTTS's receptive field: streamed ≡ one-shot (float rounding)."""
-        return cls("exact", first_chunk=8, chunk=48, left=52, right=52, first_right=52,
-                   growth=1.0, max_chunk=48)  # fmt: skip
+        return cls(
+            "exact",
+            first_chunk=8,
+            chunk=48,
+            left=52,
+            right=52,
+            first_right=52,
+            growth=1.0,
+            max_chunk=48,
+        )
 
 
 class StreamingVocoder:
@@ -149,8 +157,11 @@ class StreamingVocoder:
         self.hiddens[self.n] = hidden
         self.n += 1
         if self.steps_to_next_chunk() == 0:
-            return self._render(self.done + self.schedule.size(self.chunks),
-                                self.schedule.look_ahead(self.chunks), final=False)  # fmt: skip
+            return self._render(
+                self.done + self.schedule.size(self.chunks),
+                self.schedule.look_ahead(self.chunks),
+                final=False,
+            )
         return None
 
     def steps_to_next_chunk(self) -> int:
