@@ -37,6 +37,19 @@ from speakd.frontends.ssip_parser import (
     split_command,
     strip_ssml,
 )
+from speakd.frontends.ssip_settings import (
+    ERR_PARAMETER_INVALID,
+    OBSOLETE_NAMES,
+    OBSOLETE_TABLES,
+    SET_REPLIES,
+    VOICE_TYPES,
+    Settings,
+    apply_setting,
+    rate_to_speed,
+    request_lang,
+    setting_value,
+    volume_to_gain,
+)
 from speakd.frontends.unixserver import peer_of
 from speakd.messages import Event, EventType, Priority, RequestError
 from speakd.prepare import match_language
@@ -50,98 +63,12 @@ OK_QUEUED = "OK MESSAGE QUEUED"
 ERR_INVALID_COMMAND = reply(500, "ERR INVALID COMMAND")
 ERR_INVALID_ENCODING = reply(501, "ERR INVALID ENCODING")
 ERR_MISSING_PARAMETER = reply(510, "ERR MISSING PARAMETER")
-ERR_NOT_A_NUMBER = reply(511, "ERR PARAMETER NOT A NUMBER")
-ERR_NOT_ON_OFF = reply(513, "ERR PARAMETER NOT ON OR OFF")
-ERR_PARAMETER_INVALID = reply(514, "ERR PARAMETER INVALID")
 ERR_NOT_ALLOWED_INSIDE_BLOCK = reply(332, "ERR NOT ALLOWED INSIDE BLOCK")
 ERR_NOT_IMPLEMENTED = reply(380, "ERR NOT YET IMPLEMENTED")
 ERR_ID_NOT_EXIST = reply(406, "ERR ID DOESNT EXIST")
 
 NOTIFICATIONS = ("begin", "end", "cancel", "pause", "resume", "index_marks")
-VOICE_TYPES = (
-    "male1",
-    "male2",
-    "male3",
-    "female1",
-    "female2",
-    "female3",
-    "child_male",
-    "child_female",
-)
-# SET parameters: (reply code, reply text, code of "couldn't set" for an unknown client id).
-SET_REPLIES: dict[str, tuple[int, str, int]] = {
-    "language": (201, "OK LANGUAGE SET", 302),
-    "rate": (203, "OK RATE SET", 303),
-    "pitch": (204, "OK PITCH SET", 304),
-    "punctuation": (205, "OK PUNCTUATION SET", 305),
-    "cap_let_recogn": (206, "OK CAP LET RECOGNITION SET", 306),
-    "spelling": (207, "OK SPELLING SET", 308),
-    "voice_type": (209, "OK VOICE SET", 309),
-    "synthesis_voice": (209, "OK VOICE SET", 309),
-    "output_module": (216, "OK OUTPUT MODULE SET", 312),
-    "pause_context": (217, "OK PAUSE CONTEXT SET", 313),
-    "volume": (218, "OK VOLUME SET", 314),
-    "ssml_mode": (219, "OK SSML MODE SET", 315),
-    "pitch_range": (263, "OK PITCH RANGE SET", 340),
-}
-# Settings older libspeechd clients still send. Before speech-dispatcher 0.10 the voice type was
-# ``SET … VOICE`` (and ``GET VOICE``); before 0.2 a client could load character, key, sound,
-# spelling and punctuation tables, answered 215 (TEXT_TABLE: 299, accepted but inert). speakd
-# answers as those releases did; the tables change nothing.
-OBSOLETE_NAMES = {"voice": "voice_type"}
-OBSOLETE_TABLES = {
-    "spelling_table": (215, "OK TABLE SET"),
-    "punctuation_table": (215, "OK TABLE SET"),
-    "character_table": (215, "OK TABLE SET"),
-    "key_table": (215, "OK TABLE SET"),
-    "sound_table": (215, "OK TABLE SET"),
-    "cap_let_recogn_table": (215, "OK TABLE SET"),
-    "text_table": (299, "OK BUT NOT IMPLEMENTED -- DOES NOTHING"),
-}
-# −100..100 settings: (error code too high, too low, name in the error).
-RANGES = {
-    "rate": (409, 410, "RATE"),
-    "pitch": (411, 412, "PITCH"),
-    "volume": (413, 414, "VOLUME"),
-    "pitch_range": (415, 416, "PITCH RANGE"),
-}
-ENUMS = {
-    "punctuation": ("all", "most", "some", "none"),
-    "cap_let_recogn": ("none", "spell", "icon"),
-}
 NOT_IN_BLOCK = {"history", "stop", "cancel", "pause", "resume", "list", "get", "help"}
-
-
-def rate_to_speed(rate: int) -> float | None:
-    """SSIP rate −100..100 → speakd speed 0.25..4 (None at 0 keeps the bundle default)."""
-    return None if rate == 0 else 2.0 ** (rate / 50)
-
-
-def volume_to_gain(volume: int) -> float | None:
-    """SSIP volume −100..100 → gain 0..1; 100 (speechd's default) is speakd's normal level."""
-    return None if volume == 100 else (volume + 100) / 200
-
-
-@dataclass
-class Settings:
-    """One client's ``SET`` state, with speechd's defaults."""
-
-    priority: Priority = Priority.TEXT
-    client_name: str = ""
-    language: str = ""
-    rate: int = 0
-    pitch: int = 0
-    pitch_range: int = 0
-    volume: int = 100
-    voice_type: str = "male1"
-    synthesis_voice: str = ""
-    output_module: str = ""
-    punctuation: str = "none"
-    cap_let_recogn: str = "none"
-    spelling: bool = False
-    ssml_mode: bool = False
-    pause_context: int = 0
-    notify: set[str] = field(default_factory=set)
 
 
 @dataclass(eq=False)
@@ -351,7 +278,7 @@ class SsipFrontend:
             value = " ".join(words[3:]).strip()
         if not value:
             return ERR_MISSING_PARAMETER
-        parsed = _setting_value(sub, value)
+        parsed = setting_value(sub, value)
         if isinstance(parsed, bytes):
             return parsed
         targets = self._targets(conn, who)
@@ -361,7 +288,7 @@ class SsipFrontend:
         if not targets:
             return reply(err, f"ERR COULDNT SET {sub.upper()}")
         for target in targets:
-            _apply(target.settings, sub, parsed)
+            apply_setting(target.settings, sub, parsed)
         return reply(code, text)
 
     def _set_notification(self, conn: Connection, self_only: bool, kind: str, state: str) -> bytes:
@@ -438,7 +365,7 @@ class SsipFrontend:
             "id": f"ssip-{msg.msg_id}",
             "priority": conn.settings.priority.name.lower(),
             "voice": self._voice(conn.settings),
-            "lang": _lang(conn.settings.language),
+            "lang": request_lang(conn.settings.language),
             "speed": rate_to_speed(conn.settings.rate),
             "volume": volume_to_gain(conn.settings.volume),
         }
@@ -561,7 +488,7 @@ class SsipFrontend:
         if what == "voices":
             return reply(249, "OK VOICE LIST SENT", *(v.upper() for v in VOICE_TYPES))
         if what == "synthesis_voices":
-            lang = _lang(_arg(words, 2))
+            lang = request_lang(_arg(words, 2))
             rows = [
                 f"{printable(v['name'])}\t{printable(v['language'])}\tnone"
                 for v in self.control.voices()
@@ -640,45 +567,6 @@ class SsipFrontend:
 
 def _arg(words: list[str], i: int) -> str:
     return words[i] if i < len(words) else ""
-
-
-def _setting_value(sub: str, value: str) -> Any:
-    """Validate a SET value → the value to store, or the error reply (bytes)."""
-    if sub in RANGES or sub == "pause_context":
-        number = parse_int(value)
-        if number is None:
-            return ERR_NOT_A_NUMBER
-        if sub in RANGES:
-            high, low, name = RANGES[sub]
-            if number > 100:
-                return reply(high, f"ERR {name} TOO HIGH")
-            if number < -100:
-                return reply(low, f"ERR {name} TOO LOW")
-        return number
-    if sub in ENUMS:
-        value = value.lower()
-        return value if value in ENUMS[sub] else ERR_PARAMETER_INVALID
-    if sub in ("spelling", "ssml_mode"):
-        value = value.lower()
-        return ERR_NOT_ON_OFF if value not in ("on", "off") else value == "on"
-    if sub == "voice_type":
-        value = value.lower()
-        return value if value in VOICE_TYPES else reply(309, "ERR COULDNT SET VOICE")
-    if sub in ("language", "output_module"):
-        return value.lower()
-    return value  # synthesis_voice keeps its case
-
-
-def _apply(settings: Settings, sub: str, value: Any) -> None:
-    if sub == "voice_type":  # as in speechd, a voice type replaces a synthesis voice
-        settings.synthesis_voice = ""
-    setattr(settings, sub, value)
-
-
-def _lang(language: str) -> str | None:
-    """SSIP's LANGUAGE as a request's ``lang``; "C"/"POSIX" (no language) and unset are None."""
-    value = language.strip()
-    return None if value.lower() in ("", "c", "posix") else value
 
 
 def _error_reply(code: str, message: str) -> bytes:
