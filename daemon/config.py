@@ -11,6 +11,7 @@ import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
+from urllib.parse import urlparse
 
 DEFAULT_CONFIG_PATH = Path("/etc/speakd/speakd.toml")
 ENV_PREFIX = "SPEAKD_"
@@ -228,6 +229,30 @@ class MqttConfig:
 
 
 @dataclass(frozen=True)
+class WyomingConfig:
+    """The Wyoming TTS server Home Assistant talks to (docs/wyoming.md). It has no
+    authentication: bind it to the interface Home Assistant reaches, not to every one."""
+
+    uri: str = ""  # empty = off; "tcp://0.0.0.0:10200" or "unix:///run/speakd/wyoming.sock"
+    zeroconf: str = ""  # empty = off; else the name Home Assistant's discovery shows (tcp only)
+
+    def validate(self) -> None:
+        if self.zeroconf and not self.uri.startswith("tcp://"):
+            raise ConfigError("wyoming.zeroconf: discovery needs a tcp:// wyoming.uri")
+        if not self.uri:
+            return
+        url = urlparse(self.uri)
+        try:
+            port = url.port
+        except ValueError:  # out of range
+            port = None
+        if not (
+            (url.scheme == "tcp" and url.hostname and port) or (url.scheme == "unix" and url.path)
+        ):
+            raise ConfigError(f"wyoming.uri: {self.uri!r} is not tcp://HOST:PORT or unix:///PATH")
+
+
+@dataclass(frozen=True)
 class Config:
     engine: EngineConfig = field(default_factory=EngineConfig)
     audio: AudioConfig = field(default_factory=AudioConfig)
@@ -235,6 +260,7 @@ class Config:
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     mqtt: MqttConfig = field(default_factory=MqttConfig)
+    wyoming: WyomingConfig = field(default_factory=WyomingConfig)
     source: str = ""  # the file it came from, for doctor and logs
 
     def validate(self) -> Config:

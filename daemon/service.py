@@ -30,6 +30,7 @@ from speakd.frontends.jsonlines import JsonLinesFrontend
 from speakd.frontends.mqtt import MqttFrontend
 from speakd.frontends.ssip import SsipFrontend
 from speakd.frontends.unixserver import AccessPolicy, start_unix_server
+from speakd.frontends.wyoming import WyomingFrontend
 from speakd.messages import SpeakRequest
 from speakd.notify import listen_fds, notify, watchdog_interval
 from speakd.resolver import Resolver
@@ -55,6 +56,7 @@ class Daemon:
     guard: Guard | None = None
     control: Control | None = None
     mqtt: MqttFrontend | None = None
+    wyoming: WyomingFrontend | None = None
     servers: list[asyncio.AbstractServer] = field(default_factory=list)
     _stopping: asyncio.Event = field(default_factory=asyncio.Event)
     _tasks: list[asyncio.Task[Any]] = field(default_factory=list)
@@ -144,6 +146,7 @@ class Daemon:
             log.warning("ignoring inherited socket %r (known names: json, ssip)", name)
         if self.config.mqtt.enabled:
             await self._start_mqtt(MqttFrontend(self.control, self.config.mqtt))
+        await self._start_wyoming()
 
     async def _start_mqtt(self, frontend: MqttFrontend) -> None:
         """MQTT runs beside the sockets; a configured remote speaker replaces the local sink."""
@@ -152,6 +155,25 @@ class Daemon:
         if frontend.speaker is not None:
             await self._replace_sink(self.control.scheduler, frontend.speaker)
         await frontend.start()
+
+    async def _start_wyoming(self) -> None:
+        """(Re)start the Wyoming server when [wyoming] changed (its info follows the engine)."""
+        assert self.control is not None
+        wanted, limits = self.config.wyoming, self.config.limits
+        if self.wyoming is not None:
+            if self.wyoming.config == wanted:
+                return
+            await self.wyoming.close()
+            self.wyoming = None
+        if wanted.uri:
+            self.wyoming = WyomingFrontend(
+                self.control,
+                wanted,
+                max_event_bytes=limits.max_line_bytes,
+                max_pending=limits.max_queue,
+                socket_mode=self.config.socket.mode_bits,
+            )
+            await self.wyoming.start()
 
     async def _listen(self, handler: Any, path: str, inherited: Any, refusal: bytes = b"") -> None:
         sock = self.config.socket
@@ -284,6 +306,7 @@ class Daemon:
         self.control.reloads += 1
         if mqtt is not None:
             await self._start_mqtt(mqtt)
+        await self._start_wyoming()
         log.info("configuration reloaded (%d)", self.control.reloads)
         notify("READY=1", f"STATUS={self._status_line()}")
 
@@ -293,6 +316,8 @@ class Daemon:
         log.info("stopping")
         for server in self.servers:
             server.close()
+        if self.wyoming is not None:  # its clients' streams are released before the resolver
+            await self.wyoming.close()
         if self.control is not None:
             await self.control.scheduler.close()
             self.control.scheduler.sink.close()

@@ -1,0 +1,387 @@
+"""Wyoming TTS server: how Home Assistant (Assist, media players, voice satellites) speaks through
+speakd. Set ``[wyoming] uri`` and add it in Home Assistant as a Wyoming Protocol integration
+(docs/wyoming.md).
+
+Events, on the ``wyoming`` package's own server and event classes:
+
+* ``describe`` → ``info``, answered at once from an ``Info`` built when the server starts and
+  rebuilt when a reload brings another engine (``wyoming_wire.build_info``).
+* ``synthesize`` → ``audio-start``, ``audio-chunk``…, ``audio-stop``: one request through
+  ``Control.stream`` — a cache hit comes straight from the cache, a miss shares one synthesis with
+  any playback of the same key, and each chunk goes out as the engine yields it.
+* ``synthesize-start``, ``synthesize-chunk``…, ``synthesize-stop`` (text streamed in, an LLM's
+  answer): every sentence is a request of its own as soon as it is complete
+  (``frontends/sentences.py``), each answered ``audio-start`` … ``audio-stop``, then
+  ``synthesize-stopped``. The ``synthesize`` a client sends inside the stream for older servers is
+  ignored, never spoken twice.
+* ``ping`` → ``pong``. Other event types are dropped, as the protocol asks of servers.
+
+Work runs in the connection's own task, one request after another, while its events keep being
+read: ``describe`` is answered even mid-synthesis, and a client that goes away cancels what it was
+owed (its streams are released; the last reader out cancels the synthesis). A bad event, an
+unknown voice, empty or over-long text, a busy daemon (``limits.max_streams``), more than
+``limits.max_queue`` pending requests or a failed synthesis is an ``error`` event with a code
+(``messages.error_data``) and the connection goes on. Nothing here goes through the scheduler:
+Wyoming never interrupts what the board is playing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlparse
+
+from wyoming.audio import AudioChunk, AudioStart, AudioStop
+from wyoming.error import Error
+from wyoming.event import Event
+from wyoming.info import Describe
+from wyoming.ping import Ping, Pong
+from wyoming.server import AsyncEventHandler, AsyncServer, AsyncUnixServer
+from wyoming.tts import (
+    Synthesize,
+    SynthesizeChunk,
+    SynthesizeStart,
+    SynthesizeStop,
+    SynthesizeStopped,
+    SynthesizeVoice,
+)
+
+from speakd.config import WyomingConfig
+from speakd.control import Control
+from speakd.engines.base import Engine
+from speakd.frontends.sentences import SentenceSplitter
+from speakd.frontends.wyoming_wire import WireError, build_info, read_event
+from speakd.messages import RequestError, SpeakRequest, error_data
+from speakd.prepare import select_voice
+
+log = logging.getLogger(__name__)
+
+SAMPLES_PER_CHUNK = 1024  # per audio-chunk event, as wyoming-piper sends them
+STOPPED = None  # a job: the text stream's last sentence is out, send synthesize-stopped
+Job = SpeakRequest | None
+
+
+class WyomingFrontend:
+    """The server: one ``WyomingHandler`` per connection, all in the daemon's event loop."""
+
+    def __init__(
+        self,
+        control: Control,
+        config: WyomingConfig,
+        *,
+        max_event_bytes: int,
+        max_pending: int,
+        socket_mode: int,
+    ) -> None:
+        self.control = control
+        self.config = config
+        self.max_event_bytes = max_event_bytes  # limits.max_line_bytes
+        self.max_pending = max_pending  # limits.max_queue, per connection
+        self.socket_mode = socket_mode  # [socket] mode, for a unix:// server
+        self.server: AsyncServer | None = None
+        self._zeroconf: Any = None
+        self._connections = itertools.count(1)
+        self._info: tuple[Engine, Event] | None = None
+
+    async def start(self) -> None:
+        self.info_event()  # prebuilt: describe never waits for it
+        self.server = AsyncServer.from_uri(self.config.uri)
+        await self.server.start(self._handler)
+        if isinstance(self.server, AsyncUnixServer):  # bound with the umask: same mode as ours
+            os.chmod(self.server.socket_path, self.socket_mode)
+        log.info("Wyoming server on %s", self.config.uri)
+        if self.config.zeroconf:
+            try:
+                await self._announce()
+            except OSError as e:  # no multicast route (yet): serve anyway, HA can add it by hand
+                log.warning("Wyoming zeroconf announcement failed, serving without it: %s", e)
+
+    async def close(self) -> None:
+        """Stop listening and drop every connection (their work is cancelled)."""
+        if self._zeroconf is not None:
+            with contextlib.suppress(Exception):  # a network already gone must not stop a stop
+                await self._zeroconf._aiozc.async_close()  # the library has no unregister
+            self._zeroconf = None
+        if self.server is not None:
+            await self.server.stop()
+            self.server = None
+
+    def info_event(self) -> Event:
+        """``info`` for the engine now loaded, built once per engine."""
+        engine = self.control.engine
+        if self._info is None or self._info[0] is not engine:
+            self._info = (engine, build_info(engine).event())
+        return self._info[1]
+
+    async def _announce(self) -> None:
+        """Zeroconf (mDNS) so Home Assistant discovers the server, as wyoming-piper does."""
+        from wyoming.zeroconf import HomeAssistantZeroconf
+
+        url = urlparse(self.config.uri)
+        assert url.port is not None  # WyomingConfig.validate: zeroconf needs tcp://HOST:PORT
+        host = None if url.hostname in ("0.0.0.0", "::") else url.hostname
+        self._zeroconf = HomeAssistantZeroconf(port=url.port, name=self.config.zeroconf, host=host)
+        await self._zeroconf.register_server()
+        log.info("Wyoming server announced over zeroconf as %r", self.config.zeroconf)
+
+    def _handler(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> WyomingHandler:
+        peer = writer.get_extra_info("peername")
+        origin = f"wyoming:{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "wyoming"
+        return WyomingHandler(self, reader, writer, origin, f"wyoming:{next(self._connections)}")
+
+
+@dataclass
+class _TextStream:
+    """A ``synthesize-start`` … ``synthesize-stop`` in progress. ``failed``: its voice was
+    refused at the start (the client heard why once); its text is dropped, not refused again."""
+
+    voice: dict[str, str]
+    splitter: SentenceSplitter
+    failed: bool = False
+    sentences: int = 0
+
+
+@dataclass
+class _Owed:
+    """The connection's pending work, spoken in order by one task."""
+
+    jobs: asyncio.Queue[Job] = field(default_factory=asyncio.Queue)
+    task: asyncio.Task[None] | None = None
+    current: str | None = None  # the request being spoken
+
+
+class WyomingHandler(AsyncEventHandler):
+    def __init__(
+        self,
+        frontend: WyomingFrontend,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        origin: str,
+        client: str,
+    ) -> None:
+        super().__init__(reader, writer)
+        self.frontend = frontend
+        self.control = frontend.control
+        self.origin, self.client = origin, client
+        self._text: _TextStream | None = None
+        self._owed = _Owed()
+
+    async def run(self) -> None:
+        """The library's loop, reading with ``read_event``: a malformed event is answered with an
+        error and the connection goes on (unless the stream cannot be followed past it)."""
+        log.debug("%s connected (%s)", self.client, self.origin)
+        try:
+            while True:
+                try:
+                    event = await read_event(self.reader, self.frontend.max_event_bytes)
+                except WireError as e:
+                    log.info("%s: %s", self.client, e)
+                    await self._error(e)
+                    if e.fatal:
+                        await self._swallow_input()
+                        break
+                    continue
+                if event is None or not await self.handle_event(event):
+                    break
+        except ConnectionError:
+            pass
+        finally:
+            await self.disconnect()
+            self.writer.close()
+
+    async def _swallow_input(self) -> None:
+        """Before closing on a fatal error: half-close, then read what the client already sent
+        (for a second at most). Closing with unread input resets the connection, and the client
+        would lose the error that says why."""
+
+        async def swallow() -> None:
+            while await self.reader.read(1 << 16):
+                pass
+
+        with contextlib.suppress(ConnectionError, TimeoutError, OSError):
+            self.writer.write_eof()
+            await asyncio.wait_for(swallow(), 1.0)
+
+    async def disconnect(self) -> None:
+        """The client left (or is dropped): cancel what it was still owed."""
+        owed = self._owed
+        if owed.task is None or owed.task.done():
+            return
+        if owed.current is not None or not owed.jobs.empty():
+            log.info(
+                "%s left: request %s and %d pending cancelled",
+                self.client,
+                owed.current,
+                owed.jobs.qsize(),
+            )
+        owed.task.cancel()
+        await asyncio.gather(owed.task, return_exceptions=True)
+
+    async def handle_event(self, event: Event) -> bool:
+        try:
+            await self._dispatch(event)
+        except RequestError as e:
+            await self._error(e)
+        return True
+
+    async def _dispatch(self, event: Event) -> None:
+        kind = event.type
+        if Describe.is_type(kind):
+            await self.write_event(self.frontend.info_event())
+        elif Synthesize.is_type(kind):
+            if self._text is not None:
+                log.debug("%s: synthesize inside a text stream ignored", self.client)
+                return
+            synthesize = _parse(Synthesize.from_event, event)
+            self._enqueue(self._request(synthesize.text, _voice_fields(synthesize.voice)))
+        elif SynthesizeStart.is_type(kind):
+            self._start_text(_parse(SynthesizeStart.from_event, event).voice)
+        elif SynthesizeChunk.is_type(kind):
+            text = self._open_text(kind)
+            chunk = _parse(SynthesizeChunk.from_event, event).text
+            if not isinstance(chunk, str):
+                raise RequestError("bad_text", "synthesize-chunk text must be a string")
+            self._sentences(text, text.splitter.feed(chunk))
+        elif SynthesizeStop.is_type(kind):
+            text = self._open_text(kind)
+            self._sentences(text, text.splitter.finish(), STOPPED)
+            self._text = None
+            log.info("%s: text stream ended (%d sentences)", self.client, text.sentences)
+        elif Ping.is_type(kind):
+            await self.write_event(Pong(text=_parse(Ping.from_event, event).text).event())
+        else:
+            log.debug("%s: %s event dropped", self.client, kind)
+
+    # ---- text streamed in -------------------------------------------------------------------
+
+    def _start_text(self, voice: SynthesizeVoice | None) -> None:
+        if self._text is not None:
+            raise RequestError("bad_event", "synthesize-start inside an open text stream")
+        fields = _voice_fields(voice)
+        self._text = _TextStream(fields, SentenceSplitter(self.control.max_text_chars))
+        engine = self.control.engine
+        try:  # refuse an unknown voice once, here, rather than once per sentence
+            select_voice(
+                engine.voices(), engine.default_voice(), fields.get("voice"), fields.get("lang")
+            )
+        except RequestError:
+            self._text.failed = True
+            raise
+
+    def _open_text(self, kind: str) -> _TextStream:
+        if self._text is None:
+            raise RequestError("bad_event", f"{kind} without synthesize-start")
+        return self._text
+
+    def _sentences(self, text: _TextStream, sentences: list[str], *end: Job) -> None:
+        jobs: list[Job] = []
+        if not text.failed:
+            jobs = [self._request(s, text.voice) for s in sentences]
+            text.sentences += len(jobs)
+        self._enqueue(*jobs, *end)
+
+    # ---- the work ---------------------------------------------------------------------------
+
+    def _request(self, text: Any, voice: dict[str, str]) -> SpeakRequest:
+        return self.control.build_request(
+            {"text": text, **voice}, origin=self.origin, client=self.client
+        )
+
+    def _enqueue(self, *jobs: Job) -> None:
+        owed = self._owed
+        if owed.jobs.qsize() + len(jobs) > self.frontend.max_pending:
+            raise RequestError(
+                "queue_full",
+                f"{owed.jobs.qsize()} requests pending on this connection (limits.max_queue)",
+            )
+        for job in jobs:
+            owed.jobs.put_nowait(job)
+        if jobs and owed.task is None:
+            owed.task = asyncio.create_task(self._work(), name=f"wyoming-{self.client}")
+
+    async def _work(self) -> None:
+        owed = self._owed
+        try:
+            while True:
+                job = await owed.jobs.get()
+                if job is STOPPED:
+                    await self.write_event(SynthesizeStopped().event())
+                    continue
+                owed.current = job.id
+                await self._speak(job)
+                owed.current = None
+        except ConnectionError:
+            log.debug("%s went away mid-answer", self.client)
+            self.reader.feed_eof()  # ends run(), which closes the connection
+
+    async def _speak(self, request: SpeakRequest) -> None:
+        """One request's audio as audio-start, audio-chunk…, audio-stop (or an error)."""
+        rid, started = request.id, False
+        try:
+            async with self.control.stream(request) as stream:
+                async for chunk in stream.aread():
+                    fmt = {
+                        "rate": chunk.sample_rate,
+                        "width": chunk.sample_width,
+                        "channels": chunk.channels,
+                    }
+                    if not started:
+                        await self.write_event(AudioStart(**fmt).event())
+                        started = True
+                    step = SAMPLES_PER_CHUNK * chunk.sample_width * chunk.channels
+                    for i in range(0, len(chunk.pcm), step):
+                        piece = chunk.pcm[i : i + step]
+                        await self.write_event(AudioChunk(audio=piece, **fmt).event())
+                if not started:  # no audio at all: still a well-formed answer
+                    rate = self.control.engine.sample_rate
+                    await self.write_event(AudioStart(rate=rate, width=2, channels=1).event())
+                await self.write_event(AudioStop().event())
+                log.info(
+                    "request %s: %.2f s of audio sent (%s)",
+                    rid,
+                    stream.duration,
+                    "cached" if stream.from_cache else "synthesized",
+                )
+        except (ConnectionError, asyncio.CancelledError):  # gone: leaving the block released it
+            log.info("request %s: the client left; its stream is released", rid)
+            raise
+        except Exception as e:  # engine failures, busy: the client hears why, then goes on
+            log.warning("request %s failed: %s", rid, e)
+            await self._error(e)
+
+    async def _error(self, e: BaseException) -> None:
+        data = error_data(e)
+        await self.write_event(Error(text=data["message"], code=data["code"]).event())
+
+
+def _parse(parser: Any, event: Event) -> Any:
+    """The library's ``from_event``, with a malformed event as a ``bad_event`` error (the library
+    takes a voice that is not an object, ``"voice": "x"``, as no voice: refused here)."""
+    if not isinstance(event.data.get("voice") or {}, dict):
+        raise RequestError("bad_event", f"{event.type}: voice must be an object")
+    try:
+        return parser(event)
+    except (KeyError, TypeError, AttributeError, ValueError) as e:
+        raise RequestError("bad_event", f"malformed {event.type} event: {e!r}") from None
+
+
+def _voice_fields(voice: SynthesizeVoice | None) -> dict[str, str]:
+    """A Wyoming voice as request fields: a speaker (what Home Assistant's speaker option sends)
+    names the voice as ``name`` does — ChatTTS speakers are speakd voices — and a language
+    picks the voice by language (``prepare.select_voice``)."""
+    if voice is None:
+        return {}
+    name = voice.speaker or voice.name
+    fields: dict[str, Any] = {}
+    if name is not None:
+        fields["voice"] = name
+    if voice.language is not None:
+        fields["lang"] = voice.language
+    return fields

@@ -1,0 +1,117 @@
+"""The Wyoming wire for untrusted clients, and the ``info`` speakd answers ``describe`` with.
+
+A Wyoming event is a JSON header line, then ``data_length`` bytes of JSON data and
+``payload_length`` bytes of payload. The ``wyoming`` package's own reader ends the connection on
+any line that is not JSON and raises out of the handler on a header of the wrong shape (a string
+``data_length``, a list instead of an object); it also trusts the lengths it is told. ``read_event``
+reads the same format but says what is wrong instead: a bad header line or bad data is an error
+the connection survives (the bytes were consumed, the next line is the next event), while a
+length that is not a small non-negative integer leaves no way to find the next event, so the
+connection is closed after the error (``WireError.fatal``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from wyoming.event import Event
+from wyoming.info import Attribution, Info, TtsProgram, TtsVoice
+
+import speakd
+from speakd.engines.base import Engine
+from speakd.messages import RequestError, parse_json
+
+PROGRAM = "speakd"
+SPEAKD = Attribution(name="speakd", url="")
+MODELS = {  # engine kind → who made the model behind its voices
+    "vits": Attribution(name="Piper (Rhasspy)", url="https://github.com/rhasspy/piper"),
+    "chattts": Attribution(name="ChatTTS (2noise)", url="https://github.com/2noise/ChatTTS"),
+}
+
+
+class WireError(RequestError):
+    """A malformed event; ``fatal`` when the stream cannot be followed past it."""
+
+    def __init__(self, message: str, *, code: str = "bad_event", fatal: bool = False) -> None:
+        super().__init__(code, message)
+        self.fatal = fatal
+
+
+async def read_event(reader: asyncio.StreamReader, max_bytes: int) -> Event | None:
+    """The next event, or None at the end of the stream (also one cut off mid-event)."""
+    try:
+        line = await reader.readline()
+    except ValueError:  # asyncio's LimitOverrunError: a header line past the reader's limit
+        raise WireError("event header line too long", code="event_too_large", fatal=True) from None
+    if not line:
+        return None
+    try:
+        header = parse_json(line.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise WireError("event header is not UTF-8") from None
+    except RequestError as e:
+        raise WireError(f"event header: {e}") from None
+    if not isinstance(header, dict):
+        raise WireError("event header must be a JSON object")
+    data_length = _length(header, "data_length", max_bytes)
+    payload_length = _length(header, "payload_length", max_bytes)
+    try:
+        raw_data = await reader.readexactly(data_length) if data_length else b""
+        payload = await reader.readexactly(payload_length) if payload_length else None
+    except asyncio.IncompleteReadError:
+        return None
+    event_type, data = header.get("type"), header.get("data", {})
+    if raw_data:
+        try:
+            extra = parse_json(raw_data.decode("utf-8"))
+        except (UnicodeDecodeError, RequestError):
+            raise WireError("event data is not JSON") from None
+        if not isinstance(extra, dict) or not isinstance(data, dict):
+            raise WireError("event data must be a JSON object")
+        data = {**data, **extra}
+    if not isinstance(event_type, str) or not event_type:
+        raise WireError("event has no type")
+    if not isinstance(data, dict):
+        raise WireError("event data must be a JSON object")
+    return Event(type=event_type, data=data, payload=payload)
+
+
+def _length(header: dict[str, Any], key: str, max_bytes: int) -> int:
+    value = header.get(key)
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= max_bytes:
+        raise WireError(
+            f"{key} must be 0..{max_bytes} (limits.max_line_bytes), got {value!r}",
+            code="event_too_large" if isinstance(value, int) and value > 0 else "bad_event",
+            fatal=True,
+        )
+    return value
+
+
+def build_info(engine: Engine) -> Info:
+    """One TTS program with every voice the engine speaks (a ChatTTS speaker is a voice, as
+    ``speakd voices`` lists it) and the languages each one speaks."""
+    model = MODELS.get(engine.kind, SPEAKD)
+    voices = [
+        TtsVoice(
+            name=voice.name,
+            description=voice.description or voice.name,
+            attribution=model,
+            installed=True,
+            version=engine.bundle_id,
+            languages=list(voice.languages),
+        )
+        for voice in engine.voices()
+    ]
+    program = TtsProgram(
+        name=PROGRAM,
+        description=f"speakd offline speech daemon ({engine.kind}, {engine.precision})",
+        attribution=SPEAKD,
+        installed=True,
+        version=speakd.__version__,
+        voices=voices,
+        supports_synthesize_streaming=True,
+    )
+    return Info(tts=[program])

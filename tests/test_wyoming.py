@@ -1,0 +1,509 @@
+"""The Wyoming TTS server against real daemons, through the ``wyoming`` package's own client.
+
+* a ``speakd serve`` process with the embedded voice on TCP, driven the way Home Assistant does:
+  ``describe`` with HA's 1 s timeout, ``synthesize`` (the same audio as the socket's ``synth``, the
+  second time from the cache), text streamed in sentence by sentence, and hostile input;
+* the real ``Daemon`` in this process on a Unix socket with the tone engine (tests/tone_engine.py),
+  for what needs a controllable engine: a failing synthesis, ``busy``, a client leaving
+  mid-synthesis, playback left alone, a reload, zeroconf.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import stat
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from wyoming.client import AsyncClient, AsyncTcpClient, AsyncUnixClient
+from wyoming.event import Event
+from wyoming.info import Describe, Info
+from wyoming.ping import Ping
+from wyoming.tts import (
+    Synthesize,
+    SynthesizeChunk,
+    SynthesizeStart,
+    SynthesizeStop,
+    SynthesizeVoice,
+)
+
+import speakd
+import speakd.service
+from speakd.audio import read_wav
+from speakd.config import ConfigError, load_config
+from tests.daemon_proc import DaemonProc, InProcessDaemon, start_daemon, write_config
+from tests.tone_engine import ToneEngine
+
+HA_DESCRIBE_TIMEOUT_S = 1.0  # Home Assistant gives up on a describe after this
+MAX_TEXT_CHARS = 300
+SENTENCES = ["The kitchen lights are on.", "The front door is locked.", "Good night!"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[DaemonProc, int]]:
+    tmp = tmp_path_factory.mktemp("wyoming")
+    port = free_port()
+    extra = (
+        f'[wyoming]\nuri = "tcp://127.0.0.1:{port}"\n'
+        f"[limits]\nmax_text_chars = {MAX_TEXT_CHARS}\nmax_line_bytes = 4096\n"
+    )
+    d = start_daemon(write_config(tmp, extra, sink="null"))
+    try:
+        yield d, port
+    finally:
+        assert d.stop() == 0
+
+
+def tcp(port: int) -> AsyncTcpClient:
+    return AsyncTcpClient("127.0.0.1", port, read_timeout=60)
+
+
+async def read_until(client: AsyncClient, *types: str) -> list[Event]:
+    """Events up to and including the first of ``types``."""
+    events = []
+    while True:
+        event = await client.read_event()
+        assert event is not None, f"connection closed before {types}: {events}"
+        events.append(event)
+        if event.type in types:
+            return events
+
+
+def audio_of(events: list[Event]) -> bytes:
+    return b"".join(e.payload or b"" for e in events if e.type == "audio-chunk")
+
+
+async def synthesize(client: AsyncClient, text: str, **voice: str) -> list[Event]:
+    await client.write_event(Synthesize(text, SynthesizeVoice(**voice) if voice else None).event())
+    return await read_until(client, "audio-stop", "error")
+
+
+async def describe(client: AsyncClient) -> Info:
+    await client.write_event(Describe().event())
+    event = await asyncio.wait_for(client.read_event(), HA_DESCRIBE_TIMEOUT_S)
+    assert event is not None and Info.is_type(event.type), event
+    return Info.from_event(event)
+
+
+def status(d: DaemonProc) -> dict[str, Any]:
+    with d.client() as c:
+        return c.request({"op": "status"})
+
+
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        ('uri = "tcp://0.0.0.0"', "wyoming.uri"),  # no port
+        ('uri = "http://0.0.0.0:10200"', "wyoming.uri"),
+        ('uri = "tcp://0.0.0.0:99999"', "wyoming.uri"),
+        ('uri = "unix://"', "wyoming.uri"),
+        ('uri = "unix:///run/speakd/wyoming.sock"\nzeroconf = "speakd"', "wyoming.zeroconf"),
+        ('zeroconf = "speakd"', "wyoming.zeroconf"),
+    ],
+)
+def test_bad_wyoming_config_names_the_key(tmp_path: Path, section: str, message: str) -> None:
+    path = tmp_path / "speakd.toml"
+    path.write_text(f"[wyoming]\n{section}\n")
+    with pytest.raises(ConfigError, match=message):
+        load_config(path, env={})
+
+
+# ---- a real daemon process, as Home Assistant uses it --------------------------------------
+
+
+async def test_describe_is_answered_within_a_second_with_every_voice(
+    daemon: tuple[DaemonProc, int],
+) -> None:
+    d, port = daemon
+    with d.client() as c:
+        voices = c.request({"op": "voices"})["voices"]
+    for _ in range(3):  # HA opens a connection per describe
+        async with tcp(port) as client:
+            info = await describe(client)
+    (program,) = info.tts
+    assert program.name == "speakd" and program.installed
+    assert program.version == speakd.__version__
+    assert program.supports_synthesize_streaming
+    assert program.attribution.name == "speakd"
+    assert [(v.name, v.languages) for v in program.voices] == [
+        (v["name"], v["languages"]) for v in voices
+    ]
+    assert all(v.installed and v.attribution.url for v in program.voices)
+
+
+async def test_synthesize_gives_the_socket_synth_audio_and_then_a_cache_hit(
+    daemon: tuple[DaemonProc, int],
+) -> None:
+    d, port = daemon
+    text = "Wyoming test: the washing machine has finished."
+    async with tcp(port) as client:
+        events = await synthesize(client, text)
+    assert [e.type for e in (events[0], events[-1])] == ["audio-start", "audio-stop"]
+    assert events[0].data["rate"] == 22050 and events[0].data["width"] == 2
+    assert events[0].data["channels"] == 1
+    with d.client() as c:
+        reference, finished = c.synth({"text": text})
+    assert finished["event"] == "finished"
+    assert reference is not None and audio_of(events) == reference.pcm
+    out = d.config.parent / "say-output.wav"  # `speakd say --output`: the same bytes again
+    assert d.cli("say", text, "--output", str(out)).returncode == 0
+    assert read_wav(out).pcm == reference.pcm
+
+    hits = status(d)["source"]["cache"]["hits"]
+    async with tcp(port) as client:
+        again = await synthesize(client, text, name="en_US-joe-medium")
+        assert status(d)["source"]["cache"]["hits"] == hits + 1
+        by_language = await synthesize(client, text, language="en-US")
+    assert audio_of(again) == reference.pcm
+    assert by_language[-1].type == "audio-stop" and audio_of(by_language)
+    assert "streams back (cached, origin wyoming:" in d.log_text()
+
+
+async def test_the_first_chunk_goes_out_before_the_synthesis_ends(
+    daemon: tuple[DaemonProc, int],
+) -> None:
+    _, port = daemon
+    text = " ".join(f"Sentence number {n} of a long announcement." for n in range(1, 7))
+    async with tcp(port) as client:
+        t0 = time.monotonic()
+        await client.write_event(Synthesize(text).event())
+        first = await read_until(client, "audio-chunk")
+        t_first = time.monotonic() - t0
+        rest = await read_until(client, "audio-stop")
+        t_all = time.monotonic() - t0
+    assert first[0].type == "audio-start"
+    assert t_first < t_all / 2, (t_first, t_all)
+    assert len(audio_of(first + rest)) / 2 / 22050 > 8  # the whole text was spoken
+
+
+async def test_text_streamed_in_is_spoken_sentence_by_sentence(
+    daemon: tuple[DaemonProc, int],
+) -> None:
+    _, port = daemon
+    async with tcp(port) as client:
+        reference = [audio_of(await synthesize(client, s)) for s in SENTENCES]
+        await client.write_event(SynthesizeStart().event())
+        await client.write_event(SynthesizeChunk("The kitchen li").event())
+        await client.write_event(SynthesizeChunk("ghts are on. The fr").event())
+        # The first sentence is spoken while the rest is still being written.
+        first = await read_until(client, "audio-stop")
+        for piece in ("ont door is locked. Good", " night!"):
+            await client.write_event(SynthesizeChunk(piece).event())
+        full = " ".join(SENTENCES)  # HA's compatibility synthesize: never spoken twice
+        await client.write_event(Synthesize(full).event())
+        await client.write_event(SynthesizeStop().event())
+        rest = await read_until(client, "synthesize-stopped")
+        answers, current = [first], []
+        for event in rest[:-1]:
+            current.append(event)
+            if event.type == "audio-stop":
+                answers.append(current)
+                current = []
+        assert current == []
+        assert [audio_of(a) for a in answers] == reference
+        assert all(a[0].type == "audio-start" for a in answers)
+        # The connection takes a plain synthesize again afterwards.
+        assert audio_of(await synthesize(client, SENTENCES[0])) == reference[0]
+
+
+@pytest.mark.parametrize(
+    ("event", "code"),
+    [
+        (Synthesize("Hi", SynthesizeVoice(name="nobody")).event(), "unknown_voice"),
+        (Synthesize("Hi", SynthesizeVoice(language="xx")).event(), "unknown_language"),
+        (Synthesize("   ").event(), "empty_text"),
+        (Synthesize("word " * 100).event(), "text_too_long"),
+        (Event("synthesize", {"voice": {"name": "x"}}), "bad_event"),  # no text
+        (Event("synthesize", {"text": 5}), "bad_text"),
+        (Event("synthesize", {"text": "Hi", "voice": "x"}), "bad_event"),
+        (SynthesizeChunk("Hello.").event(), "bad_event"),  # no synthesize-start
+        (SynthesizeStop().event(), "bad_event"),
+    ],
+)
+async def test_bad_requests_are_errors_and_the_connection_goes_on(
+    daemon: tuple[DaemonProc, int], event: Event, code: str
+) -> None:
+    _, port = daemon
+    async with tcp(port) as client:
+        await client.write_event(event)
+        error = await client.read_event()
+        assert error is not None and error.type == "error", error
+        assert error.data["code"] == code and error.data["text"]
+        await describe(client)
+
+
+@pytest.mark.parametrize(
+    ("wire", "code"),
+    [
+        (b"this is not json\n", "bad_event"),
+        (b'["a list"]\n', "bad_event"),
+        (b'{"data": {}}\n', "bad_event"),  # no type
+        (b'{"type": "synthesize", "data_length": 3}\nabc', "bad_event"),  # data not JSON
+        (b'{"type": "synthesize", "data": [1], "data_length": 2}\n{}', "bad_event"),
+        (b"\xff\xfe\n", "bad_event"),
+    ],
+)
+async def test_malformed_events_are_errors_and_the_connection_goes_on(
+    daemon: tuple[DaemonProc, int], wire: bytes, code: str
+) -> None:
+    _, port = daemon
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    client = tcp(port)
+    client._reader, client._writer = reader, writer  # the library's client on a raw socket
+    try:
+        writer.write(wire)
+        error = await client.read_event()
+        assert error is not None and error.type == "error" and error.data["code"] == code
+        await describe(client)
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        b'{"type": "synthesize", "data_length": 1000000000000}\n',
+        b'{"type": "audio-chunk", "payload_length": 5000}\n',  # over limits.max_line_bytes
+        b'{"type": "synthesize", "data_length": "12"}\n',
+        b'{"type": "synthesize", "data_length": -1}\n',
+        b'{"type": "x", "pad": "' + b"y" * 70000 + b'"}\n',  # a header past the reader's limit
+    ],
+)
+async def test_an_event_that_cannot_be_followed_closes_only_its_connection(
+    daemon: tuple[DaemonProc, int], header: bytes
+) -> None:
+    _, port = daemon
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    client = tcp(port)
+    client._reader, client._writer = reader, writer
+    writer.write(header)
+    error = await client.read_event()
+    assert error is not None and error.type == "error"
+    assert error.data["code"] in ("event_too_large", "bad_event")
+    assert await client.read_event() is None  # closed by the server
+    writer.close()
+    async with tcp(port) as other:
+        await describe(other)
+
+
+async def test_unknown_events_are_dropped_as_the_protocol_asks(
+    daemon: tuple[DaemonProc, int],
+) -> None:
+    _, port = daemon
+    async with tcp(port) as client:
+        await client.write_event(Event("select-program", {"name": "speakd"}))
+        await client.write_event(Event("frobnicate", {"x": 1}, payload=b"\x00" * 100))
+        await client.write_event(Ping(text="still here").event())
+        pong = await client.read_event()
+        assert pong is not None and pong.type == "pong" and pong.data["text"] == "still here"
+
+
+# ---- the real Daemon in this process, with the tone engine ---------------------------------
+
+
+class Messages(logging.Handler):
+    """The in-process daemon's log lines from the Wyoming front-end."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+LOG = Messages()
+
+
+class SwitchableEngine(ToneEngine):
+    """The tone engine, slow enough to be caught mid-synthesis; ``voices`` can be changed (what
+    a reload that loads another model looks like to the Wyoming server)."""
+
+    def __init__(self) -> None:
+        super().__init__(word_s=0.1, compute_s=0.05)
+        self.voice_names = ["low", "high"]
+
+    def voices(self) -> list[Any]:
+        return [v for v in super().voices() if v.name in self.voice_names]
+
+
+@pytest.fixture(scope="module")
+def tone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[InProcessDaemon, Path]]:
+    tmp = tmp_path_factory.mktemp("wyoming-tone")
+    sock = tmp / "wyoming.sock"
+    extra = (
+        f'[wyoming]\nuri = "unix://{sock}"\n'
+        "[limits]\nmax_streams = 2\n"
+        '[engine]\nfallback_text = "Sorry."\n'
+    )
+    config = write_config(tmp, extra, sink="null", realtime=True)
+    logger = logging.getLogger("speakd.frontends.wyoming")
+    logger.addHandler(LOG)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(logger, "level", logging.INFO)
+        mp.setattr(speakd.service, "load_engine", lambda _config: SwitchableEngine())
+        mp.delenv("NOTIFY_SOCKET", raising=False)
+        d = InProcessDaemon(config).start()
+        try:
+            yield d, sock
+        finally:
+            assert d.stop() == 0
+            logger.removeHandler(LOG)
+
+
+def unix(sock: Path) -> AsyncUnixClient:
+    return AsyncUnixClient(sock, read_timeout=30)
+
+
+def words(n: int, tag: str) -> str:
+    return " ".join(f"{tag}{i}" for i in range(n))
+
+
+async def test_unix_socket_gets_the_socket_mode(tone: tuple[InProcessDaemon, Path]) -> None:
+    d, sock = tone
+    assert stat.S_IMODE(sock.stat().st_mode) == d.config.socket.mode_bits
+    async with unix(sock) as client:
+        assert [v.name for v in (await describe(client)).tts[0].voices] == ["low", "high"]
+
+
+async def test_an_engine_failure_is_an_error_and_the_connection_goes_on(
+    tone: tuple[InProcessDaemon, Path],
+) -> None:
+    _, sock = tone
+    async with unix(sock) as client:
+        events = await synthesize(client, "please FAIL now")
+        assert events[-1].type == "error" and events[-1].data["code"] == "synthesis_failed"
+        assert "audio-start" not in [e.type for e in events]
+        assert len(audio_of(await synthesize(client, "fine now"))) > 0
+
+
+async def test_a_client_leaving_mid_synthesis_cancels_it(
+    tone: tuple[InProcessDaemon, Path],
+) -> None:
+    d, sock = tone
+    before = d.status()["source"]["cache"]["not_stored"]
+    async with unix(sock) as client:
+        await client.write_event(Synthesize(words(200, "gone")).event())  # 10 s of compute
+        await read_until(client, "audio-chunk")
+    deadline = time.monotonic() + 5  # an uncancelled synthesis would be stored after 10 s
+    while d.status()["source"]["cache"]["not_stored"] == before and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    state = d.status()
+    assert state["source"]["cache"]["not_stored"] == before + 1  # cancelled, never stored
+    assert state["streams"]["active"] == 0 and state["source"]["cache"]["inflight"] == 0
+    assert "the client left; its stream is released" in "".join(LOG.messages)
+
+
+async def test_more_streams_than_max_streams_is_busy(tone: tuple[InProcessDaemon, Path]) -> None:
+    d, sock = tone
+    async with unix(sock) as a, unix(sock) as b, unix(sock) as c:
+        for client, tag in ((a, "busya"), (b, "busyb")):  # (b waits for the engine behind a)
+            await client.write_event(Synthesize(words(60, tag)).event())
+        deadline = time.monotonic() + 5
+        while d.status()["streams"]["active"] < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        refused = await synthesize(c, words(5, "busyc"))
+        assert refused[-1].type == "error" and refused[-1].data["code"] == "busy"
+        await read_until(a, "audio-stop")
+        assert audio_of(await synthesize(c, words(5, "busyc")))  # a stream is free again
+
+
+async def test_wyoming_never_interrupts_what_the_board_plays(
+    tone: tuple[InProcessDaemon, Path],
+) -> None:
+    d, sock = tone
+    said: list[dict[str, Any]] = []
+    playing = threading.Thread(
+        target=lambda: said.extend(d.say(words(15, "board"), priority="important"))
+    )
+    playing.start()
+    async with unix(sock) as client:
+        for n in range(3):
+            assert audio_of(await synthesize(client, words(5, f"ha{n}")))
+    await asyncio.to_thread(playing.join, 30)
+    assert said[-1]["event"] == "finished" and said[-1]["status"] == "done"
+
+
+async def test_info_follows_a_reload_and_a_new_uri(tone: tuple[InProcessDaemon, Path]) -> None:
+    d, sock = tone
+    engine, other = d.daemon.control.engine, SwitchableEngine()
+    other.voice_names = ["high"]
+    d.daemon.control.engine = other  # what a reload that loads another model does
+    try:
+        async with unix(sock) as client:
+            assert [v.name for v in (await describe(client)).tts[0].voices] == ["high"]
+    finally:
+        d.daemon.control.engine = engine
+
+    config = Path(d.daemon.config_path or "")
+    moved = sock.with_name("moved.sock")
+    config.write_text(config.read_text().replace(str(sock), str(moved)))
+    try:
+        asyncio.run_coroutine_threadsafe(d.daemon.reload(), d.loop).result(30)
+        async with unix(moved) as client:
+            assert [v.name for v in (await describe(client)).tts[0].voices] == ["low", "high"]
+        assert not sock.exists()
+    finally:
+        config.write_text(config.read_text().replace(str(moved), str(sock)))
+        asyncio.run_coroutine_threadsafe(d.daemon.reload(), d.loop).result(30)
+    async with unix(sock) as client:
+        await describe(client)
+
+
+async def test_zeroconf_announces_the_tcp_port_under_its_name(
+    tone: tuple[InProcessDaemon, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The announcement itself is the wyoming package's (real mDNS needs a LAN: not here)."""
+    import wyoming.zeroconf
+
+    from speakd.config import WyomingConfig
+    from speakd.frontends.wyoming import WyomingFrontend
+
+    seen: dict[str, Any] = {}
+
+    class FakeZeroconf:
+        def __init__(self, port: int, name: str, host: str | None) -> None:
+            seen.update(port=port, name=name, host=host)
+            self._aiozc = self
+
+        async def register_server(self) -> None:
+            seen["registered"] = True
+
+        async def async_close(self) -> None:
+            seen["closed"] = True
+
+    monkeypatch.setattr(wyoming.zeroconf, "HomeAssistantZeroconf", FakeZeroconf)
+    d, _ = tone
+    port = free_port()
+    config = WyomingConfig(uri=f"tcp://0.0.0.0:{port}", zeroconf="kitchen speakd")
+    config.validate()
+    frontend = WyomingFrontend(
+        d.daemon.control, config, max_event_bytes=65536, max_pending=8, socket_mode=0o660
+    )
+
+    def on_loop(coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, d.loop).result(10)
+
+    on_loop(frontend.start())
+    try:
+        assert seen == {"port": port, "name": "kitchen speakd", "host": None, "registered": True}
+        async with tcp(port) as client:
+            await describe(client)
+    finally:
+        on_loop(frontend.close())
+    assert seen["closed"]
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+        pytest.fail("the server still listens after close")
