@@ -135,7 +135,8 @@ class Resolver:
                     self._count("stale_served")
                     self._refresh(prepared)
                 self._count("hits")
-                self._writer.submit(self._touch, clip.key)
+                with contextlib.suppress(RuntimeError):  # closed by a reload meanwhile
+                    self._writer.submit(self._touch, clip.key)
                 return AudioStream.complete(clip.key, clip.chunk()).attach()
         self._count("misses")
         if request.cache_only:

@@ -155,7 +155,7 @@ def test_hermes_say_round_trip_with_mosquitto_clients(
 ) -> None:
     sub = MosquittoSub(broker, watcher, "hermes/tts/sayFinished")
     try:
-        say = {"text": "Hello from the kitchen.", "siteId": "kitchen", "id": "rt1"}
+        say = {"text": "Hello from the kitchen.", "siteId": "kitchen", "id": "rt1", "lang": "en"}
         mosquitto_pub(broker, "hermes/tts/say", json.dumps({**say, "sessionId": "sess-1"}))
         line = sub.next("hermes/tts/sayFinished")
     finally:
@@ -231,6 +231,12 @@ BAD_PAYLOADS = [
     ("speakd/kitchen/say", b'{"text": "\xff\xfe"}', "bad_encoding", None),
     ("speakd/kitchen/say", b"{" + b" " * PAYLOAD_LIMIT + b"}", "payload_too_large", None),
     ("hermes/tts/say", b'{"siteId": "kitchen", "id": "m-notext"}', "bad_text", "m-notext"),
+    (  # Hermes lang picks a voice that speaks it; the embedded voice speaks English only
+        "hermes/tts/say",
+        b'{"text": "Hi.", "siteId": "kitchen", "lang": "zh", "id": "m-lang"}',
+        "unknown_language",
+        "m-lang",
+    ),
     (
         "speakd/kitchen/say",
         b'{"text": "Hi.", "voice": "nobody", "id": "m-voice"}',

@@ -60,6 +60,9 @@ def test_engine_options_are_validated_against_the_declarations(chattts: ChatTTSE
     with pytest.raises(RequestError) as e:
         prepare(chattts, "hi", SynthesisConfig(lang="de"))
     assert e.value.code == "unknown_language"
+    with pytest.raises(RequestError) as e:  # the engine's own limit, found before any work
+        prepare(chattts, "a" * 2001, SynthesisConfig())
+    assert e.value.code == "text_too_long"
 
 
 def test_voice_by_language_is_one_rule() -> None:

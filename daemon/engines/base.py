@@ -21,7 +21,13 @@ class EngineError(Exception):
 
 
 class UnknownVoiceError(EngineError):
-    pass
+    code = "unknown_voice"
+
+
+class TextTooLongError(EngineError):
+    """More text than the engine takes in one request."""
+
+    code = "text_too_long"
 
 
 @dataclass(frozen=True)

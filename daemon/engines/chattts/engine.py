@@ -20,7 +20,13 @@ import numpy as np
 
 from speakd.audio import AudioChunk
 from speakd.bundle import Bundle, BundleError, load_bundle
-from speakd.engines.base import EngineError, SynthesisConfig, UnknownVoiceError, VoiceInfo
+from speakd.engines.base import (
+    EngineError,
+    SynthesisConfig,
+    TextTooLongError,
+    UnknownVoiceError,
+    VoiceInfo,
+)
 from speakd.engines.chattts import text as textfe
 from speakd.engines.chattts.batch import BatchDecoder, sentence_sampler
 from speakd.engines.chattts.batch_scheduler import BatchScheduler, Sentence
@@ -168,7 +174,7 @@ class ChatTTSEngine:
 
     def normalize_text(self, text: str, lang: str | None = None) -> str:
         if len(text) > self.max_chars:
-            raise EngineError(
+            raise TextTooLongError(
                 f"text is {len(text)} characters; this engine takes at most {self.max_chars} "
                 "per request (send it as several requests)"
             )
