@@ -152,3 +152,31 @@ def test_streamed_and_played_audio_are_the_same_bytes(chattts: ChatTTSEngine) ->
     direct = join_chunks(chattts.synthesize(p.text, p.config))
     assert via_resolver.pcm == direct.pcm
     assert np.abs(via_resolver.samples()).max() > 0
+
+
+async def test_a_play_and_a_fetch_of_one_request_share_one_synthesis(tmp_path: Path) -> None:
+    """The board plays a request while a caller (socket synth, Wyoming, HTTP) fetches the same
+    one: one synthesis, both get every chunk; the fetch never enters the playback queue."""
+    from speakd.control import Control
+    from speakd.scheduler import Scheduler
+    from speakd.sinks import WavSink
+    from tests.test_scheduler import Recorder, settle
+
+    engine = ToneEngine(compute_s=0.03)
+    scheduler = Scheduler(Resolver(engine), WavSink(tmp_path))
+    control = Control(scheduler, engine, max_text_chars=500, max_streams=1)
+    task = asyncio.create_task(scheduler.run())
+    rec = Recorder()
+    text = "shared words for the board and the caller"
+    control.say(control.build_request({"text": text, "id": "play"}, origin="test", on_event=rec))
+    async with control.stream(control.build_request({"text": text}, origin="test")) as stream:
+        with pytest.raises(RequestError) as busy:  # limits.max_streams
+            async with control.stream(control.build_request({"text": "x"}, origin="test")):
+                pass
+        fetched = b"".join([c.pcm async for c in stream.aread()])
+    await settle(rec, "play")
+    task.cancel()
+    assert busy.value.code == "busy"
+    assert engine.calls == [text]
+    assert fetched == (tmp_path / "play.wav").read_bytes()[44:]
+    assert scheduler.status()["counters"]["accepted"] == 1
