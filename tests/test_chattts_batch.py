@@ -1,4 +1,4 @@
-"""Batched decoding (issue 12) on the tiny bundle: real ONNX sessions, real KV slots.
+"""Batched decoding on the tiny bundle: real ONNX sessions, real KV slots.
 
 The reference is the unbatched path: ``GptRunner.generate`` (one row, its own KV) and the engine
 with ``batch_size = 1``. Random weights: lengths are forced with min/max_new_token.

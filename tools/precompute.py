@@ -166,7 +166,7 @@ def _keys(prompts: list[Prompt]) -> tuple[str, list[str | Exception]]:
 def synthesize_batch(engine: Engine, prompts: Sequence[Prompt]) -> list[Clip | Exception]:
     """One clip per prompt. A batching engine (``concurrent_synthesis``: ChatTTS with
     ``batch_size`` > 1) gets every prompt at once, one thread each, and decodes them in shared
-    steps (issue 12); the clips are the same as one by one."""
+    steps (docs/chattts-engine.md, "Batched decoding"); the clips are the same as one by one."""
     if getattr(engine, "concurrent_synthesis", False) and len(prompts) > 1:
         with ThreadPoolExecutor(len(prompts), thread_name_prefix="precompute") as pool:
             return list(pool.map(functools.partial(_clip, engine), prompts))
@@ -363,7 +363,7 @@ def _run(args: argparse.Namespace) -> int:
         raise PromptError("--jobs, --threads and --batch-size must be at least 1")
     prompts = read_prompts(args.prompts, args.voice)
     threads = max(1, args.threads // args.jobs)
-    # ChatTTS decodes the --batch-size prompts of one call in as many rows (issue 12), unpaced:
+    # ChatTTS decodes the --batch-size prompts of one call in as many rows, unpaced:
     # nobody listens to a pack as it is made, so throughput is all that counts
     engine_config = dataclasses.replace(
         engine_config_for(args.bundle, threads), batch_size=min(args.batch_size, 32), paced=False
