@@ -8,8 +8,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 from speakd.config import Config, load_config
+from speakd.hardware import (
+    PROJECTION_CONTEXT,
+    WEIGHT_RATIO,
+    CpuInfo,
+    gpt_weight_bytes,
+    project,
+    read_bandwidth_gbs,
+    read_cpu,
+)
 
-Check = tuple[bool, str]
+WARN = "warn"  # works, but not as well as it could: the exit code stays 0
+Check = tuple[bool | str, str]
 
 
 def _check_engine(config: Config) -> Check:
@@ -35,6 +45,60 @@ def _check_engine(config: Config) -> Check:
         f"{bundle.engine} bundle {bundle.bundle_id} at {path}{chosen}, precision "
         f"{bundle.precision}, kv {bundle.manifest.get('model', {}).get('kv_dtype', 'n/a')}, "
         "hashes ok",
+    )
+
+
+def _check_cpu(cpu: CpuInfo, bandwidth_gbs: float) -> Check:
+    features = ", ".join(f"{f} {'yes' if on else 'no'}" for f, on in cpu.features.items())
+    return True, (
+        f"{cpu.arch} {cpu.model}, {cpu.cores} cores; {features or 'no known features'}; "
+        f"DRAM read ≈ {bandwidth_gbs:.1f} GB/s"
+    )
+
+
+def _check_speed(config: Config, cpu: CpuInfo, bandwidth_gbs: float) -> Check:
+    """Warn when the configured precision's projected GPT step is slower than real time."""
+    from speakd.bundle import BundleError, load_bundle
+    from speakd.engines import resolve_bundle
+
+    path = resolve_bundle(config.engine)
+    if path is None or config.engine.kind != "chattts":
+        return True, "the Piper voice is compute-bound, not projected: time `speakd synth`"
+    try:
+        bundle = load_bundle(path, verify=False)
+    except BundleError:
+        return True, "not projected: the bundle does not load (see engine)"
+    precision, model = bundle.precision, bundle.manifest.get("model", {})
+    weights = gpt_weight_bytes(path, bundle.manifest)
+    if precision not in WEIGHT_RATIO or not weights or "num_layers" not in model:
+        return True, f"no projection for precision {precision!r}"
+    projections = project(precision, weights, model, bandwidth_gbs)
+    mine = projections[precision]
+    detail = (
+        f"{precision}: {mine.mb_per_step:.0f} MB per GPT step at context {PROJECTION_CONTEXT}, "
+        f"projected GPT RTF {mine.rtf:.2f} at {bandwidth_gbs:.1f} GB/s (a projection: "
+        "`speakd-tools bench` measures, docs/boards.md)"
+    )
+    slow_kernels = ""
+    if precision in ("int8", "int4"):
+        if cpu.is_arm and not cpu.flags & {"asimddp"}:
+            slow_kernels = "; no asimddp: quantized MatMul runs without dot products, slower"
+        elif not cpu.is_arm and "avx2" not in cpu.flags:
+            slow_kernels = "; no AVX2: quantized MatMul runs on slow kernels"
+    if mine.real_time:
+        return (WARN if slow_kernels else True), detail + slow_kernels
+    faster = [p for p in projections.values() if p.rtf < mine.rtf]
+    if not faster:
+        return WARN, detail + " — slower than real time, and no precision is faster" + slow_kernels
+    best = min(faster, key=lambda p: p.rtf)
+    how = (
+        f"calibrate it: speakd-tools calibrate --bundle <fp32 bundle> --mode {best.precision}"
+        if best.precision in ("int8", "int4")
+        else f"use the {best.precision} bundle"
+    )
+    return WARN, (
+        f"{detail} — slower than real time on this CPU; {best.precision} would be "
+        f"{best.rtf:.2f} ({how}){slow_kernels}"
     )
 
 
@@ -118,8 +182,11 @@ def run_doctor(config_path: Path | None, socket_path: str | None = None, out=sys
         print(f"[FAIL] config: {e}", file=out)
         return False
     print(f"[ OK ] config: {config.source or 'built-in defaults'}", file=out)
+    cpu, bandwidth = read_cpu(), read_bandwidth_gbs()
     checks: list[tuple[str, Callable[[], Check]]] = [
         ("engine", lambda: _check_engine(config)),
+        ("cpu", lambda: _check_cpu(cpu, bandwidth)),
+        ("speed", lambda: _check_speed(config, cpu, bandwidth)),
         ("audio", lambda: _check_audio(config)),
         ("daemon", lambda: _check_socket(config, socket_path)),
         ("mqtt", lambda: _check_mqtt(config)),
@@ -130,8 +197,9 @@ def run_doctor(config_path: Path | None, socket_path: str | None = None, out=sys
             ok, detail = check()
         except Exception as e:
             ok, detail = False, str(e)
-        all_ok &= ok
-        print(f"[{' OK ' if ok else 'FAIL'}] {name}: {detail}", file=out)
+        all_ok &= ok is not False
+        label = "WARN" if ok == WARN else " OK " if ok else "FAIL"
+        print(f"[{label}] {name}: {detail}", file=out)
     print("effective configuration:", file=out)
     print(json.dumps(config.to_dict(), indent=2), file=out)
     return all_ok
