@@ -79,8 +79,9 @@ def bench_precompute(
     }
 
 
-def _serve(work: Path, bundle: Path | None) -> Any:
-    """A real daemon on a null sink, cache in ``work``; returns the Popen and socket path."""
+def serve(work: Path, engine: str = "", extra: str = "") -> Any:
+    """A real daemon on a null sink, cache in ``work``; ``engine`` holds [engine] lines, ``extra``
+    more TOML sections (``bench wyoming`` adds [wyoming]). Returns the Popen and socket path."""
     import os
     import subprocess
     import sys
@@ -88,11 +89,11 @@ def _serve(work: Path, bundle: Path | None) -> Any:
     from speakd.client import Client, ClientError
 
     sock = work / "speakd.sock"
-    engine = f'bundle = "{bundle}"\n' if bundle else ""
     config = work / "speakd.toml"
     config.write_text(
         f'[engine]\n{engine}\n[audio]\nsink = "null"\n\n'
         f'[socket]\npath = "{sock}"\nssip_path = ""\n\n[cache]\npath = "{work / "cache.db"}"\n'
+        f"{extra}"
     )
     log = (work / "speakd.log").open("wb")
     proc = subprocess.Popen(
@@ -148,7 +149,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             import_pack(store, args.pack or work / f"pack-{args.jobs[0]}.db")
             if args.pack:
                 prompts = [row["text"] for row in store.listing(pinned_only=True)]
-        proc, sock = _serve(work, args.bundle)
+        proc, sock = serve(work, f'bundle = "{args.bundle}"\n' if args.bundle else "")
         try:
             for i, text in enumerate(prompts[:3]):  # warm-up: first connection, first block
                 _say(sock, text, f"warm{i}")

@@ -19,6 +19,7 @@ BENCHMARKS = {
     "mqtt": "MQTT say → first sample at the sink (needs a running broker)",
     "vits": "load time and real-time factor of the VITS engine (embedded voice by default)",
     "profile": "where the ChatTTS step's time goes: node types, ORT profile, threads, machine",
+    "wyoming": "Wyoming first-chunk latency, cached and new sentences, next to wyoming-piper",
 }
 
 
