@@ -4,7 +4,8 @@ The pack is made with the same engine the board runs (``speakd.engines.load_engi
 with the same ``audio_key`` + default seed, so ``speakd cache import pack.db`` makes every prompt
 a hit on the device. Two passes: every worker first computes keys (cheap, no synthesis) so prompts
 already in the pack, and duplicates, are skipped; then only the missing clips are synthesised, in
-``--jobs`` processes that each load their own engine with ``threads / jobs`` onnxruntime threads.
+``--jobs`` processes that each load their own engine with ``threads / jobs`` onnxruntime threads,
+or with ``--ray ADDRESS`` in the workers of a Ray cluster (``precompute_ray.py``).
 
 Prompts: a text file (one prompt a line; blank lines and ``#`` comments skipped) or TOML::
 
@@ -263,24 +264,33 @@ def precompute(
     jobs: int = 1,
     batch_size: int = 1,
     progress: bool = True,
+    ray_address: str | None = None,
 ) -> Report:
-    """Synthesise every prompt not yet in ``out`` and store it pinned; idempotent."""
+    """Synthesise every prompt not yet in ``out`` and store it pinned; idempotent.
+
+    ``ray_address`` ("local" or a cluster's address) runs the workers on Ray, ``jobs`` of them
+    (0 = one per CPU of the cluster); the pack gets the same rows as without."""
     from tqdm import tqdm
 
     t0 = time.monotonic()
     report = Report(prompts=len(prompts))
     unique = list(dict.fromkeys(prompts))
     report.duplicates = len(prompts) - len(unique)
-    pool: Executor = (
-        _InProcess(engine_factory)
-        if jobs == 1
-        else ProcessPoolExecutor(
+    pool: Executor
+    if ray_address is not None:
+        from speakd_tools.precompute_ray import RayPool
+
+        pool = RayPool(ray_address, jobs, _init_worker, (engine_factory,))
+        jobs = pool.workers
+    elif jobs == 1:
+        pool = _InProcess(engine_factory)
+    else:
+        pool = ProcessPoolExecutor(
             jobs,
             mp_context=multiprocessing.get_context("spawn"),
             initializer=_init_worker,
             initargs=(engine_factory,),
         )
-    )
     with CacheStore(out, max_bytes=1 << 62, ttl_s=0, recover=False) as store, pool:
         existing = store.keys()
         todo: dict[str, Prompt] = {}
@@ -326,12 +336,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bundle", type=Path, help="model bundle (default: the embedded VITS voice)")
     p.add_argument("--out", type=Path, required=True, help="prompt pack to create or extend")
     p.add_argument("--voice", help="voice for prompts that do not name one")
-    p.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        help="worker processes (default 1; with --ray: one per CPU of the cluster)",
+    )
     p.add_argument(
         "--threads",
         type=int,
         default=os.cpu_count() or 1,
-        help="onnxruntime threads in total, split between the jobs (default: all cores)",
+        help="onnxruntime threads in total, split between the jobs (default: all cores; "
+        "with --ray each worker holds one CPU and runs one thread)",
+    )
+    p.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="run the workers on a Ray cluster: 'local' starts one on this host, else the "
+        "cluster's address (ray://HEAD:10001 or HEAD:6379)",
     )
     p.add_argument(
         "--batch-size",
@@ -359,10 +381,11 @@ def _run(args: argparse.Namespace) -> int:
     from speakd.engines import load_engine
     from speakd.synth import engine_config_for
 
-    if args.jobs < 1 or args.batch_size < 1 or args.threads < 1:
+    jobs = 1 if args.jobs is None and not args.ray else args.jobs or 0  # 0: Ray decides
+    if (args.jobs is not None and args.jobs < 1) or args.batch_size < 1 or args.threads < 1:
         raise PromptError("--jobs, --threads and --batch-size must be at least 1")
     prompts = read_prompts(args.prompts, args.voice)
-    threads = max(1, args.threads // args.jobs)
+    threads = 1 if args.ray else max(1, args.threads // jobs)
     # ChatTTS decodes the --batch-size prompts of one call in as many rows, unpaced:
     # nobody listens to a pack as it is made, so throughput is all that counts
     engine_config = dataclasses.replace(
@@ -373,9 +396,10 @@ def _run(args: argparse.Namespace) -> int:
         prompts,
         args.out,
         factory,
-        jobs=args.jobs,
+        jobs=jobs,
         batch_size=args.batch_size,
         progress=not args.no_progress,
+        ray_address=args.ray,
     )
     print(report.table())
     return 1 if report.failed else 0
