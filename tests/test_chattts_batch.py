@@ -24,6 +24,7 @@ from speakd.engines.chattts.batch_scheduler import BatchScheduler, Sentence
 from speakd.engines.chattts.engine import ChatTTSEngine
 from speakd.engines.chattts.gpt_runner import DecodeStats
 from speakd.engines.chattts.sampling import SamplingParams
+from speakd.engines.chattts.vocoder import Vocoder
 from speakd.messages import SpeakRequest
 from speakd.resolver import Resolver
 from speakd_tools.precompute import Prompt, synthesize_batch
@@ -409,3 +410,131 @@ def test_batch_worker_log_lines_name_their_request(batched: ChatTTSEngine, caplo
         list(batched.batch.stream(_sentences(batched, seed=1, lengths=LENGTHS)[:2]))
     done = [r for r in caplog.records if "sentence" in r.getMessage() and "done" in r.getMessage()]
     assert len(done) == 2 and {(r.request_id, r.voice) for r in done} == {("door-7", "default")}
+
+
+class _SimulatedClock:
+    """Time that moves only when the simulated engine works: the same on any machine, however
+    loaded (a real clock would let the test's own scheduling delays count as engine time)."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class _SlowSteps:
+    """The tiny fp32 session on a simulated clock: a decode step costs ``ms_per_slot`` per slot
+    of its window, a prompt pass ``prompt_ms``."""
+
+    def __init__(self, engine: ChatTTSEngine, clock: _SimulatedClock, ms_per_slot: float) -> None:
+        self.session, self.clock, self.ms_per_slot = engine.gpt.session, clock, ms_per_slot
+        self.decoder = BatchDecoder(self, engine.spec, engine.gpt.emb_code, 4)  # type: ignore[arg-type]
+
+    def io_binding(self):
+        return self.session.io_binding()
+
+    def run_with_iobinding(self, binding) -> None:
+        self.session.run_with_iobinding(binding)
+        lo, hi = next((k for k, (b, _) in self.decoder._windows.items() if b is binding), (0, 0))
+        self.clock.t += (self.ms_per_slot * (hi - lo) if hi > lo else 60.0) / 1e3
+
+
+class _SlowVocoder(Vocoder):
+    """The tiny Decoder/Vocos, each window step rendered costing ``ms_per_step`` simulated."""
+
+    def __init__(self, engine: ChatTTSEngine, clock: _SimulatedClock, ms_per_step: float) -> None:
+        super().__init__(engine.vocoder.decoder, engine.vocoder.vocos)
+        self.clock, self.ms_per_step = clock, ms_per_step
+
+    def spectra_many(self, windows: list[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
+        self.clock.t += self.ms_per_step * sum(len(w) for w in windows) / 1e3
+        return super().spectra_many(windows)
+
+
+class _DeliveryTimes(BatchScheduler):
+    """Records (simulated time, audio seconds) of every chunk handed to the caller."""
+
+    arrivals: list[tuple[float, float]]
+
+    def _deliver(self, job, item) -> None:
+        super()._deliver(job, item)
+        held = job.request.held and job.request.held[-1][1] is item
+        if isinstance(item, np.ndarray) and not held:
+            self.arrivals.append((self._clock(), len(item) / 24000))
+
+
+@pytest.mark.parametrize("rtf", [0.6, 0.83, 0.95])
+@pytest.mark.parametrize("paced", [True, False])
+def test_a_slow_engine_holds_its_first_audio_and_then_plays_without_a_gap(
+    single: ChatTTSEngine, rtf: float, paced: bool
+) -> None:
+    """One 300-step sentence on an engine that decodes at ``rtf`` × real time (a simulated step
+    clock, renders included). Released at its first chunk, the growing chunks outrun the
+    listener; held by the start gate, the first audio comes later and nothing stalls after it.
+    The audio is the same either way."""
+    from speakd_tools.bench.engine import playback
+
+    clock = _SimulatedClock()
+    render_ms = 0.5  # per window step: ~1.6 window steps per decode step with the default schedule
+    steps = _SlowSteps(single, clock, ms_per_slot=rtf * 21.333 - 2.5 * render_ms)
+    scheduler = _DeliveryTimes(
+        steps.decoder, _SlowVocoder(single, clock, render_ms), single.schedule, paced, clock
+    )
+    scheduler.arrivals = []
+    sentence = _sentences(single, seed=8, lengths=[300, *LENGTHS[1:]])[0]
+    audio = [a for _, a in scheduler.stream([sentence])]
+    heard = playback(scheduler.arrivals)
+    first = scheduler.arrivals[0][0]
+    assert sum(len(a) for a in audio) == (2 * 300 - 1) * 256
+    assert rtf - 0.03 < clock.t / ((2 * 300 - 1) * 256 / 24000) <= rtf  # the speed simulated
+    if paced:
+        assert heard["stall_s"] == 0.0, heard
+    elif rtf > 0.5:
+        assert heard["stall_s"] > 0.02, heard  # the gaps the gate exists for
+    if rtf >= 0.83:
+        assert first > 2 * 12 * rtf * 21.333e-3 or not paced  # it did wait for more than chunk 0
+
+
+def test_equal_windows_share_one_decoder_and_vocos_run_with_the_same_spectra(
+    single: ChatTTSEngine,
+) -> None:
+    """The batched vocoder stacks equal-length windows into one run each and leaves other
+    lengths alone; every window's spectra are bit-identical to its own run (float conv nets)."""
+    runs: list[int] = []
+
+    class _Counting:
+        def __init__(self, session) -> None:
+            self.session = session
+
+        def run(self, names, feeds):
+            runs.append(next(iter(feeds.values())).shape[0])
+            return self.session.run(names, feeds)
+
+    voc = single.vocoder
+    assert voc.batch_invariant(single.spec.hidden_size)
+    batched = Vocoder(_Counting(voc.decoder), voc.vocos, batched=True)  # type: ignore[arg-type]
+    rng = np.random.default_rng(3)
+    windows = [
+        rng.normal(0, 1, (n, single.spec.hidden_size)).astype(np.float32) for n in (20, 33, 20, 20)
+    ]
+    got = batched.spectra_many(windows)
+    assert sorted(runs) == [1, 3]  # the three 20-step windows in one run, the 33-step one alone
+    for window, (real, imag) in zip(windows, got, strict=True):
+        ref_real, ref_imag = voc.spectra(window)
+        assert np.array_equal(real, ref_real) and np.array_equal(imag, ref_imag)
+
+
+def test_conv_nets_whose_rows_see_each_other_are_not_batched(single: ChatTTSEngine) -> None:
+    """One activation scale over the stacked rows (dynamic int8 MatMuls) makes a window's
+    spectra depend on its company: the probe says so, and such an engine renders one by one."""
+
+    class _SharedScale:
+        def __init__(self, session) -> None:
+            self.session = session
+
+        def run(self, names, feeds):
+            return self.session.run(names, {k: v / np.abs(v).max() for k, v in feeds.items()})
+
+    voc = Vocoder(_SharedScale(single.vocoder.decoder), single.vocoder.vocos)  # type: ignore[arg-type]
+    assert not voc.batch_invariant(single.spec.hidden_size)

@@ -11,9 +11,12 @@ Per iteration of the worker:
    later sentences of any request wait while a first sentence is still before its first audio,
    so batching never delays a request's first sound by more than the rows already running;
 2. one prompt pass (or one prompt chunk) for the oldest row still in its prompt;
-3. sample every row with fresh logits; a row that ends (EOS, max_new_token, cancelled) renders its
-   tail, gets its end marker and frees its slot at once, for the next waiting row;
-4. one batched decode step for every row that drew codes.
+3. sample every row with fresh logits; a row that ends (EOS, max_new_token, cancelled) frees its
+   slot at once, for the next waiting row;
+4. render every chunk that came due (a row's next chunk, an ended row's tail) together: windows
+   of equal length share one Decoder run and one Vocos run when those graphs are
+   batch-invariant (``Vocoder.spectra_many``), then each row's audio and end marker go out;
+5. one batched decode step for every row that drew codes.
 
 Pacing (``paced``, the daemon's default): a listener hears a request in real time from its first
 sample, and on a CPU a step of 8 rows can take longer than the 21.3 ms of audio it makes per row, so
@@ -28,6 +31,8 @@ real time (``PACING_GIVE_UP``): then the listener waits whatever runs, and every
 the text ends soonest. Rows outside the window pause with their logits and KV kept and resume
 unchanged (a row's codes never depend on when it steps), so batching only ever spends time the
 listener has spare.
+Paced requests also hold their first audio until playing it cannot run dry at the measured
+speed (prebuffer.py): a slow engine starts later and then plays through.
 Precompute, which nobody hears live, turns pacing off for throughput.
 
 Cancel is per request (the caller's event, or the caller leaving its generator): its rows leave
@@ -49,10 +54,12 @@ import numpy as np
 
 from speakd.engines.base import EngineError
 from speakd.engines.chattts.batch import BatchDecoder, Row
+from speakd.engines.chattts.prebuffer import StartGate
 from speakd.engines.chattts.sampling import CodeSampler
 from speakd.engines.chattts.vocoder import (
     SAMPLE_RATE,
     SAMPLES_PER_STEP,
+    Render,
     StreamingVocoder,
     StreamSchedule,
     Vocoder,
@@ -72,8 +79,10 @@ _EWMA = 0.2  # weight of the newest iteration in the per-iteration time estimate
 @dataclass(eq=False)
 class _Request:
     cancel: threading.Event
+    gate: StartGate | None  # holds the first audio (paced); None: audio goes out at once
     jobs: list[_Job] = field(default_factory=list)  # its sentences, in order
     first_audio_at: float | None = None  # scheduler clock at its first emitted sample
+    held: list[tuple[_Job, object]] = field(default_factory=list)  # behind the gate, in order
     # the caller's context: the worker logs a request's lines in it, so they name the request
     context: contextvars.Context = field(default_factory=contextvars.copy_context)
 
@@ -118,18 +127,22 @@ class BatchScheduler:
         vocoder: Vocoder,
         schedule: StreamSchedule,
         paced: bool = True,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.decoder = decoder
         self.vocoder = vocoder
         self.schedule = schedule
         self.paced = paced
-        self._clock = clock  # the listener's clock (tests run it faster or stop it)
+        # the listener's clock and every measurement's (tests substitute a simulated one)
+        self._clock = clock
         # pacing's estimates: s per iteration by step width, vocoder renders apart (they come in
-        # bursts), and the renders' s per hidden state pushed
+        # bursts), and the renders' s per hidden state pushed and per window step rendered
         self._iteration_s: dict[int, float] = {}
         self._render_s = self._rendered = 0.0  # this iteration's renders; all renders' s
-        self._pushes = 0
+        self._pushes = self._rendered_steps = 0
+        self._due: list[tuple[_Job, Render]] = []  # chunks to render this iteration
+        self._ending: list[_Job] = []  # rows whose end marker follows this iteration's renders
+        self._holding: list[_Request] = []  # requests whose first audio waits for its gate
         self._prompt_s = 0.0  # s per prompt pass
         self._cond = threading.Condition()
         self._waiting: deque[_Job] = deque()
@@ -144,6 +157,8 @@ class BatchScheduler:
                 "prompt_ms",
                 "admitted",
                 "paced_steps",
+                "renders",
+                "render_runs",
             ),
             0,
         )
@@ -161,7 +176,10 @@ class BatchScheduler:
         ``codes_out`` (tests, tools) receives each sentence's codes once it has ended. Leaving
         the generator early cancels the request's remaining rows.
         """
-        request = _Request(cancel if cancel is not None else threading.Event())
+        request = _Request(
+            cancel if cancel is not None else threading.Event(),
+            StartGate(self._clock) if self.paced else None,
+        )
         jobs = request.jobs = [self._job(request, i, s) for i, s in enumerate(sentences)]
         with self._cond:
             self._waiting.extend(jobs)
@@ -222,8 +240,10 @@ class BatchScheduler:
                 self._iterate()
             except Exception as e:  # a model fault: fail the rows in flight, keep serving
                 log.exception("chattts batch: decode failed")
-                for job in list(self._running):
+                self._due.clear()
+                for job in [*self._running, *self._ending]:
                     self._end(job, EngineError(f"ChatTTS decode failed: {e}"))
+                self._ending.clear()
 
     def _drop_cancelled_waiting(self) -> None:
         for job in [j for j in self._waiting if j.request.cancel.is_set()]:
@@ -257,15 +277,15 @@ class BatchScheduler:
         for job in [j for j in self._running if j.row.cancel()]:  # between passes: leave now
             job.row.stats.stop = "cancelled"
             self._end(job)
-        t_iter, self._render_s = time.perf_counter(), 0.0
+        t_iter, self._render_s = self._clock(), 0.0
         window, may_prompt = self._plan() if self.paced else (None, [])
         prompting = [j for j in self._running if j.row.prefilled < j.row.prompt_len]
         if window is not None:
             prompting = [j for j in prompting if j in may_prompt]
         if prompting:
-            t0 = time.perf_counter()
+            t0 = self._clock()
             self.decoder.prefill(prompting[0].row)
-            seconds = time.perf_counter() - t0
+            seconds = self._clock() - t0
             self._prompt_s = seconds if not self._prompt_s else _blend(self._prompt_s, seconds)
             self.counters["prompt_passes"] += 1
             self.counters["prompt_ms"] += seconds * 1e3
@@ -282,15 +302,17 @@ class BatchScheduler:
                 stepping.append(job.row)
             else:
                 self._end(job)
+        self._render_due()
+        self._release_held()
         if stepping:
-            t0 = time.perf_counter()
+            t0 = self._clock()
             lo, hi = self.decoder.step(stepping)
-            self.counters["step_ms"] += (time.perf_counter() - t0) * 1e3
+            self.counters["step_ms"] += (self._clock() - t0) * 1e3
             self.counters["steps"] += 1
             self.counters["row_steps"] += len(stepping)
             self.counters["paced_steps"] += window is not None
             if not prompting:  # an iteration costs what its step's width and its rows cost
-                seconds, width = time.perf_counter() - t_iter - self._render_s, hi - lo
+                seconds, width = self._clock() - t_iter - self._render_s, hi - lo
                 old = self._iteration_s.get(width)
                 # a preempted thread or a page fault is not the step's cost: cap outliers
                 new = seconds if old is None else _blend(old, min(seconds, 2 * old))
@@ -366,50 +388,107 @@ class BatchScheduler:
 
     def _on_step(self, job: _Job, codes: np.ndarray, hidden: np.ndarray) -> None:
         job.codes.append(codes.copy())
-        t0 = time.perf_counter()
-        audio = job.stream.push(hidden)
-        self._count_render(time.perf_counter() - t0, pushes=1)
-        if audio is not None:
-            self._emit(job, audio)
+        self._pushes += 1
+        if job.request.gate is not None and job is job.request.head():
+            job.request.gate.tick()
+        render = job.stream.add(hidden)
+        if render is not None:
+            self._due.append((job, render))
 
-    def _count_render(self, seconds: float, pushes: int) -> None:
-        self._render_s += seconds
-        self._rendered += seconds
-        self._pushes += pushes
+    def _render_due(self) -> None:
+        """Render this iteration's due chunks together, emit each row's audio in order, then
+        the end markers of the rows that ended."""
+        due, self._due = self._due, []
+        ending, self._ending = self._ending, []
+        error: BaseException | None = None
+        if due:
+            t0 = self._clock()
+            try:
+                spectra = self.vocoder.spectra_many([r.hiddens for _, r in due])
+            except Exception as e:  # the vocoder failed: the rows rendered with it fail
+                error = EngineError(f"ChatTTS vocoder failed: {e}")
+                for job, _ in due:
+                    if job not in ending:
+                        job.request.cancel.set()
+                    self._deliver(job, error)
+            else:
+                for (job, render), pair in zip(due, spectra, strict=True):
+                    self._emit(job, job.stream.emit(render, pair))
+            seconds = self._clock() - t0
+            self._render_s += seconds
+            self._rendered += seconds
+            self._rendered_steps += sum(len(r.hiddens) for _, r in due)
+            self.counters["renders"] += len(due)
+            self.counters["render_runs"] += len({len(r.hiddens) for _, r in due})
+        for job in ending:
+            self._finish(job, None)
 
     def _emit(self, job: _Job, audio: np.ndarray) -> None:
-        if job.request.first_audio_at is None:
-            job.request.first_audio_at = self._clock()
         job.emitted_s += len(audio) / SAMPLE_RATE
-        job.out.put(audio)
+        self._deliver(job, audio)
+
+    def _deliver(self, job: _Job, item: object) -> None:
+        """Hand ``item`` (audio, an error, the end marker) to the caller, or hold it while the
+        request's first audio waits for its gate (prebuffer.py)."""
+        request = job.request
+        if request.held or (request.first_audio_at is None and request.gate is not None):
+            if not request.held:
+                self._holding.append(request)
+            request.held.append((job, item))
+            return
+        if request.first_audio_at is None and isinstance(item, np.ndarray):
+            request.first_audio_at = self._clock()
+        job.out.put(item)
+
+    def _release_held(self) -> None:
+        """Let a request's held audio go once its gate opens (prebuffer.py), or once its first
+        sentence has ended or it is cancelled: the gate predicts the first sentence only."""
+        for request in list(self._holding):
+            head = request.head()
+            gate = request.gate
+            if not (
+                gate is None
+                or head is None
+                or head.index > 0
+                or request.cancel.is_set()
+                or gate.opens(self.schedule, head.stream, head.row.max_new, self._render_step_s())
+            ):
+                continue
+            self._holding.remove(request)
+            held, request.held, request.gate = request.held, [], None
+            for job, item in held:
+                self._deliver(job, item)
+
+    def _render_step_s(self) -> float:
+        return self._rendered / self._rendered_steps if self._rendered_steps else 0.0
 
     def _end(self, job: _Job, error: BaseException | None = None) -> None:
-        """Render the row's tail (unless cancelled or failed), mark its end, free its slot."""
-        try:
-            if error is None and job.row.stats.stop != "cancelled":
-                t0 = time.perf_counter()
-                tail = job.stream.finish()
-                self._count_render(time.perf_counter() - t0, pushes=0)
-                if tail is not None:
-                    self._emit(job, tail)
-        except Exception as e:  # the vocoder failed on this row only
-            error = EngineError(f"ChatTTS vocoder failed: {e}")
-        finally:
-            job.ended = True
-            self.decoder.release(job.row)
-            with self._cond:
-                if job in self._running:
-                    self._running.remove(job)
-            job.request.context.run(
-                log.debug,
-                "chattts batch: sentence %d done: %d steps (%s)",
-                job.index,
-                job.row.stats.steps,
-                job.row.stats.stop,
-            )
-            if error is not None:
-                job.out.put(error)
-            job.out.put(_END)  # last: the caller may return as soon as it sees it
+        """Free the row's slot now; its tail (unless cancelled or failed) renders with this
+        iteration's chunks, and its end marker follows."""
+        job.ended = True
+        self.decoder.release(job.row)
+        with self._cond:
+            if job in self._running:
+                self._running.remove(job)
+        if error is None and job.row.stats.stop != "cancelled":
+            tail = job.stream.final()
+            if tail is not None:
+                self._due.append((job, tail))
+            self._ending.append(job)
+            return
+        self._finish(job, error)
+
+    def _finish(self, job: _Job, error: BaseException | None) -> None:
+        job.request.context.run(
+            log.debug,
+            "chattts batch: sentence %d done: %d steps (%s)",
+            job.index,
+            job.row.stats.steps,
+            job.row.stats.stop,
+        )
+        if error is not None:
+            self._deliver(job, error)
+        self._deliver(job, _END)  # last: the caller may return as soon as it sees it
 
 
 def _blend(old: float, new: float) -> float:

@@ -32,9 +32,16 @@ from speakd.engines.chattts.batch import BatchDecoder, sentence_sampler
 from speakd.engines.chattts.batch_scheduler import BatchScheduler, Sentence
 from speakd.engines.chattts.gpt_runner import DecodeStats, GptRunner, ModelSpec
 from speakd.engines.chattts.ortsession import make_session
+from speakd.engines.chattts.prebuffer import StartGate
 from speakd.engines.chattts.sampling import CodeSampler, SamplingParams
 from speakd.engines.chattts.tokenizer import PromptBuilder
-from speakd.engines.chattts.vocoder import SAMPLE_RATE, StreamingVocoder, StreamSchedule, Vocoder
+from speakd.engines.chattts.vocoder import (
+    SAMPLE_RATE,
+    Render,
+    StreamingVocoder,
+    StreamSchedule,
+    Vocoder,
+)
 from speakd.engines.options import Option
 
 log = logging.getLogger(__name__)
@@ -110,6 +117,9 @@ class ChatTTSEngine:
             make_session(bundle.file("vocos.onnx"), threads, spinning=False),
         )
         self._lock = threading.Lock()  # one KV cache: one utterance at a time
+        self.paced = paced  # a live listener: hold the first audio until it can play through
+        self.clock = time.perf_counter  # every timing of the one-row path (tests simulate it)
+        self._render_s = self._rendered_steps = 0.0  # one-row path: Decoder/Vocos cost
         # batch_size > 1: sentences and requests share decode steps (batch.py). When
         # the graph is batch-invariant a sentence's audio does not depend on what shares its
         # steps: identical to batch_size = 1 for float graphs; for 4-bit graphs (steps of ≥ 2
@@ -121,6 +131,11 @@ class ChatTTSEngine:
             decoder = BatchDecoder(self.gpt.session, self.spec, emb_code, batch_size, prefill_chunk)
             self.batch_invariant = decoder.batch_invariant()
             if self.batch_invariant or not batch_exact:
+                # rows' chunks that come due together share Decoder/Vocos runs when a window's
+                # spectra do not depend on what is stacked with it (float conv nets)
+                self.vocoder.batched = (
+                    self.vocoder.batch_invariant(self.spec.hidden_size) or not batch_exact
+                )
                 self.batch = BatchScheduler(decoder, self.vocoder, self.schedule, paced)
                 if decoder.min_rows > 1:
                     log.info(
@@ -259,12 +274,15 @@ class ChatTTSEngine:
                 yield audio
             return
         with self._lock:
+            gate = StartGate(self.clock) if self.paced else None
             for i, sentence in enumerate(sentences):
                 if cancel is not None and cancel.is_set():
                     break
                 stats = DecodeStats()
                 sampler = sentence_sampler(sampling, eos, seed, i)
-                yield from self._stream_sentence(sentence, params, sampler, cancel, stats)
+                yield from self._stream_sentence(
+                    sentence, params, sampler, cancel, stats, gate if i == 0 else None
+                )
                 log.debug(
                     "chattts: sentence %.30r: prompt %d tokens %.0f ms, %d steps %.1f ms/step (%s)",
                     sentence,
@@ -315,18 +333,41 @@ class ChatTTSEngine:
         sampler: CodeSampler,
         cancel: threading.Event | None,
         stats: DecodeStats,
+        gate: StartGate | None = None,
     ) -> Iterator[np.ndarray]:
+        """One sentence's audio chunks; with a ``gate`` they are held (decoding goes on) until
+        it opens or the sentence ends (prebuffer.py)."""
         embeds = self.prompt_embeds(sentence, params)
         max_steps = min(sampler.params.max_new_token, self.spec.max_context)
         stream = StreamingVocoder(self.vocoder, self.schedule, max_steps, self.spec.hidden_size)
+        held: list[np.ndarray] = []
         for _codes, hidden in self.gpt.generate(embeds, sampler, cancel, stats):
-            audio = stream.push(hidden)
-            if audio is not None:
-                yield audio
+            if gate is not None:
+                gate.tick()
+            render = stream.add(hidden)
+            if render is not None:
+                held.append(self._render(stream, render))
+            if held and (
+                gate is None or gate.opens(self.schedule, stream, max_steps, self._render_step_s)
+            ):
+                yield from held
+                held.clear()
         if stats.stop != "cancelled":
-            tail = stream.finish()
+            tail = stream.final()
             if tail is not None:
-                yield tail
+                held.append(self._render(stream, tail))
+        yield from held
+
+    def _render(self, stream: StreamingVocoder, render: Render) -> np.ndarray:
+        t0 = self.clock()
+        audio = stream.emit(render, self.vocoder.spectra(render.hiddens))
+        self._render_s += self.clock() - t0
+        self._rendered_steps += len(render.hiddens)
+        return audio
+
+    @property
+    def _render_step_s(self) -> float:
+        return self._render_s / self._rendered_steps if self._rendered_steps else 0.0
 
     def _sampling(self, config: SynthesisConfig) -> SamplingParams:
         d, x = self._defaults, config.extra

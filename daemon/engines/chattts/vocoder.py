@@ -63,22 +63,68 @@ def istft(real: np.ndarray, imag: np.ndarray) -> np.ndarray:
 
 
 class Vocoder:
-    def __init__(self, decoder: ort.InferenceSession, vocos: ort.InferenceSession) -> None:
+    """The Decoder and Vocos sessions. ``batched``: windows of equal length share one run of each
+    (stacked on the batch axis); set it only for graphs whose rows do not see each other
+    (``batch_invariant``), so a window's spectra are the same alone or stacked."""
+
+    def __init__(
+        self, decoder: ort.InferenceSession, vocos: ort.InferenceSession, batched: bool = False
+    ) -> None:
         self.decoder = decoder
         self.vocos = vocos
+        self.batched = batched
 
     def spectra(self, hiddens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(T, hidden) → spec_real, spec_imag (513, 2T)."""
-        x = np.ascontiguousarray(hiddens.T[None], np.float32)
-        (mel,) = self.decoder.run(["mel"], {"hidden": x})
-        real, imag = self.vocos.run(["spec_real", "spec_imag"], {"mel": mel})
-        return real[0], imag[0]
+        return self.spectra_many([hiddens])[0]
+
+    def spectra_many(self, windows: list[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The spectra of each (T_i, hidden) window, in order: one Decoder and one Vocos run per
+        group of equal-length windows when ``batched``, else one per window. Padding windows to a
+        common length would change their samples (the convolutions see the padding), so windows
+        of different lengths never share a run."""
+        groups: dict[int, list[int]] = {}
+        for i, window in enumerate(windows):
+            groups.setdefault(len(window) if self.batched else -1 - i, []).append(i)
+        out: list[tuple[np.ndarray, np.ndarray]] = [None] * len(windows)  # type: ignore[list-item]
+        for members in groups.values():
+            x = np.stack([windows[i] for i in members]).transpose(0, 2, 1)
+            (mel,) = self.decoder.run(["mel"], {"hidden": np.ascontiguousarray(x, np.float32)})
+            real, imag = self.vocos.run(["spec_real", "spec_imag"], {"mel": mel})
+            for j, i in enumerate(members):
+                out[i] = real[j], imag[j]
+        return out
+
+    def batch_invariant(self, dim: int, steps: int = 12) -> bool:
+        """Are a window's spectra bit-identical stacked with others and alone? Float conv nets
+        are (per-row convolutions and GEMM rows); dynamic int8 MatMuls are not (one activation
+        scale over every stacked row)."""
+        rng = np.random.default_rng(0)
+        windows = [rng.normal(0, 1, (steps, dim)).astype(np.float32) for _ in range(3)]
+        windows[1] *= 8.0  # a companion with a wider range would move a shared scale
+        batched, self.batched = self.batched, True
+        try:
+            alone = self.spectra_many(windows[:1])[0]
+            stacked = self.spectra_many(windows)[0]
+        finally:
+            self.batched = batched
+        return all(np.array_equal(a, b) for a, b in zip(alone, stacked, strict=True))
 
     def waveform(self, hiddens: np.ndarray) -> np.ndarray:
         """One-shot: the whole utterance at once, float32 in [-1, 1]-ish."""
         if len(hiddens) == 0:
             return np.zeros(0, np.float32)
         return istft(*self.spectra(hiddens))
+
+
+@dataclass(frozen=True)
+class Render:
+    """A chunk due: the hidden window its Decoder/Vocos pass covers and the slice ``[a, b)`` of
+    the window's overlap-add that is the chunk's own audio (``StreamingVocoder.emit``)."""
+
+    hiddens: np.ndarray
+    a: int
+    b: int
 
 
 @dataclass(frozen=True)
@@ -90,12 +136,12 @@ class StreamSchedule:
     look-ahead. Every chunk re-decodes ``left`` steps before it."""
 
     name: str = "low-latency"
-    first_chunk: int = 8  # first audio after first_chunk + first_right steps
+    first_chunk: int = 6  # first audio after first_chunk + first_right steps
     chunk: int = 8
     left: int = 12
     right: int = 12
-    first_right: int = 8
-    growth: float = 1.25  # 8, 8, 10, 12, 16, … 128: chunk k is decoded while chunk k−1 plays
+    first_right: int = 6
+    growth: float = 1.25  # 6, 8, 10, 12, 16, … 128: chunk k is decoded while chunk k−1 plays
     max_chunk: int = 128
 
     def __post_init__(self) -> None:
@@ -143,7 +189,11 @@ class StreamSchedule:
 
 
 class StreamingVocoder:
-    """Feed hidden states one by one; get float audio chunks as soon as the schedule allows."""
+    """Feed hidden states one by one; get float audio chunks as soon as the schedule allows.
+
+    ``push``/``finish`` render at once. ``add``/``final`` only plan the render and return it, so a
+    caller with many streams can render their chunks together (``Vocoder.spectra_many``) and
+    cut each one's audio with ``emit``; the audio is the same either way."""
 
     def __init__(self, vocoder: Vocoder, schedule: StreamSchedule, max_steps: int, dim: int):
         self.vocoder = vocoder
@@ -154,15 +204,29 @@ class StreamingVocoder:
         self.chunks = 0  # chunks emitted
 
     def push(self, hidden: np.ndarray) -> np.ndarray | None:
+        return self._now(self.add(hidden))
+
+    def finish(self) -> np.ndarray | None:
+        """The rest of the utterance (call once, after the last ``push``)."""
+        return self._now(self.final())
+
+    def add(self, hidden: np.ndarray) -> Render | None:
+        """Store a hidden state; the chunk it completes, if any, to render."""
         self.hiddens[self.n] = hidden
         self.n += 1
         if self.steps_to_next_chunk() == 0:
-            return self._render(
+            return self._plan(
                 self.done + self.schedule.size(self.chunks),
                 self.schedule.look_ahead(self.chunks),
                 final=False,
             )
         return None
+
+    def final(self) -> Render | None:
+        """The render of the rest of the utterance (call once, after the last ``add``)."""
+        if self.n == 0 or self.done >= self.n:
+            return None
+        return self._plan(self.n, 0, final=True)
 
     def steps_to_next_chunk(self) -> int:
         """Hidden states still to push before the next chunk renders (0: this push renders)."""
@@ -170,21 +234,25 @@ class StreamingVocoder:
         # at least one step past the chunk, so the utterance's end is always rendered by finish()
         return max(0, self.done + size + max(right, 1) - self.n)
 
-    def finish(self) -> np.ndarray | None:
-        """The rest of the utterance (call once, after the last ``push``)."""
-        if self.n == 0 or self.done >= self.n:
-            return None
-        return self._render(self.n, 0, final=True)
+    @staticmethod
+    def emit(render: Render, spectra: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+        """The chunk's float audio from its window's spectra."""
+        y, env = overlap_add(*spectra)
+        return (y[render.a : render.b] / env[render.a : render.b]).astype(np.float32)
 
-    def _render(self, end: int, right: int, final: bool) -> np.ndarray:
+    def _now(self, render: Render | None) -> np.ndarray | None:
+        if render is None:
+            return None
+        return self.emit(render, self.vocoder.spectra(render.hiddens))
+
+    def _plan(self, end: int, right: int, final: bool) -> Render:
         s0, s1 = self.done, end
         w0 = max(0, s0 - self.schedule.left)
         w1 = self.n if final else min(self.n, s1 + right)
-        y, env = overlap_add(*self.vocoder.spectra(self.hiddens[w0:w1]))
         # global output sample t ↔ uncentred sample t + n_fft/2 ↔ local index below
         origin = w0 * SAMPLES_PER_STEP - N_FFT // 2
         a = s0 * SAMPLES_PER_STEP - origin
         b = (s1 * SAMPLES_PER_STEP - (HOP if final else 0)) - origin
         self.done = s1
         self.chunks += 1
-        return (y[a:b] / env[a:b]).astype(np.float32)
+        return Render(self.hiddens[w0:w1], a, b)
