@@ -158,3 +158,48 @@ def test_machine_line_names_the_cpu_its_flags_and_bandwidth_or_says_what_is_miss
     assert line({**info, "read_gb_s": None}).endswith("; read bandwidth not measured.")
     assert line({"cpus": 2}) == "Machine: not recorded."  # a result saved before machine lines
     assert set(cpu()["flags"]) == set(ISA_FLAGS)
+
+
+def test_bench_json_carries_the_machine_and_each_contenders_floor_and_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``machine: {cpu, flags, read_gbps}``; per contender ``floor_ms`` and ``step_ms`` by
+    context, floor = bytes one step reads ÷ the bandwidth measured with the bench's threads
+    (torch reads the fp32 bytes); the table prints step ÷ floor."""
+    from speakd_tools.bench import machine
+    from speakd_tools.bench.chattts import floors
+
+    monkeypatch.setattr(machine, "read_bandwidth", lambda threads, **_: 10.0 * threads)
+    info = machine.describe(threads=2)
+    assert {"cpu", "flags", "read_gbps"} <= set(info) and info["read_gbps"] == 20.0
+    assert set(info["flags"]) == set(machine.ISA_FLAGS)
+    assert "read_gbps" not in machine.describe(bandwidth=False)
+
+    cell = {"median_ms": 4.0, "best_round_ms": 3.9, "p90_ms": 4.4, "n": 10}
+    result = {
+        "options": {"contexts": [100, 500]},
+        "machine": {**info, "loadavg_start": [1, 1, 1], "loadavg_end": [1, 1, 1]},
+        "contenders": {
+            n: {"name": n, "path": "x", "missing": ""} for n in ("torch", "fp32", "int4")
+        },
+        "steps": {
+            "loadavg_before": [1, 1, 1],
+            "torch": {"100": {**cell, "median_ms": 80.0}, "500": {**cell, "median_ms": 90.0}},
+            "fp32": {"100": {**cell, "median_ms": 40.0}, "500": {**cell, "median_ms": 44.0}},
+            "int4": {"100": cell, "500": {**cell, "median_ms": 5.0}},
+        },
+        "bytes_per_step": {
+            "fp32": {"weights": 760_000_000, "kv": {"100": 12_288_000, "500": 61_440_000}},
+            "int4": {"weights": 98_000_000, "kv": {"100": 3_072_000, "500": 15_360_000}},
+        },
+    }
+    got = floors(result)
+    assert got["int4"]["step_ms"] == {"100": 4.0, "500": 5.0}
+    assert got["int4"]["floor_ms"]["500"] == pytest.approx(113.36e6 / 20e9 * 1e3, abs=1e-3)
+    assert got["torch"]["floor_ms"] == got["fp32"]["floor_ms"]  # the same fp32 weights and KV
+    json.dumps(got)  # plain JSON
+    for name, cells in got.items():
+        result["contenders"][name].update(cells)
+    text = table(result)
+    assert "GPT step ÷ bandwidth floor (bytes one step reads ÷ 20.0 GB/s" in text
+    assert "| int4 | 4.00 / 5.05 | 0.79× | 5.00 / 5.67 | 0.88× |" in text

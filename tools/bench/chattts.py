@@ -19,6 +19,15 @@ that peak RSS is its own:
    the daemon's own time to first audio.
 4. **Cache hits** (socket and MQTT): ``cache.measure`` and ``mqtt.measure`` (embedded VITS;
    a cache hit does not touch the engine).
+5. **Throttled** (``--throttle NAME``, default int4): phase 2 again for that contender on a slow
+   board made of this one: one intra-op thread pinned to CPU 0 and a busy loop pinned to CPU 1.
+   Its playback stall is reported next to the unthrottled run's.
+
+Last, with every contender's process gone, the machine: CPU, ISA flags and DRAM read bandwidth
+with the bench's thread count (``machine.py``); each contender's bandwidth floor per context is
+the bytes one decode step reads (``step_bytes``) ÷ that bandwidth, and the table prints the
+measured GPT step ÷ floor (``floors``). torch reads the fp32 bundle's bytes (the same weights in
+float32, an fp32 KV cache).
 
 A contender whose bundle or checkpoint is missing is reported as missing. Random weights show
 speed and plumbing, not voice quality. The load average is recorded with every phase.
@@ -129,6 +138,26 @@ def step_bytes(bundle: Path, contexts: tuple[int, ...]) -> dict[str, Any]:
         "kv_dtype": model.get("kv_dtype", "float32"),
         "kv": {str(c): per_pos * c for c in contexts},
     }
+
+
+def floors(result: dict[str, Any]) -> dict[str, dict[str, dict[str, float]]]:
+    """Per contender: ``step_ms`` (the interleaved GPT step's median) and ``floor_ms`` (bytes one
+    step reads ÷ the measured read bandwidth), each by context; empty when either is missing."""
+    gbps = result.get("machine", {}).get("read_gbps")
+    per_step = result.get("bytes_per_step") or {}
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for name, steps in (result.get("steps") or {}).items():
+        if name not in result.get("contenders", {}):
+            continue  # the phase's load averages and load times
+        b = per_step.get("fp32" if name == "torch" else name)
+        out[name] = {
+            "step_ms": {ctx: cell["median_ms"] for ctx, cell in steps.items()},
+            "floor_ms": {
+                ctx: round((b["weights"] + kv) / (gbps * 1e9) * 1e3, 3)
+                for ctx, kv in (b["kv"] if b and gbps else {}).items()
+            },
+        }
+    return out
 
 
 def projection(bytes_per_step: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -280,6 +309,8 @@ def run_steps(spec: dict[str, Any]) -> dict[str, Any]:
 def run_e2e(spec: dict[str, Any]) -> dict[str, Any]:
     from . import engine
 
+    if spec.get("cpus"):
+        os.sched_setaffinity(0, spec["cpus"])
     la0 = loadavg()
     if spec["name"] == "torch":
         r = engine.run_torch(
@@ -289,6 +320,26 @@ def run_e2e(spec: dict[str, Any]) -> dict[str, Any]:
     else:
         r = engine.run_speakd(Path(spec["path"]), spec["steps"], spec["threads"], spec["text"])
     return {**r, "loadavg_before": la0, "loadavg_after": loadavg()}
+
+
+def throttled(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """Phase 2 for one contender with one thread pinned to CPU 0 while a busy loop spins on
+    CPU 1: a slower board made of this one, to see whether its stream still plays through."""
+    cpus = os.cpu_count() or 1
+    hog_cpu = 1 if cpus > 1 else 0
+    hog = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import os\nos.sched_setaffinity(0, {{{hog_cpu}}})\nwhile True: pass",
+        ]
+    )
+    try:
+        r = _child("e2e", {**spec, "threads": 1, "cpus": [0]}, timeout)
+    finally:
+        hog.kill()
+        hog.wait()
+    return {**r, "throttle": f"1 thread on CPU 0, busy loop on CPU {hog_cpu}"}
 
 
 # --- phase 3: start-up to READY -----------------------------------------------------------------
@@ -434,11 +485,12 @@ class BenchOptions:
     threads: int = 2
     starts: int = 3
     says: int = 200
-    phases: tuple[str, ...] = ("steps", "e2e", "startup", "cache")
+    phases: tuple[str, ...] = ("steps", "e2e", "startup", "cache", "throttle")
     out: Path = Path("bench-out")
     timeout: float = 7200.0
     seed: int = 1
     bandwidth: bool = True  # measure DRAM read bandwidth for the machine line
+    throttle: str = "int4"  # contender run again on one pinned thread beside a busy loop
 
 
 def _save_partial(result: dict[str, Any], out: Path) -> None:
@@ -484,6 +536,13 @@ def run_bench(opts: BenchOptions) -> dict[str, Any]:
             }  # fmt: skip
             result["e2e"][c.name] = _child("e2e", spec, opts.timeout)
             _save_partial(result, opts.out)
+    named = {c.name: c for c in present}
+    if "throttle" in opts.phases and opts.throttle in named and voice:
+        c = named[opts.throttle]
+        log.info("phase 5: end to end, %s, throttled", c.name)
+        spec = {"name": c.name, "path": c.path, "steps": opts.steps, "text": opts.text}
+        result["throttled"] = {c.name: throttled(spec, opts.timeout)}
+        _save_partial(result, opts.out)
     if "startup" in opts.phases:
         result["startup"] = {}
         for c in present:
@@ -497,10 +556,12 @@ def run_bench(opts: BenchOptions) -> dict[str, Any]:
         result["cache"] = cache_hits(opts.says, opts.threads)
     result["machine"]["loadavg_end"] = loadavg()
     # last, with every contender's process gone: the 1 GiB buffer would compete with them
-    result["machine"].update(describe(bandwidth=opts.bandwidth))
-    per_step = {c.name: step_bytes(Path(c.path), (100, 500)) for c in present if c.name in ORT}
+    result["machine"].update(describe(bandwidth=opts.bandwidth, threads=opts.threads))
+    per_step = {c.name: step_bytes(Path(c.path), opts.contexts) for c in present if c.name in ORT}
     result["bytes_per_step"] = per_step
     result["projection"] = projection(per_step)
+    for name, cells in floors(result).items():
+        result["contenders"][name].update(cells)
     return result
 
 
@@ -551,7 +612,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--phases",
         default="steps,e2e,startup,cache",
-        help="comma list of steps,e2e,startup,cache (default all)",
+        help="comma list of steps,e2e,startup,cache,throttle (default all)",
+    )
+    p.add_argument(
+        "--throttle",
+        default="int4",
+        help="contender run again on one pinned thread beside a busy loop (default int4)",
     )
     p.add_argument("--out", type=Path, default=Path("bench-out"), help="JSON, table and PNGs")
     p.add_argument(
@@ -572,7 +638,7 @@ def run(args: argparse.Namespace) -> int:
     if args.render:
         return render(args.render, args.out)
     phases = tuple(x for x in args.phases.split(",") if x)
-    unknown = set(phases) - {"steps", "e2e", "startup", "cache"}
+    unknown = set(phases) - {"steps", "e2e", "startup", "cache", "throttle"}
     if unknown:
         raise ValueError(f"--phases: unknown {', '.join(sorted(unknown))}")
     opts = BenchOptions(
@@ -588,6 +654,7 @@ def run(args: argparse.Namespace) -> int:
         says=args.says,
         phases=phases,
         out=args.out,
+        throttle=args.throttle,
     )
     return _publish(run_bench(opts), args.out)
 

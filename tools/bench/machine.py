@@ -56,11 +56,15 @@ def read_bandwidth(threads: int, gib: float = 1.0, repeats: int = 4) -> float:
     return buf.nbytes / best / 1e9
 
 
-def describe(bandwidth: bool = True) -> dict[str, Any]:
-    """``cpu()`` plus, unless ``bandwidth`` is False, the read bandwidth with 1 and 2 threads."""
+def describe(bandwidth: bool = True, threads: int = 2) -> dict[str, Any]:
+    """``cpu()`` plus, unless ``bandwidth`` is False, the read bandwidth with 1 and 2 threads and
+    ``read_gbps``: the bandwidth with ``threads`` (the bench's own count: its floor's divisor)."""
     out = cpu()
+    out["cpu"] = out["model"]
     if bandwidth:
-        out["read_gb_s"] = {str(t): round(read_bandwidth(t), 1) for t in (1, 2)}
+        out["read_gb_s"] = {str(t): round(read_bandwidth(t), 1) for t in sorted({1, 2, threads})}
+        out["read_gbps"] = out["read_gb_s"][str(threads)]
+        out["read_threads"] = threads
     return out
 
 

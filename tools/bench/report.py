@@ -77,6 +77,7 @@ def table(result: dict[str, Any]) -> str:
             continue
         cells = [_fmt(m[n][k], s) for k, _, s in cols]
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    lines += _floor_lines(result)
     for ref in ("torch", "fp32"):
         if ref not in m or result["contenders"][ref]["missing"]:
             continue
@@ -106,11 +107,56 @@ def table(result: dict[str, Any]) -> str:
             lines += ["", "Speed-up vs torch: " + "; ".join(speed) + "."]
     if result.get("projection"):
         lines += ["", *projection_table(result["projection"])]
+    lines += _throttle_lines(result)
     lines += ["", _loads(result)]
     cache = result.get("cache")
     if cache:
         lines += ["", _cache_line(cache)]
     return "\n".join(lines)
+
+
+def _floor_lines(result: dict[str, Any]) -> list[str]:
+    """GPT step ÷ its bandwidth floor per contender and context (``chattts.floors``)."""
+    machine = result["machine"]
+    rows = {n: c for n, c in result["contenders"].items() if c.get("floor_ms") and c.get("step_ms")}
+    if not rows:
+        return []
+    ctxs = list(next(iter(rows.values()))["floor_ms"])
+    lines = [
+        "",
+        f"GPT step ÷ bandwidth floor (bytes one step reads ÷ {machine['read_gbps']} GB/s read "
+        f"with {machine.get('read_threads', '?')} threads; 1 = at the floor):",
+        "",
+        "| contender | "
+        + " | ".join(f"ctx{c}: step / floor ms | ctx{c} ratio" for c in ctxs)
+        + " |",
+        "|---|" + "---:|---:|" * len(ctxs),
+    ]
+    for n, c in rows.items():
+        cells = []
+        for ctx in ctxs:
+            step, floor = c["step_ms"].get(ctx), c["floor_ms"][ctx]
+            cells.append(f"{_fmt(step)} / {_fmt(floor)} | {step / floor:.2f}×" if step else "– | –")
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _throttle_lines(result: dict[str, Any]) -> list[str]:
+    """The throttled end-to-end run next to the same contender's unthrottled one."""
+    out = []
+    for n, r in (result.get("throttled") or {}).items():
+        base = _get(result, "e2e", n) or {}
+        parts = []
+        for label, run in ((r["throttle"], r), ("unthrottled", base)):
+            if "stall_s" not in run:
+                continue
+            parts.append(
+                f"{label}: playback stall {run['stall_s']:.2f} s, first audio "
+                f"{run['first_audio_s'] * 1e3:.0f} ms, gapless first audio "
+                f"{run['gapless_first_audio_s'] * 1e3:.0f} ms, RTF {run['rtf']:.3f}"
+            )
+        out += ["", f"Throttled {n}: " + "; ".join(parts) + "."]
+    return out
 
 
 def _loads(result: dict[str, Any]) -> str:
@@ -120,6 +166,8 @@ def _loads(result: dict[str, Any]) -> str:
     for n, r in (result.get("e2e") or {}).items():
         if "loadavg_before" in r:
             parts.append(f"e2e {n} {r['loadavg_before']}")
+    for n, r in (result.get("throttled") or {}).items():
+        parts.append(f"throttled {n} {r.get('loadavg_before')}")
     for n, r in (result.get("startup") or {}).items():
         parts.append(f"startup {n} {r['loadavg']}")
     parts.append(f"end {result['machine'].get('loadavg_end')}")
