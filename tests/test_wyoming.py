@@ -88,7 +88,13 @@ def audio_of(events: list[Event]) -> bytes:
 
 async def synthesize(client: AsyncClient, text: str, **voice: str) -> list[Event]:
     await client.write_event(Synthesize(text, SynthesizeVoice(**voice) if voice else None).event())
-    return await read_until(client, "audio-stop", "error")
+    return await read_until(client, "audio-stop")  # a failed one too: error, then audio-stop
+
+
+def error_of(events: list[Event]) -> str | None:
+    codes = [e.data["code"] for e in events if e.type == "error"]
+    assert len(codes) <= 1, events
+    return codes[0] if codes else None
 
 
 async def describe(client: AsyncClient) -> Info:
@@ -242,6 +248,8 @@ async def test_bad_requests_are_errors_and_the_connection_goes_on(
         error = await client.read_event()
         assert error is not None and error.type == "error", error
         assert error.data["code"] == code and error.data["text"]
+        if Synthesize.is_type(event.type):  # what Home Assistant waits for
+            assert [e.type for e in await read_until(client, "audio-stop")] == ["audio-stop"]
         await describe(client)
 
 
@@ -385,9 +393,34 @@ async def test_an_engine_failure_is_an_error_and_the_connection_goes_on(
     _, sock = tone
     async with unix(sock) as client:
         events = await synthesize(client, "please FAIL now")
-        assert events[-1].type == "error" and events[-1].data["code"] == "synthesis_failed"
-        assert "audio-start" not in [e.type for e in events]
+        assert [e.type for e in events] == ["error", "audio-stop"]
+        assert error_of(events) == "synthesis_failed"
         assert len(audio_of(await synthesize(client, "fine now"))) > 0
+
+
+async def test_a_text_stream_ends_with_synthesize_stopped_whatever_fails(
+    tone: tuple[InProcessDaemon, Path],
+) -> None:
+    _, sock = tone
+    async with unix(sock) as client:
+        await client.write_event(SynthesizeStart().event())
+        await client.write_event(SynthesizeChunk("Good one. This will FAIL now. Last").event())
+        await client.write_event(SynthesizeChunk(" one.").event())
+        await client.write_event(SynthesizeStop().event())
+        events = await read_until(client, "synthesize-stopped")
+        kinds = [e.type for e in events if e.type != "audio-chunk"]
+        good, failed = ["audio-start", "audio-stop"], ["error", "audio-stop"]
+        assert kinds == [*good, *failed, *good, "synthesize-stopped"]
+        assert error_of(events) == "synthesis_failed"
+
+        # A voice nobody has: refused once, at the start; its text is dropped.
+        await client.write_event(SynthesizeStart(SynthesizeVoice(name="nobody")).event())
+        await client.write_event(SynthesizeChunk("Never said. Not this either. ").event())
+        await client.write_event(Synthesize("Never said. Not this either.").event())
+        await client.write_event(SynthesizeStop().event())
+        events = await read_until(client, "synthesize-stopped")
+        assert [e.type for e in events] == ["error", "synthesize-stopped"]
+        assert error_of(events) == "unknown_voice"
 
 
 async def test_a_client_leaving_mid_synthesis_cancels_it(
@@ -415,8 +448,7 @@ async def test_more_streams_than_max_streams_is_busy(tone: tuple[InProcessDaemon
         deadline = time.monotonic() + 5
         while d.status()["streams"]["active"] < 2 and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
-        refused = await synthesize(c, words(5, "busyc"))
-        assert refused[-1].type == "error" and refused[-1].data["code"] == "busy"
+        assert error_of(await synthesize(c, words(5, "busyc"))) == "busy"
         await read_until(a, "audio-stop")
         assert audio_of(await synthesize(c, words(5, "busyc")))  # a stream is free again
 

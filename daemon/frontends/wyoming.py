@@ -21,8 +21,9 @@ read: ``describe`` is answered even mid-synthesis, and a client that goes away c
 owed (its streams are released; the last reader out cancels the synthesis). A bad event, an
 unknown voice, empty or over-long text, a busy daemon (``limits.max_streams``), more than
 ``limits.max_queue`` pending requests or a failed synthesis is an ``error`` event with a code
-(``messages.error_data``) and the connection goes on. Nothing here goes through the scheduler:
-Wyoming never interrupts what the board is playing.
+(``messages.error_data``) and the connection goes on; a synthesis that was refused or failed is
+still closed with ``audio-stop``, which is what Home Assistant waits for. Nothing here goes
+through the scheduler: Wyoming never interrupts what the board is playing.
 """
 
 from __future__ import annotations
@@ -62,8 +63,19 @@ from speakd.prepare import select_voice
 log = logging.getLogger(__name__)
 
 SAMPLES_PER_CHUNK = 1024  # per audio-chunk event, as wyoming-piper sends them
+
+
+@dataclass(frozen=True)
+class _Say:
+    """A job: one text to speak, made into a request when its turn comes, so that a refusal is
+    answered in order and a reload's new engine is the one that checks it."""
+
+    text: Any
+    voice: dict[str, str]
+
+
 STOPPED = None  # a job: the text stream's last sentence is out, send synthesize-stopped
-Job = SpeakRequest | None
+Job = _Say | None
 
 
 class WyomingFrontend:
@@ -239,8 +251,12 @@ class WyomingHandler(AsyncEventHandler):
             if self._text is not None:
                 log.debug("%s: synthesize inside a text stream ignored", self.client)
                 return
-            synthesize = _parse(Synthesize.from_event, event)
-            self._enqueue(self._request(synthesize.text, _voice_fields(synthesize.voice)))
+            try:
+                synthesize = _parse(Synthesize.from_event, event)
+                self._enqueue(_Say(synthesize.text, _voice_fields(synthesize.voice)))
+            except RequestError as e:  # answered as a failed synthesis is (see _speak)
+                await self._error(e)
+                await self.write_event(AudioStop().event())
         elif SynthesizeStart.is_type(kind):
             self._start_text(_parse(SynthesizeStart.from_event, event).voice)
         elif SynthesizeChunk.is_type(kind):
@@ -283,7 +299,7 @@ class WyomingHandler(AsyncEventHandler):
     def _sentences(self, text: _TextStream, sentences: list[str], *end: Job) -> None:
         jobs: list[Job] = []
         if not text.failed:
-            jobs = [self._request(s, text.voice) for s in sentences]
+            jobs = [_Say(s, text.voice) for s in sentences]
             text.sentences += len(jobs)
         self._enqueue(*jobs, *end)
 
@@ -314,17 +330,20 @@ class WyomingHandler(AsyncEventHandler):
                 if job is STOPPED:
                     await self.write_event(SynthesizeStopped().event())
                     continue
-                owed.current = job.id
                 await self._speak(job)
-                owed.current = None
         except ConnectionError:
             log.debug("%s went away mid-answer", self.client)
             self.reader.feed_eof()  # ends run(), which closes the connection
 
-    async def _speak(self, request: SpeakRequest) -> None:
-        """One request's audio as audio-start, audio-chunk…, audio-stop (or an error)."""
-        rid, started = request.id, False
+    async def _speak(self, say: _Say) -> None:
+        """One request's audio as audio-start, audio-chunk…, audio-stop. A refused or failed one
+        is an error, then audio-stop all the same: Home Assistant reads a synthesize's answer up
+        to its audio-stop and does not look at error events."""
+        rid: str | None = None
+        started = False
         try:
+            request = self._request(say.text, say.voice)
+            rid = self._owed.current = request.id
             async with self.control.stream(request) as stream:
                 async for chunk in stream.aread():
                     fmt = {
@@ -342,7 +361,6 @@ class WyomingHandler(AsyncEventHandler):
                 if not started:  # no audio at all: still a well-formed answer
                     rate = self.control.engine.sample_rate
                     await self.write_event(AudioStart(rate=rate, width=2, channels=1).event())
-                await self.write_event(AudioStop().event())
                 log.info(
                     "request %s: %.2f s of audio sent (%s)",
                     rid,
@@ -352,9 +370,12 @@ class WyomingHandler(AsyncEventHandler):
         except (ConnectionError, asyncio.CancelledError):  # gone: leaving the block released it
             log.info("request %s: the client left; its stream is released", rid)
             raise
-        except Exception as e:  # engine failures, busy: the client hears why, then goes on
-            log.warning("request %s failed: %s", rid, e)
+        except Exception as e:  # refused, busy, engine failures: the client hears why, goes on
+            log.warning("request %s failed: %s", rid or "(refused)", e)
             await self._error(e)
+        finally:
+            self._owed.current = None
+        await self.write_event(AudioStop().event())
 
     async def _error(self, e: BaseException) -> None:
         data = error_data(e)
