@@ -7,7 +7,7 @@ PY ?= python3
 VENV := .venv
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 RUN_APT := libportaudio2
-TEST_APT := libportaudio2 mosquitto mosquitto-clients openssl speech-dispatcher alsa-utils systemd
+TEST_APT := libportaudio2 mosquitto mosquitto-clients openssl speech-dispatcher alsa-utils systemd curl chromium
 
 .PHONY: run test apt-run apt-test venv lint
 

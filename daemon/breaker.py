@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,6 +95,8 @@ class Guard:
     breaker: CircuitBreaker
     hang_timeout_s: float = 30.0
     max_rtf: float = 3.0
+    # told (compute s, audio s) of every synthesis that ran to its end (speakd.metrics: RTF)
+    on_synthesis: Callable[[float, float], None] | None = None
 
     def admit(self) -> None:
         if not self.breaker.allow():
@@ -106,6 +109,8 @@ class Guard:
     ) -> None:
         """A clean EngineError is about the request (bad text, unknown voice), and a cancelled
         synthesis says nothing; anything else is a fault, and so is a crawl."""
+        if error is None and not cancelled and self.on_synthesis is not None:
+            self.on_synthesis(elapsed, audio_s)
         if isinstance(error, EngineError) or (error is None and cancelled):
             self.breaker.release()
         elif error is not None:

@@ -6,6 +6,7 @@ Errors name the key (``mqtt.port: expected an integer…``). Environment variabl
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import tomllib
 from dataclasses import dataclass, field, fields, replace
@@ -253,6 +254,63 @@ class WyomingConfig:
 
 
 @dataclass(frozen=True)
+class HttpConfig:
+    """The HTTP API (docs/http.md): OpenAI's speech endpoint, say/stop, health, metrics, a page."""
+
+    listen: str = ""  # empty = off; "127.0.0.1:5500", "[::1]:5500", "0.0.0.0:5500" (needs a token)
+    token: str = ""  # Bearer token; rather $SPEAKD_HTTP_TOKEN or token_file than the TOML
+    token_file: str = ""  # its first line is the token (systemd LoadCredential=)
+    max_body_bytes: int = 65536  # a larger request body is refused (413)
+    timeout_s: float = 30.0  # a body slower to arrive, or a reader stalled this long, is cut off
+
+    def validate(self) -> None:
+        _range("http.max_body_bytes", self.max_body_bytes, 1024, 16 * 1024 * 1024)
+        _range("http.timeout_s", self.timeout_s, 0.1, 3600)
+        if not self.listen:
+            return
+        host, _port = self.address
+        if self.token_value() is None and not _loopback(host):
+            raise ConfigError(
+                f"http.token: listening on {self.listen!r} reaches beyond this machine, so a "
+                "token is required: set http.token_file (or $SPEAKD_HTTP_TOKEN), or listen on "
+                "127.0.0.1"
+            )
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """(host, port) of ``listen``; host "" = every interface."""
+        host, sep, port = self.listen.rpartition(":")
+        if not sep or not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise ConfigError(
+                f"http.listen: {self.listen!r} is not HOST:PORT (e.g. 127.0.0.1:5500)"
+            )
+        return host.removeprefix("[").removesuffix("]"), int(port)
+
+    def token_value(self) -> str | None:
+        """``token`` (the TOML or $SPEAKD_HTTP_TOKEN), else the first line of ``token_file``."""
+        if self.token:
+            return self.token
+        if not self.token_file:
+            return None
+        try:
+            lines = Path(self.token_file).read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"http.token_file: cannot read a token: {e}") from None
+        if not lines or not lines[0].strip():
+            raise ConfigError(f"http.token_file: {self.token_file} is empty")
+        return lines[0].strip()
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # "" (every interface) or a name that may resolve anywhere
+        return False
+
+
+@dataclass(frozen=True)
 class Config:
     engine: EngineConfig = field(default_factory=EngineConfig)
     audio: AudioConfig = field(default_factory=AudioConfig)
@@ -261,6 +319,7 @@ class Config:
     cache: CacheConfig = field(default_factory=CacheConfig)
     mqtt: MqttConfig = field(default_factory=MqttConfig)
     wyoming: WyomingConfig = field(default_factory=WyomingConfig)
+    http: HttpConfig = field(default_factory=HttpConfig)
     source: str = ""  # the file it came from, for doctor and logs
 
     def validate(self) -> Config:

@@ -15,7 +15,7 @@ import math
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from speakd.engines.base import Engine, SynthesisConfig
 from speakd.messages import EventCallback, Priority, RequestError, SpeakRequest, validate_text
@@ -28,6 +28,19 @@ log = logging.getLogger(__name__)
 MAX_ID_CHARS = 128
 
 
+class Observer(Protocol):
+    """Hears of every request played or streamed back, whichever front-end made it
+    (``speakd.metrics``); the outcome of a played one comes with the scheduler's events."""
+
+    def said(self, request: SpeakRequest) -> None: ...
+
+    def stream_opened(self, request: SpeakRequest, stream: AudioStream) -> None: ...
+
+    def stream_closed(
+        self, request: SpeakRequest, stream: AudioStream | None, error: BaseException | None
+    ) -> None: ...
+
+
 @dataclass
 class Control:
     scheduler: Scheduler
@@ -38,6 +51,7 @@ class Control:
     reloads: int = 0
     streaming: int = 0  # callers reading audio back right now
     counters: dict[str, int] = field(default_factory=lambda: {"streams": 0, "streams_refused": 0})
+    observer: Observer | None = None
 
     def build_request(
         self,
@@ -81,6 +95,8 @@ class Control:
     # ---- playing on the board ---------------------------------------------------------------
 
     def say(self, request: SpeakRequest) -> None:
+        if self.observer is not None:
+            self.observer.said(request)
         self.scheduler.submit(request)
 
     def stop(self) -> int:
@@ -102,7 +118,24 @@ class Control:
         """The request's audio for a caller that wants it back, not played on the board: from the
         cache on a hit, else a synthesis shared with any playback of the same key. Read it with
         ``async for chunk in stream.aread()``; leaving the block (a caller gone) releases it, and
-        the last reader out cancels the synthesis. At most ``max_streams`` at once ("busy")."""
+        the last reader out cancels the synthesis. At most ``max_streams`` at once ("busy").
+        The ``observer`` hears how each stream went, refused, failed or read."""
+        opened: AudioStream | None = None
+        error: BaseException | None = None
+        try:
+            async with self._stream(request) as opened:
+                if self.observer is not None:
+                    self.observer.stream_opened(request, opened)
+                yield opened
+        except BaseException as e:  # the caller's too (gone, cancelled): the observer counts it
+            error = e
+            raise
+        finally:
+            if self.observer is not None:
+                self.observer.stream_closed(request, opened, error)
+
+    @contextlib.asynccontextmanager
+    async def _stream(self, request: SpeakRequest) -> AsyncIterator[AudioStream]:
         if self.streaming >= self.max_streams:
             self.counters["streams_refused"] += 1
             raise RequestError(

@@ -26,12 +26,14 @@ from speakd.config import Config, ConfigError, EngineConfig, load_config
 from speakd.control import Control
 from speakd.engines import load_engine
 from speakd.engines.base import Engine
+from speakd.frontends.http import HttpFrontend
 from speakd.frontends.jsonlines import JsonLinesFrontend
 from speakd.frontends.mqtt import MqttFrontend
 from speakd.frontends.ssip import SsipFrontend
 from speakd.frontends.unixserver import AccessPolicy, start_unix_server
 from speakd.frontends.wyoming import WyomingFrontend
 from speakd.messages import SpeakRequest
+from speakd.metrics import Metrics
 from speakd.notify import listen_fds, notify, watchdog_interval
 from speakd.resolver import Resolver
 from speakd.scheduler import Scheduler
@@ -57,6 +59,8 @@ class Daemon:
     control: Control | None = None
     mqtt: MqttFrontend | None = None
     wyoming: WyomingFrontend | None = None
+    http: HttpFrontend | None = None
+    metrics: Metrics | None = None
     servers: list[asyncio.AbstractServer] = field(default_factory=list)
     _stopping: asyncio.Event = field(default_factory=asyncio.Event)
     _tasks: list[asyncio.Task[Any]] = field(default_factory=list)
@@ -73,6 +77,8 @@ class Daemon:
         self._prepare_fallback(scheduler, self.config.engine.fallback_text)
         limits = self.config.limits
         self.control = Control(scheduler, self.engine, limits.max_text_chars, limits.max_streams)
+        self.metrics = Metrics(self.control)
+        self.guard.on_synthesis = self.metrics.synthesis
         self._tasks.append(asyncio.create_task(scheduler.run(), name="scheduler"))
         await self._start_listeners()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -147,6 +153,9 @@ class Daemon:
         if self.config.mqtt.enabled:
             await self._start_mqtt(MqttFrontend(self.control, self.config.mqtt))
         await self._start_wyoming()
+        if self.config.http.listen:
+            self.http = HttpFrontend(self.control, self.config.http, self.metrics)
+            await self.http.start()
 
     async def _start_mqtt(self, frontend: MqttFrontend) -> None:
         """MQTT runs beside the sockets; a configured remote speaker replaces the local sink."""
@@ -268,6 +277,7 @@ class Daemon:
             engine = await _load_engine(new.engine)
         if new.engine != self.config.engine:  # a new model, or new watchdog/breaker settings
             guard = make_guard(new.engine)
+            guard.on_synthesis = self.metrics.synthesis if self.metrics else None
         if (new.socket, new.limits.max_line_bytes) != (
             self.config.socket,
             self.config.limits.max_line_bytes,
@@ -307,6 +317,10 @@ class Daemon:
         if mqtt is not None:
             await self._start_mqtt(mqtt)
         await self._start_wyoming()
+        if self.http is not None:
+            self.http.reconfigure(new.http)
+        elif new.http.listen:
+            log.warning("http.listen changes take effect after a restart")
         log.info("configuration reloaded (%d)", self.control.reloads)
         notify("READY=1", f"STATUS={self._status_line()}")
 
@@ -318,6 +332,8 @@ class Daemon:
             server.close()
         if self.wyoming is not None:  # its clients' streams are released before the resolver
             await self.wyoming.close()
+        if self.http is not None:
+            await self.http.close()
         if self.control is not None:
             await self.control.scheduler.close()
             self.control.scheduler.sink.close()

@@ -61,3 +61,26 @@ def test_environment_overrides_the_file(tmp_path: Path) -> None:
 def test_missing_file_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="no such config file"):
         load_config(tmp_path / "absent.toml", env={})
+
+
+def test_http_beyond_loopback_needs_a_token(tmp_path: Path) -> None:
+    for listen in ("0.0.0.0:5500", ":5500", "[::]:5500", "speakd.local:5500"):
+        with pytest.raises(ConfigError, match=r"http\.token: .*set http\.token_file"):
+            load_config(None, env={"SPEAKD_HTTP_LISTEN": listen})
+    for listen in ("127.0.0.1:5500", "localhost:5500", "[::1]:5500"):
+        assert load_config(None, env={"SPEAKD_HTTP_LISTEN": listen}).http.token_value() is None
+    token_file = tmp_path / "http-token"
+    token_file.write_text("s3cret\n")
+    config = load_config(
+        write(tmp_path, f'[http]\nlisten = "0.0.0.0:5500"\ntoken_file = "{token_file}"\n'), env={}
+    )
+    assert config.http.address == ("0.0.0.0", 5500) and config.http.token_value() == "s3cret"
+    env = {"SPEAKD_HTTP_LISTEN": "0.0.0.0:5500", "SPEAKD_HTTP_TOKEN": "from-env"}
+    assert load_config(None, env=env).http.token_value() == "from-env"
+    with pytest.raises(ConfigError, match=r"http\.listen: 'nope' is not HOST:PORT"):
+        load_config(None, env={"SPEAKD_HTTP_LISTEN": "nope"})
+    token_file.write_text("")
+    with pytest.raises(ConfigError, match=r"http\.token_file: .* is empty"):
+        load_config(
+            None, env={"SPEAKD_HTTP_LISTEN": ":1", "SPEAKD_HTTP_TOKEN_FILE": str(token_file)}
+        )

@@ -1,0 +1,205 @@
+// speakd's page: speak through the HTTP API (docs/http.md) and watch the daemon. Plain
+// JavaScript, no build step; every value from the daemon goes into the page as text.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const TOKEN_KEY = "speakd-token";
+let options = [];
+
+function headers(json) {
+  const h = json ? { "Content-Type": "application/json" } : {};
+  const token = $("token").value.trim();
+  if (token) h.Authorization = "Bearer " + token;
+  return h;
+}
+
+async function api(path, body) {
+  const init = body === undefined ? { headers: headers(false) }
+    : { method: "POST", headers: headers(true), body: JSON.stringify(body) };
+  const response = await fetch(path, init);
+  if (!response.ok) {
+    let message = response.status + " " + response.statusText;
+    try {
+      const error = (await response.json()).error;
+      message = error.code + ": " + error.message;
+    } catch (e) { /* not JSON */ }
+    throw new Error(message);
+  }
+  return response;
+}
+
+function note(text, isError) {
+  const li = document.createElement("li");
+  li.textContent = new Date().toLocaleTimeString() + " " + text;
+  if (isError) li.className = "error";
+  $("log").prepend(li);
+}
+
+function fill(dl, rows) {
+  dl.replaceChildren();
+  for (const [key, value] of rows) {
+    const dt = document.createElement("dt");
+    const dd = document.createElement("dd");
+    dt.textContent = key;
+    dd.textContent = value === null || value === undefined ? "–" : String(value);
+    dl.append(dt, dd);
+  }
+}
+
+function option(select, value, label, selected) {
+  const o = document.createElement("option");
+  o.value = value;
+  o.textContent = label;
+  o.selected = selected;
+  select.append(o);
+}
+
+async function loadVoices() {
+  const info = await (await api("v1/audio/voices")).json();
+  const voice = $("voice");
+  voice.replaceChildren();
+  for (const v of info.voices) {
+    option(voice, v.id, v.id + (v.language ? " (" + v.language + ")" : ""), v.id === info.default);
+  }
+  const format = $("format");
+  format.replaceChildren();
+  for (const f of info.formats) option(format, f, f, f === "wav");
+  options = info.options;
+  const box = $("options");
+  box.replaceChildren();
+  for (const o of options) {
+    const label = document.createElement("label");
+    label.title = o.help;
+    const input = document.createElement("input");
+    input.id = "opt-" + o.name;
+    if (o.type === "bool") {
+      input.type = "checkbox";
+    } else {
+      input.type = "number";
+      input.step = o.type === "int" ? "1" : "0.05";
+      if (o.min !== undefined) { input.min = o.min; input.max = o.max; }
+      input.placeholder = o.default === undefined ? "default" : String(o.default);
+    }
+    label.append(o.name + " ", input);
+    box.append(label);
+  }
+  document.body.dataset.voices = String(info.voices.length);
+}
+
+function params() {
+  const out = {};
+  for (const o of options) {
+    const input = $("opt-" + o.name);
+    if (o.type === "bool") {
+      if (input.checked) out[o.name] = true;
+    } else if (input.value !== "") {
+      out[o.name] = Number(input.value);
+    }
+  }
+  return out;
+}
+
+function request() {
+  return {
+    text: $("text").value,
+    voice: $("voice").value || null,
+    speed: Number($("speed").value) || 1,
+    params: params(),
+  };
+}
+
+async function play() {
+  const r = request();
+  const response = await api("v1/audio/speech", {
+    model: "speakd", input: r.text, voice: r.voice, speed: r.speed, params: r.params,
+    response_format: $("format").value,
+  });
+  const blob = await response.blob();
+  const audio = $("audio");
+  if (audio.src) URL.revokeObjectURL(audio.src);
+  audio.src = URL.createObjectURL(blob);
+  note("playing " + Math.round(blob.size / 1024) + " kB (cache " +
+    response.headers.get("X-Speakd-Cache") + ", " + response.headers.get("X-Request-Id") + ")");
+  document.body.dataset.played = response.headers.get("X-Request-Id");
+  await audio.play();
+}
+
+async function say() {
+  const r = request();
+  note("saying on the board…");
+  const reply = await (await api("v1/say", {
+    ...r, priority: $("priority").value, wait: true,
+  })).json();
+  note(reply.id + " " + reply.event + ": " + (reply.status || ""));
+  document.body.dataset.said = reply.id + " " + reply.status;
+}
+
+async function stop() {
+  const reply = await (await api("v1/stop", {})).json();
+  note("stopped " + reply.stopped);
+}
+
+function megabytes(n) {
+  return n === undefined ? "–" : (n / 1048576).toFixed(1) + " MB";
+}
+
+async function refresh() {
+  try {
+    const health = await fetch("healthz");
+    const h = await health.json();
+    $("health").textContent = h.status === "ok" ? "● ok" : "● " + h.reasons.join("; ");
+    $("health").className = h.status === "ok" ? "ok" : "bad";
+    const s = await (await api("v1/status")).json();
+    $("engine").textContent = s.engine.kind + " " + s.engine.bundle + " (" + s.engine.precision +
+      ", " + s.engine.sample_rate + " Hz)";
+    fill($("status"), [
+      ["state", s.state + (s.current ? " " + s.current : "")],
+      ["queue", s.queue_length + " / " + s.max_queue],
+      ["streams", s.streams.active + " / " + s.streams.max],
+      ["breaker", s.breaker ? s.breaker.state : null],
+      ["audio", s.audio.sink + (s.audio.available ? "" : " (unavailable)")],
+      ["requests", s.counters.accepted + " accepted, " + s.counters.finished + " finished, " +
+        s.counters.errors + " errors"],
+      ["uptime", Math.round(s.uptime_s) + " s"],
+    ]);
+    $("queue").replaceChildren(...s.queue.map((id) => {
+      const li = document.createElement("li");
+      li.textContent = id;
+      return li;
+    }));
+    const c = s.source.cache;
+    fill($("cache"), c ? [
+      ["hits", c.hits], ["misses", c.misses], ["clips", c.clips],
+      ["size", megabytes(c.bytes) + " of " + megabytes(c.max_bytes)],
+      ["pinned", c.pinned],
+    ] : [["cache", "off"]]);
+    document.body.dataset.status = s.state;
+  } catch (e) {
+    $("health").textContent = "● " + e.message;
+    $("health").className = "bad";
+  }
+}
+
+function guarded(action) {
+  return async () => {
+    try {
+      await action();
+    } catch (e) {
+      note(e.message, true);
+    }
+    refresh();
+  };
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  $("token").value = localStorage.getItem(TOKEN_KEY) || "";
+  $("token").addEventListener("change", () => {
+    localStorage.setItem(TOKEN_KEY, $("token").value.trim());
+    guarded(loadVoices)();
+  });
+  $("play").addEventListener("click", guarded(play));
+  $("say").addEventListener("click", guarded(say));
+  $("stop").addEventListener("click", guarded(stop));
+  guarded(loadVoices)();
+  setInterval(refresh, 2000);
+});

@@ -1,0 +1,186 @@
+"""OpenAI's speech API on speakd: ``POST /v1/audio/speech``, ``GET /v1/audio/voices``,
+``GET /v1/models`` — so Open WebUI, n8n, LiveKit agents or the ``openai`` SDK speak through speakd
+with nothing changed but the base URL and the key (docs/http.md).
+
+``model`` is accepted whatever it names (speakd has one engine loaded); ``instructions`` and any
+field speakd does not know are ignored, as OpenAI's clients expect. OpenAI's voice names (alloy,
+echo…) mean the engine's default voice; speakd's own voice names work as themselves. speakd's
+request fields ``lang``, ``seed``, ``params``, ``cache_only`` and ``id`` may ride along (the SDK's
+``extra_body``). The audio is the request path's (``Control.stream``): from the cache on a hit,
+else sent as it is synthesised, chunk by chunk, encoded by ``speakd.encode``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from aiohttp import web
+
+from speakd.control import Control
+from speakd.encode import FORMATS, PCM_RATE, FormatError, check_format, encode_whole, encoder
+from speakd.engines.base import EngineError
+from speakd.frontends.http_base import client_key, ok, origin, read_json, state
+from speakd.logcontext import request_context
+from speakd.messages import RequestError
+from speakd.stream import AudioStream
+
+log = logging.getLogger(__name__)
+
+OPENAI_VOICES = (
+    "alloy", "ash", "ballad", "cedar", "coral", "echo", "fable",
+    "marin", "nova", "onyx", "sage", "shimmer", "verse",
+)  # fmt: skip
+MODELS = ("speakd", "tts-1", "tts-1-hd", "gpt-4o-mini-tts")
+SPEAKD_FIELDS = ("lang", "seed", "params", "cache_only", "id")
+DEFAULT_FORMAT = "mp3"  # OpenAI's default
+CHEAP_FORMATS = ("wav", "pcm")  # encoded on the event loop; the others on a worker thread
+
+
+class SlowReader(ConnectionError):
+    """The client stopped reading (http.timeout_s): it is treated as gone."""
+
+
+def routes() -> list[web.RouteDef]:
+    return [
+        web.post("/v1/audio/speech", speech),
+        web.get("/v1/audio/voices", voices),
+        web.get("/v1/models", models),
+        web.get("/v1/models/{model}", model),
+    ]
+
+
+def speech_fields(body: dict[str, Any], control: Control) -> dict[str, Any]:
+    """OpenAI's request as the fields every front-end hands to ``Control.build_request``."""
+    voice = body.get("voice")
+    if isinstance(voice, dict):  # the API's newer {"id": "..."} form
+        voice = voice.get("id")
+    own = {v["name"] for v in control.voices()}
+    if isinstance(voice, str) and voice not in own and voice.lower() in OPENAI_VOICES:
+        voice = None  # the default voice
+    if body.get("stream_format") not in (None, "audio"):
+        raise RequestError("bad_field", "stream_format: only 'audio' is supported")
+    fields = {"text": body.get("input"), "voice": voice, "speed": body.get("speed")}
+    fields.update({k: body[k] for k in SPEAKD_FIELDS if k in body})
+    return fields
+
+
+def response_format(body: dict[str, Any]) -> str:
+    name = body.get("response_format") or DEFAULT_FORMAT
+    try:
+        return check_format(str(name))
+    except FormatError as e:
+        raise RequestError("bad_format", str(e)) from None
+
+
+async def speech(request: web.Request) -> web.StreamResponse:
+    st = state(request)
+    body = await read_json(request)
+    fmt = response_format(body)
+    speak = st.control.build_request(
+        speech_fields(body, st.control), origin=origin(request), client=client_key()
+    )
+    sent: list[web.StreamResponse] = []  # the streamed response, once its headers are out
+    with request_context(speak.id, speak.config.voice or "default"):
+        try:
+            async with st.control.stream(speak) as stream:
+                return await _respond(request, stream, fmt, speak.id, sent)
+        except Exception as e:
+            if not sent:  # nothing sent yet: the client gets a JSON error (middleware)
+                raise
+            # Headers are out: the status cannot change. Cut the connection so the client sees
+            # a truncated body (an error), never a short file that looks complete.
+            gone = isinstance(e, ConnectionError)
+            log.log(
+                logging.INFO if gone else logging.WARNING, "speech %s cut short: %s", speak.id, e
+            )
+            if request.transport is not None:
+                request.transport.abort()
+            return sent[0]
+
+
+async def _respond(
+    request: web.Request,
+    stream: AudioStream,
+    fmt: str,
+    request_id: str,
+    sent: list[web.StreamResponse],
+) -> web.StreamResponse:
+    headers = {
+        "Content-Type": FORMATS[fmt][0],
+        "X-Request-Id": request_id,
+        "X-Speakd-Cache": "hit" if stream.from_cache else "miss",
+    }
+    if fmt == "pcm":
+        headers["X-Sample-Rate"] = str(PCM_RATE)
+    response = web.StreamResponse(headers=headers)
+    timeout = state(request).config.timeout_s
+
+    async def send(data: bytes = b"", eof: bool = False) -> None:
+        """A reader that stalls (a full socket buffer) times out instead of holding on."""
+        try:
+            if data:
+                await asyncio.wait_for(response.write(data), timeout)
+            if eof:
+                await asyncio.wait_for(response.write_eof(), timeout)
+        except TimeoutError:
+            raise SlowReader(f"the client read nothing for {timeout:g} s") from None
+
+    async def encode(op: Any, *args: Any) -> bytes:
+        return op(*args) if fmt in CHEAP_FORMATS else await asyncio.to_thread(op, *args)
+
+    chunks = stream.aread()
+    if stream.done:  # whole already (a cache hit): exact headers, a Content-Length
+        encoded = state(request).encoded
+        data = encoded.get(stream.key, fmt) if fmt not in CHEAP_FORMATS else None
+        if data is None:
+            audio = [c async for c in chunks]
+            if not audio:
+                raise EngineError("the engine produced no audio")
+            data = await encode(encode_whole, fmt, audio)
+            if fmt not in CHEAP_FORMATS:
+                encoded.put(stream.key, fmt, data)
+        response.content_length = len(data)
+        await response.prepare(request)
+        sent.append(response)
+        await send(data)
+    else:
+        first = await anext(chunks, None)  # an engine that fails at once gets a JSON error
+        if first is None:
+            raise EngineError("the engine produced no audio")
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        sent.append(response)
+        enc = encoder(fmt)
+        await send(await encode(enc.feed, first))
+        async for chunk in chunks:
+            await send(await encode(enc.feed, chunk))
+        await send(await encode(enc.finish))
+    await send(eof=True)
+    return response
+
+
+async def voices(request: web.Request) -> web.Response:
+    control = state(request).control
+    return ok(
+        {
+            "voices": [{"id": v["name"], **v} for v in control.voices()],
+            "default": control.engine.default_voice(),
+            "openai_voices": list(OPENAI_VOICES),
+            "options": control.options(),
+            "formats": list(FORMATS),
+        }
+    )
+
+
+def _model(name: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "speakd"}
+
+
+async def models(request: web.Request) -> web.Response:
+    return ok({"object": "list", "data": [_model(m) for m in MODELS]})
+
+
+async def model(request: web.Request) -> web.Response:
+    return ok(_model(request.match_info["model"]))  # any model name is accepted for speech
