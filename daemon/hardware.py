@@ -70,7 +70,8 @@ def read_cpu(cpuinfo: str | None = None, arch: str | None = None) -> CpuInfo:
             cpuinfo = ""
     arch = arch or platform.machine()
     flags: set[str] = set()
-    model, part, implementer, cores = "", "", "", 0
+    fields: dict[str, str] = {}
+    cores = 0
     for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")
         key, value = key.strip(), value.strip()
@@ -78,14 +79,14 @@ def read_cpu(cpuinfo: str | None = None, arch: str | None = None) -> CpuInfo:
             flags |= set(value.split())
         elif key == "processor":
             cores += 1
-        elif key in ("model name", "Model") and not model:
-            model = value
-        elif key == "CPU part" and not part:
-            part = value.lower()
-        elif key == "CPU implementer" and not implementer:
-            implementer = value.lower()
-    if not model and implementer == "0x41":
+        elif key in ("model name", "Model", "CPU part", "CPU implementer"):
+            fields.setdefault(key, value)
+    model = fields.get("model name", "")
+    if fields.get("CPU implementer", "").lower() == "0x41":  # an Arm Ltd core: name it
+        part = fields.get("CPU part", "").lower()
         model = ARM_PARTS.get(part, f"Arm part {part}")
+    if "Model" in fields:  # the board (Raspberry Pi OS and most ARM kernels)
+        model = f"{fields['Model']} ({model})" if model else fields["Model"]
     return CpuInfo(arch, model or platform.processor() or arch, cores or os.cpu_count() or 1,
                    frozenset(flags))  # fmt: skip
 

@@ -15,22 +15,23 @@ from speakd.config import Config, EngineConfig
 from speakd.hardware import CpuInfo, project, read_bandwidth_gbs, read_cpu
 
 PI5_FEATURES = "fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm"
-PI5_CPUINFO = f"""processor\t: 0
-BogoMIPS\t: 108.00
+PI5_CORE = f"""BogoMIPS\t: 108.00
 Features\t: {PI5_FEATURES} lrcpc dcpop asimddp
 CPU implementer\t: 0x41
 CPU architecture: 8
 CPU variant\t: 0x4
 CPU part\t: 0xd0b
 CPU revision\t: 1
-
-processor\t: 1
-Features\t: {PI5_FEATURES} lrcpc dcpop asimddp
-CPU implementer\t: 0x41
-CPU part\t: 0xd0b
-
-Model\t: Raspberry Pi 5 Model B Rev 1.0
 """
+PI5_CPUINFO = "".join(f"processor\t: {i}\n{PI5_CORE}\n" for i in range(4)) + (
+    "Model\t: Raspberry Pi 5 Model B Rev 1.0\n"
+)
+# What qemu-aarch64 -cpu cortex-a76 shows a guest (tests/arm64): a generic name, the A76's part.
+QEMU_A76_CPUINFO = (
+    "processor\t: 0\nmodel name\t: ARMv8 Processor rev 1 (v8l)\n"
+    "Features\t: fp asimd aes pmull crc32 atomics asimdrdm lrcpc dcpop asimddp\n"
+    "CPU implementer\t: 0x41\nCPU part\t: 0xd0b\n"
+)
 
 PI4_CPUINFO = """processor\t: 0
 Features\t: fp asimd evtstrm crc32 cpuid
@@ -53,9 +54,14 @@ FULL_MODEL = {"num_layers": 20, "num_heads": 12, "head_dim": 64, "kv_dtype": "fl
 
 def test_pi5_cpuinfo_names_the_core_and_its_speed_features() -> None:
     cpu = read_cpu(PI5_CPUINFO, arch="aarch64")
-    assert cpu.is_arm and cpu.cores == 2
-    assert cpu.model == "Raspberry Pi 5 Model B Rev 1.0"
+    assert cpu.is_arm and cpu.cores == 4
+    assert cpu.model == "Raspberry Pi 5 Model B Rev 1.0 (Cortex-A76)"
     assert cpu.features == {"asimd": True, "asimddp": True, "i8mm": False, "sve": False}
+
+
+def test_qemu_cortex_a76_is_named_from_its_part_number() -> None:
+    cpu = read_cpu(QEMU_A76_CPUINFO, arch="aarch64")
+    assert cpu.model == "Cortex-A76" and cpu.features["asimddp"] and not cpu.features["i8mm"]
 
 
 def test_arm_core_named_from_its_part_number_without_a_model_line() -> None:
