@@ -20,6 +20,7 @@ BENCHMARKS = {
     "vits": "load time and real-time factor of the VITS engine (embedded voice by default)",
     "profile": "where the ChatTTS step's time goes: node types, ORT profile, threads, machine",
     "wyoming": "Wyoming first-chunk latency, cached and new sentences, next to wyoming-piper",
+    "http": "HTTP API: a cached /v1/audio/speech, p50/p99 alone and requests/s under load",
 }
 
 
