@@ -138,6 +138,9 @@ class LimitsConfig:
     # Exit (for systemd to restart speakd) when resident memory passes this many MiB; 0 = off.
     # For kernels where MemoryMax= does nothing (Raspberry Pi kernels disable the memory cgroup).
     max_rss_mb: int = 0
+    # A prompt pack rolled out over MQTT (frontends/mqtt_packs.py) larger than this is refused
+    # before a byte of it is fetched; it is written to disk beside the cache, then imported.
+    max_pack_bytes: int = 67_108_864
 
     def validate(self) -> None:
         _range("limits.max_text_chars", self.max_text_chars, 1, 1_000_000)
@@ -145,6 +148,7 @@ class LimitsConfig:
         _range("limits.max_line_bytes", self.max_line_bytes, 1024, 16 * 1024 * 1024)
         _range("limits.max_streams", self.max_streams, 1, 1024)
         _range("limits.max_rss_mb", self.max_rss_mb, 0, 1 << 20)
+        _range("limits.max_pack_bytes", self.max_pack_bytes, 0, 1 << 40)
 
 
 @dataclass(frozen=True)

@@ -151,7 +151,8 @@ class Daemon:
         for name in inherited:
             log.warning("ignoring inherited socket %r (known names: json, ssip)", name)
         if self.config.mqtt.enabled:
-            await self._start_mqtt(MqttFrontend(self.control, self.config.mqtt))
+            frontend = MqttFrontend(self.control, self.config.mqtt, self.config.limits)
+            await self._start_mqtt(frontend)
         await self._start_wyoming()
         if self.config.http.listen:
             self.http = HttpFrontend(self.control, self.config.http, self.metrics)
@@ -284,13 +285,15 @@ class Daemon:
         ):
             log.warning("[socket] and limits.max_line_bytes changes take effect after a restart")
         scheduler = self.control.scheduler
-        mqtt_changed = new.mqtt != self.config.mqtt or (
-            self.mqtt is not None and self.mqtt.credentials_changed()
+        mqtt_changed = (
+            new.mqtt != self.config.mqtt
+            or new.limits.max_pack_bytes != self.config.limits.max_pack_bytes
+            or (self.mqtt is not None and self.mqtt.credentials_changed())
         )
         mqtt: MqttFrontend | None = None
         if mqtt_changed:
             # Made before the old one closes: says in flight report through it (see close).
-            mqtt = MqttFrontend(self.control, new.mqtt) if new.mqtt.enabled else None
+            mqtt = MqttFrontend(self.control, new.mqtt, new.limits) if new.mqtt.enabled else None
             if self.mqtt is not None:
                 await self.mqtt.close(successor=mqtt)
             self.mqtt = None

@@ -107,6 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
     from .bench.cli import add_parser as add_bench
 
     add_bench(sub)
+
+    from .fleet.cli import add_parser as add_fleet
+
+    add_fleet(sub)
     return p
 
 

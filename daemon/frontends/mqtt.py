@@ -10,8 +10,11 @@ In (QoS 1; only for our site ids — ``site_id`` and ``site_ids``):
 Out:
   ``hermes/tts/sayFinished``  ``{"id", "siteId", "sessionId"}`` after every say, failed ones too
   ``hermes/error/tts``        ``{"error": "<code>: <message>", "siteId", "context": <say id>, …}``
-  ``<prefix>/<site>/status``  retained ``Control.status()``, re-published on every state change
+  ``<prefix>/<site>/status``  retained ``Control.status()`` + version, last_error; re-published
+                              on every state change
   ``<prefix>/<site>/availability``  retained ``online``; ``offline`` as will and on shutdown
+  ``<prefix>/<site>/pack``    retained progress of prompt packs (``mqtt_packs.py``, which also
+                              follows ``<prefix>/<site>/pack/manifest`` for every site of ours)
   MQTT 5 Response Topic       ``{"id", "status": "queued" | "done" | … | "error", …}`` carrying
                               the request's Correlation Data
 
@@ -33,6 +36,7 @@ import functools
 import logging
 import random
 import socket
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -45,7 +49,7 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from speakd import __version__
-from speakd.config import ConfigError, MqttConfig
+from speakd.config import ConfigError, LimitsConfig, MqttConfig
 from speakd.control import Control
 from speakd.frontends.mqtt_messages import (
     COMMANDS,
@@ -67,6 +71,7 @@ from speakd.frontends.mqtt_messages import (
     play_finished_topic,
     say_fields,
 )
+from speakd.frontends.mqtt_packs import PackReceiver
 from speakd.frontends.mqtt_speaker import RemoteSpeakerSink
 from speakd.messages import Event, EventType, RequestError
 
@@ -143,7 +148,9 @@ def new_client(config: MqttConfig, client_id: str) -> mqtt.Client:
 
 
 class MqttFrontend:
-    def __init__(self, control: Control, config: MqttConfig) -> None:
+    def __init__(
+        self, control: Control, config: MqttConfig, limits: LimitsConfig | None = None
+    ) -> None:
         self.control = control
         self.config = config
         self.topics = SiteTopics(config.prefix, config.site_id)
@@ -163,6 +170,17 @@ class MqttFrontend:
         self._status_pending = False
         self._discovery_timer: asyncio.TimerHandle | None = None
         self._password: str | None = None  # what we connected with (see credentials_changed)
+        self._last_error: dict[str, Any] | None = None  # in the retained status (fleet status)
+        self._sub_lock = threading.Lock()
+        self._sub_topics: dict[int, list[str]] = {}  # SUBSCRIBE message id → its topics
+        self.packs = PackReceiver(
+            config,
+            control,
+            (limits or LimitsConfig()).max_pack_bytes,
+            self._publish,
+            self._subscribe,
+            self._unsubscribe,
+        )
         self._client = self._make_client()
 
     @property
@@ -231,6 +249,7 @@ class MqttFrontend:
             self._discovery_timer.cancel()
         if self.speaker is not None:
             self.speaker.close()
+        await asyncio.to_thread(self.packs.close)  # an import under way finishes first
         if self._connected:
             info = self._publish(Availability(self.topics, online=False))
             try:
@@ -260,7 +279,7 @@ class MqttFrontend:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # type: ignore[union-attr]
         except (OSError, AttributeError):
             log.debug("MQTT: cannot set TCP_NODELAY", exc_info=True)
-        client.subscribe(self._subscriptions())
+        self._subscribe(self._subscriptions())
         self._connected = True
         self._unreachable_logged, self._refused = False, ""
         log.info(
@@ -297,7 +316,9 @@ class MqttFrontend:
     def _on_subscribe(
         self, _client: Any, _userdata: Any, _mid: int, reasons: list[Any], _props: Any
     ) -> None:
-        for topic, reason in zip(self._subscription_topics(), reasons, strict=False):
+        with self._sub_lock:
+            topics = self._sub_topics.pop(_mid, [])
+        for topic, reason in zip(topics, reasons, strict=False):
             if reason.is_failure:
                 log.error("MQTT: broker refused the subscription to %s: %s", topic, reason)
 
@@ -334,7 +355,20 @@ class MqttFrontend:
     def _subscriptions(self) -> list[tuple[str, SubscribeOptions]]:
         # Never take retained messages: a retained command would be replayed on every connect.
         options = SubscribeOptions(qos=1, retainHandling=SubscribeOptions.RETAIN_DO_NOT_SEND)
-        return [(topic, options) for topic in self._subscription_topics()]
+        commands = [(topic, options) for topic in self._subscription_topics()]
+        return commands + self.packs.subscriptions()  # packs are state: retained ones wanted
+
+    def _subscribe(self, subscriptions: list[tuple[str, SubscribeOptions]]) -> None:
+        """Subscribe, remembering the topics so a refusal in the SUBACK can name them (packs
+        subscribe from their worker thread too). Offline, nothing is sent: the next connect
+        subscribes to everything anew."""
+        with self._sub_lock:
+            rc, mid = self._client.subscribe(subscriptions)
+            if rc == MQTTErrorCode.MQTT_ERR_SUCCESS and mid is not None:
+                self._sub_topics[mid] = [topic for topic, _ in subscriptions]
+
+    def _unsubscribe(self, topics: list[str]) -> None:
+        self._client.unsubscribe(topics)
 
     # ---- dispatch (loop thread) -------------------------------------------------------------
 
@@ -346,6 +380,8 @@ class MqttFrontend:
 
     def _handle(self, msg: Incoming) -> None:
         c = self.config
+        if self.packs.receive(msg.topic, msg.payload):
+            return
         if msg.topic == HERMES_SAY:
             self._say(msg, None)
         elif msg.topic == RHASSPY_GET_VOICES:
@@ -507,15 +543,23 @@ class MqttFrontend:
         if self.config.discovery:
             self._publish_discovery()
 
-    def _on_any_event(self, _event: Event) -> None:
+    def _on_any_event(self, event: Event) -> None:
         """Scheduler listener: coalesce a burst of events into one status publish."""
+        if event.type == EventType.ERROR:  # whichever front-end the request came from
+            self._last_error = {
+                "id": event.request_id,
+                "code": event.data.get("code"),
+                "message": event.data.get("message"),
+                "at": round(time.time(), 3),
+            }
         if not self._status_pending and self._loop is not None:
             self._status_pending = True
             self._loop.call_soon(self._publish_status)
 
     def _publish_status(self) -> None:
         self._status_pending = False
-        self._publish_live(Status(self.topics, self.control.status()))
+        status = {**self.control.status(), "version": __version__, "last_error": self._last_error}
+        self._publish_live(Status(self.topics, status))
 
     def _ha_status(self, msg: Incoming) -> None:
         """Home Assistant (re)started: re-send discovery after a random delay (spreads load)."""

@@ -210,6 +210,142 @@ def play_finished_topic(site: str) -> str:
     return f"hermes/audioServer/{site}/playFinished"
 
 
+# ---- prompt packs (speakd_tools.fleet publishes, frontends/mqtt_packs.py receives) ----------
+
+
+def pack_manifest_topic(prefix: str, site: str) -> str:
+    """Where the retained manifest of the pack for every board acting on ``site`` lives."""
+    return f"{prefix}/{site}/pack/manifest"
+
+
+def pack_chunks_filter(prefix: str, site: str, pack_id: str) -> str:
+    """The subscription a board makes for one pack's chunks, once it has decided to fetch it."""
+    return f"{prefix}/{site}/pack/data/{pack_id}/+"
+
+
+def parse_pack_topic(prefix: str, topic: str) -> tuple[str, str, int] | None:
+    """``speakd/floor2/pack/manifest`` → ("floor2", "", -1); a chunk topic
+    ``speakd/floor2/pack/data/<pack id>/7`` → ("floor2", "<pack id>", 7); None otherwise."""
+    if not topic.startswith(f"{prefix}/"):
+        return None
+    parts = topic[len(prefix) + 1 :].split("/")
+    if len(parts) == 3 and parts[1:] == ["pack", "manifest"]:
+        return parts[0], "", -1
+    if len(parts) == 5 and parts[1:3] == ["pack", "data"] and parts[4].isdigit():
+        return parts[0], parts[3], int(parts[4])
+    return None
+
+
+_HEX = re.compile(r"[0-9a-f]+")
+
+
+@dataclass(frozen=True)
+class PackManifest(Message):
+    """Retained ``<prefix>/<site>/pack/manifest``: which pack every board acting on ``site`` should
+    hold. ``pack_id`` is the start of the file's sha256, so the same file is the same pack and its
+    chunk topics ``<prefix>/<site>/pack/data/<pack_id>/<n>`` (retained, QoS 1) stay put.
+
+    $ mosquitto_sub -t 'speakd/+/pack/manifest' -v -W 2
+    """
+
+    retain: ClassVar[bool] = True
+    prefix: str
+    site: str
+    pack_id: str
+    sha256: str
+    size: int
+    clips: int
+    bundles: list[str]
+    chunk_bytes: int
+    chunk_sha256: list[str]
+    name: str = ""
+
+    def topic(self) -> str:
+        return pack_manifest_topic(self.prefix, self.site)
+
+    def chunk_topic(self, index: int) -> str:
+        return f"{self.prefix}/{self.site}/pack/data/{self.pack_id}/{index}"
+
+    def chunks_filter(self) -> str:
+        return pack_chunks_filter(self.prefix, self.site, self.pack_id)
+
+    def to_dict(self) -> dict[str, Any]:
+        skip = {"prefix", "site"}
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
+
+    @classmethod
+    def from_dict(cls, prefix: str, site: str, obj: dict[str, Any]) -> PackManifest:
+        """Checked field by field: a board must never subscribe to a topic built from junk."""
+        checks: dict[str, type] = {
+            "pack_id": str,
+            "sha256": str,
+            "size": int,
+            "clips": int,
+            "bundles": list,
+            "chunk_bytes": int,
+            "chunk_sha256": list,
+        }
+        for key, typ in checks.items():
+            value = obj.get(key)
+            if isinstance(value, bool) or not isinstance(value, typ):
+                raise ValueError(f"manifest field {key!r} must be {typ.__name__}, got {value!r}")
+        manifest = cls(prefix, site, **{k: obj[k] for k in checks}, name=str(obj.get("name", "")))
+        hashes = [manifest.sha256, *manifest.chunk_sha256]
+        if not (_HEX.fullmatch(manifest.pack_id) and len(manifest.pack_id) <= 64) or not all(
+            isinstance(h, str) and len(h) == 64 and _HEX.fullmatch(h) for h in hashes
+        ):
+            raise ValueError("manifest pack_id and hashes must be lower-case hex sha256")
+        if manifest.size < 0 or manifest.chunk_bytes < 1:
+            raise ValueError("manifest size must be >= 0 and chunk_bytes >= 1")
+        if len(manifest.chunk_sha256) != -(-manifest.size // manifest.chunk_bytes):
+            raise ValueError("manifest chunk_sha256 does not cover size in chunk_bytes chunks")
+        if not all(isinstance(b, str) for b in manifest.bundles):
+            raise ValueError("manifest bundles must be strings")
+        return manifest
+
+
+@dataclass(frozen=True)
+class PackChunk(Message):
+    """Retained raw bytes of one chunk: a board that subscribes late still gets them all."""
+
+    retain: ClassVar[bool] = True
+    manifest: PackManifest
+    index: int
+    data: bytes
+
+    def topic(self) -> str:
+        return self.manifest.chunk_topic(self.index)
+
+    def payload(self) -> bytes:
+        return self.data
+
+
+@dataclass(frozen=True)
+class PackStatus(Message):
+    """Retained ``<prefix>/<site>/pack``: ``{"state": "importing" | "ok" | "error", "pack_id",
+    "from_site", "reason", "clips", "added", "installed": {site: pack_id}}``; after an error the
+    packs in ``installed`` are still the ones the board holds.
+
+    $ mosquitto_sub -t 'speakd/+/pack' -v -W 2
+    """
+
+    retain: ClassVar[bool] = True
+    topics: SiteTopics
+    state: str
+    pack_id: str | None
+    from_site: str | None
+    installed: dict[str, str]
+    reason: str | None = None
+    clips: int | None = None
+    added: int | None = None
+
+    def topic(self) -> str:
+        return self.topics.command("pack")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "topics"}
+
+
 # ---- parsing ---------------------------------------------------------------------------------
 
 
