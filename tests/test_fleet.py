@@ -214,3 +214,9 @@ def test_pack_topics_parse_and_a_manifest_is_checked_field_by_field() -> None:
     ]:
         with pytest.raises(ValueError, match=message):
             PackManifest.from_dict("speakd", "s", {**good.to_dict(), **change})
+
+
+def test_publish_refuses_a_site_that_is_not_one_topic_level(pack: Path, capsys) -> None:
+    args = ["pack", "publish", str(pack), "--broker", "mqtt://127.0.0.1:1", "--site"]
+    assert tools_main([*args, "floor2/#"]) == 2
+    assert "is not one MQTT topic level" in capsys.readouterr().err

@@ -39,6 +39,8 @@ def read_pack(
         raise PackError(f"{path}: no such prompt pack")
     if chunk_bytes < 1:
         raise PackError("--chunk-bytes must be at least 1")
+    if not site or any(c in site for c in "+#/\x00"):
+        raise PackError(f"--site: {site!r} is not one MQTT topic level (no +, #, /)")
     # Closing the store checkpoints its WAL into the file: the bytes read next are the whole pack.
     with CacheStore(path, recover=False, ttl_s=0, max_bytes=1 << 62) as store:
         rows = store.listing()
