@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from speakd.cache.store import CacheStore
-from speakd.frontends.mqtt_messages import PackManifest
+from speakd.frontends.mqtt_messages import PackChunk, PackManifest
 from speakd_tools.cli import main as tools_main
 from speakd_tools.fleet.broker import Session, broker_config
 from speakd_tools.fleet.publish import publish_pack, read_pack
@@ -192,6 +192,22 @@ def test_a_corrupt_chunk_a_wrong_bundle_and_a_too_large_pack_are_refused_and_the
     assert body["installed"] == installed
     assert all(cache_only(lobby, t).get("status") == "done" for t in PROMPTS)
     assert not list(lobby.config.parent.glob(".pack-*"))  # no part file left behind
+
+
+def test_a_fetch_missing_a_chunk_stays_importing_and_completes_when_published_again(
+    boards: dict[str, DaemonProc], watcher: Watcher, session: Session, pack: Path
+) -> None:
+    """The same file for lobby's own site: a new pack there, whose clips lobby already holds."""
+    manifest, chunks = read_pack(pack, "speakd", "lobby", CHUNK)
+    since = watcher.mark()
+    for i, chunk in enumerate(chunks[:-1]):  # the last chunk is lost on the way
+        session.wait(session.publish(PackChunk(manifest, i, chunk)), manifest.chunk_topic(i))
+    session.wait(session.publish(manifest), manifest.topic())
+    watcher.wait("speakd/lobby/pack", pack_state("importing", manifest.pack_id), since)
+    publish_pack(session, manifest, chunks)
+    body = watcher.wait("speakd/lobby/pack", pack_state("ok", manifest.pack_id), since).json()
+    assert body["installed"]["lobby"] == manifest.pack_id and "floor2" in body["installed"]
+    assert body["clips"] == 2 and body["added"] == 0
 
 
 # ---- the messages, without a broker --------------------------------------------------------
