@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import sqlite3
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -167,7 +168,7 @@ class PackReceiver:
                 self._status("ok", manifest.pack_id, site, installed)
                 return
             self._check(manifest)
-        except (PackRefused, CacheError) as e:
+        except (PackRefused, CacheError, sqlite3.Error) as e:
             self._refuse(manifest, str(e))
             return
         self._start(store, manifest)
@@ -247,7 +248,7 @@ class PackReceiver:
             added, clips = import_pack(store, download.part)
             installed = {**self._installed(store), manifest.site: manifest.pack_id}
             store.set_meta(f"{META_PREFIX}{manifest.site}", manifest.pack_id)
-        except (PackRefused, CacheError, OSError) as e:
+        except (PackRefused, CacheError, sqlite3.Error, OSError) as e:
             self._refuse(manifest, str(e) if isinstance(e, PackRefused) else f"import_failed: {e}")
             return
         finally:
@@ -292,7 +293,7 @@ class PackReceiver:
         if installed is None:
             try:
                 installed = self._installed(self._store())
-            except (PackRefused, CacheError):
+            except (PackRefused, CacheError, sqlite3.Error):
                 installed = {}
         self._publish(PackStatus(self._topics, state, pack_id, site, installed, **extra))
 
