@@ -15,13 +15,16 @@ import math
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from speakd.engines.base import Engine, SynthesisConfig
 from speakd.messages import EventCallback, Priority, RequestError, SpeakRequest, validate_text
 from speakd.prepare import prepare
 from speakd.scheduler import Scheduler
 from speakd.stream import AudioStream
+
+if TYPE_CHECKING:
+    from speakd.cache.store import CacheStore
 
 log = logging.getLogger(__name__)
 
@@ -175,6 +178,11 @@ class Control:
     def options(self) -> list[dict[str, Any]]:
         """The engine's declared options, as clients send them in ``params``."""
         return [o.describe() for o in self.engine.options]
+
+    def cache_store(self) -> CacheStore | None:
+        """The cache the daemon plays from now (a reload may replace it), None when it is off:
+        where prompt packs arriving over MQTT are imported (frontends/mqtt_packs.py)."""
+        return self.scheduler.resolver.store
 
     def status(self) -> dict[str, Any]:
         state = self.scheduler.status()

@@ -266,7 +266,7 @@ class PackReceiver:
 
     def _store(self) -> CacheStore:
         """The cache the daemon plays from now (a reload may have replaced it)."""
-        store = self.control.scheduler.resolver.store
+        store = self.control.cache_store()
         if store is None:
             raise PackRefused("no_cache: the cache is disabled, packs have nowhere to go")
         return store
