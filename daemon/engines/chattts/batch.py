@@ -9,7 +9,11 @@ writes each row at its own position), seeded ``CodeSampler``, repetition window 
 - Prompt pass: a B = 1 run on the new row's slot view, so rows mid-decode are untouched. It is
   either the whole prompt (``prefill_chunk = 0``, bit-identical to ``GptRunner``'s prompt pass) or
   fixed chunks of ``prefill_chunk`` tokens (chunk boundaries depend on the prompt only, so the
-  result does not depend on what else is decoding), one chunk per scheduler iteration.
+  result does not depend on what else is decoding), one chunk per scheduler iteration. Whole
+  prompts of rows in adjacent slots (nothing mid-decode between them) share one run, right-padded
+  to the longest, when the graph gives each row exactly its own B = 1 result
+  (``prompts_batch_exact``: float graphs do; 4-bit graphs with an int8 KV cache round a
+  multi-row prompt differently): rows admitted together then step, and render, in step.
 - Decode step: one run over the contiguous slots ``[lo, hi)`` from the lowest to the highest
   stepping slot (``window``; one binding per window, built on first use); other slots are not
   touched. A slot in the window that is not stepping (free or mid-prompt; the scheduler never pauses
@@ -108,6 +112,7 @@ class BatchDecoder:
         self._scratch = np.empty((spec.num_vq, spec.num_audio_tokens), np.float32)
         self.rows: list[Row | None] = [None] * b
         self.min_rows = 1  # slots every decode step runs over (batch_invariant() may raise it)
+        self.prompts_batched = False  # set from prompts_batch_exact()
 
     def _bind(
         self,
@@ -177,6 +182,28 @@ class BatchDecoder:
             self.min_rows = 2
         return True
 
+    def prompts_batch_exact(self) -> bool:
+        """Does a row's whole prompt give bit-identical hidden and logits in a padded multi-row
+        pass and alone? Probes the free slots 0..1 (call before admitting anything)."""
+        if self.batch_size < 2 or self.prefill_chunk or any(r is not None for r in self.rows):
+            return False
+        rng = np.random.default_rng(1)
+        h = self.spec.hidden_size
+        rows = [
+            Row(rng.normal(0, 0.5, (n, h)).astype(np.float32), None, lambda c, x: None)  # type: ignore[arg-type]
+            for n in (5, 8)
+        ]
+        alone = []
+        for slot, row in enumerate(rows):
+            row.slot = slot
+            self.prefill(row)
+            alone.append((row.hidden.copy(), row.logits.copy()))  # type: ignore[union-attr]
+        self._prefill_window(rows, 0, 2)
+        return all(
+            np.array_equal(a[0], r.hidden) and np.array_equal(a[1], r.logits)
+            for a, r in zip(alone, rows, strict=True)
+        )
+
     # --- slots -------------------------------------------------------------------------------
 
     def free_slots(self) -> int:
@@ -224,6 +251,51 @@ class BatchDecoder:
             return False
         row.hidden, row.logits = hidden[0, -1], logits[0, -1]
         return True
+
+    def prefill_together(self, rows: list[Row]) -> list[Row]:
+        """Whole-prompt passes: of ``rows`` (each before its prompt), the longest run of adjacent
+        slots starting at the first row's, nothing mid-decode between, in one padded pass when
+        ``prompts_batched``, else the first row alone. Returns the rows prefilled."""
+        first = rows[0]
+        if not self.prompts_batched or self.prefill_chunk:
+            self.prefill(first)
+            return [first]
+        waiting = {r.slot: r for r in rows if r.prefilled == 0}
+        hi = first.slot + 1
+        while hi < self.batch_size and (hi in waiting or self.rows[hi] is None):
+            hi += 1
+        while self.rows[hi - 1] is None:  # end on a row, not a free slot
+            hi -= 1
+        group = [waiting[s] for s in range(first.slot, hi) if s in waiting]
+        if len(group) == 1:
+            self.prefill(first)
+        else:
+            self._prefill_window(group, first.slot, hi)
+        return group
+
+    def _prefill_window(self, rows: list[Row], lo: int, hi: int) -> None:
+        """One pass over slots ``[lo, hi)``: each row's whole prompt, right-padded; free slots
+        in the window compute a throw-away one-token prompt."""
+        t0 = time.perf_counter()
+        s_max, h, qv = max(r.prompt_len for r in rows), self.spec.hidden_size, self.logits.shape[-1]
+        embeds = np.zeros((hi - lo, s_max, h), np.float32)
+        seqlens = np.zeros((hi - lo,), np.int32)
+        for r in rows:
+            embeds[r.slot - lo, : r.prompt_len] = r.embeds
+            seqlens[r.slot - lo] = r.prompt_len - 1
+        hidden = np.zeros((hi - lo, s_max, h), np.float32)
+        logits = np.zeros((hi - lo, s_max, qv), np.float32)
+        kv = [ort.OrtValue.ortvalue_from_numpy(a[lo:hi]) for a in self.kv]
+        binding, _keep = self._bind(
+            (embeds, hidden, logits, seqlens, np.array(s_max, np.int32)), kv
+        )
+        self.session.run_with_iobinding(binding)
+        ms = (time.perf_counter() - t0) * 1e3
+        for r in rows:
+            i, n = r.slot - lo, r.prompt_len
+            r.prefilled = r.position = n
+            r.hidden, r.logits = hidden[i, n - 1], logits[i, n - 1]
+            r.stats.prompt_ms += ms
 
     def step(self, rows: list[Row]) -> tuple[int, int]:
         """One batched decode step for ``rows`` (each has ``codes`` to feed); returns the slot

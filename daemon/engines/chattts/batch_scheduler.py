@@ -10,7 +10,8 @@ Per iteration of the worker:
 1. admit waiting rows into free slots. The first sentence of a request is admitted at once; the
    later sentences of any request wait while a first sentence is still before its first audio,
    so batching never delays a request's first sound by more than the rows already running;
-2. one prompt pass (or one prompt chunk) for the oldest row still in its prompt;
+2. one prompt pass (or one prompt chunk) for the oldest row still in its prompt, together with
+   the rows in the slots next to it when the graph allows (``BatchDecoder.prefill_together``);
 3. sample every row with fresh logits; a row that ends (EOS, max_new_token, cancelled) frees its
    slot at once, for the next waiting row;
 4. render every chunk that came due (a row's next chunk, an ended row's tail) together: windows
@@ -284,7 +285,7 @@ class BatchScheduler:
             prompting = [j for j in prompting if j in may_prompt]
         if prompting:
             t0 = self._clock()
-            self.decoder.prefill(prompting[0].row)
+            self.decoder.prefill_together([j.row for j in prompting])
             seconds = self._clock() - t0
             self._prompt_s = seconds if not self._prompt_s else _blend(self._prompt_s, seconds)
             self.counters["prompt_passes"] += 1

@@ -130,6 +130,7 @@ class ChatTTSEngine:
         if batch_size > 1:
             decoder = BatchDecoder(self.gpt.session, self.spec, emb_code, batch_size, prefill_chunk)
             self.batch_invariant = decoder.batch_invariant()
+            decoder.prompts_batched = self.batch_invariant and decoder.prompts_batch_exact()
             if self.batch_invariant or not batch_exact:
                 # rows' chunks that come due together share Decoder/Vocos runs when a window's
                 # spectra do not depend on what is stacked with it (float conv nets)
