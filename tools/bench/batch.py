@@ -1,7 +1,7 @@
 """Batched ChatTTS decoding: throughput at B rows, long text batched vs sequential.
 
     speakd-tools bench batch --bundle BUNDLE [--rows 1,2,4,8] [--steps 96]
-        [--sentences 8] [--prefill-chunk 0] [--threads 2]
+        [--sentences 8] [--prefill-chunk 0] [--threads 2] [--exact]
 
 One engine with ``batch_size = max(rows)``; a decode step runs over the busy slots only, so n
 concurrent rows cost what an engine with B = n costs. Lengths are forced (``min_new_token =
@@ -113,6 +113,9 @@ def throughput(engine: Any, rows: int, steps: int) -> dict[str, float]:
         "audio_s_per_s": audio / wall,
         "rtf": wall / audio,
         "first_audio_s": min(r.first_audio or wall for r in runs),
+        "prompt_passes": c["prompt_passes"],
+        "renders": c["renders"],
+        "render_runs": c["render_runs"],
     }
 
 
@@ -159,6 +162,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sentences", type=int, default=8, help="long-text sentences (0 = skip)")
     p.add_argument("--prefill-chunk", type=int, default=0, help="prompt chunk (0 = whole)")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument(
+        "--exact",
+        action="store_true",
+        help="batch only what is batch-invariant, as the daemon does (default: batch everything, "
+        "so graphs that are not invariant are measured too; their invariance is reported)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -172,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
         threads=args.threads,
         batch_size=batch,
         prefill_chunk=args.prefill_chunk,
-        batch_exact=False,  # measure quantized graphs too; their invariance is reported
+        batch_exact=args.exact,
     )
     load_s = time.perf_counter() - t
     _sentences_warm = _sentences(engine, [4], seed=0)
@@ -183,6 +192,10 @@ def run(args: argparse.Namespace) -> int:
         "kv_dtype": engine.spec.kv_dtype,
         "batch_size": batch,
         "batch_invariant": engine.batch_invariant,
+        "exact": args.exact,
+        "prompts_batched": engine.batch.decoder.prompts_batched,
+        "vocoder_batched": engine.vocoder.batched,
+        "vocoder_batch_invariant": engine.vocoder.batch_invariant(engine.spec.hidden_size),
         "prefill_chunk": args.prefill_chunk,
         "threads": args.threads,
         "steps": args.steps,
@@ -196,13 +209,15 @@ def run(args: argparse.Namespace) -> int:
 
     print(
         f"bundle {args.bundle} ({engine.precision}), batch_size {batch}, threads {args.threads},"
-        f" batch-invariant graph: {engine.batch_invariant}"
+        f" batch-invariant GPT: {engine.batch_invariant}, Decoder/Vocos:"
+        f" {result['vocoder_batch_invariant']}; batched prompt passes: {result['prompts_batched']},"
+        f" batched renders: {result['vocoder_batched']}"
     )
     print(f"load average {result['loadavg_start']:.1f} → {result['loadavg_end']:.1f}")
     base = result["throughput"][0]
     print(
         f"{'rows':>4} {'wall s':>8} {'audio s':>8} {'audio s/s':>9} {'RTF':>6} {'× rows=1':>8}"
-        f" {'ms/step':>8} {'ms/prompt':>9}"
+        f" {'ms/step':>8} {'ms/prompt':>9} {'renders/run':>11}"
     )
     for r in result["throughput"]:
         gain = r["audio_s_per_s"] / base["audio_s_per_s"]
@@ -210,6 +225,7 @@ def run(args: argparse.Namespace) -> int:
             f"{r['rows']:>4} {r['wall_s']:>8.2f} {r['audio_s']:>8.2f} "
             f"{r['audio_s_per_s']:>9.3f} {r['rtf']:>6.3f} {gain:>8.2f}"
             f" {r['ms_per_step']:>8.1f} {r['ms_per_prompt_pass']:>9.1f}"
+            f" {r['renders'] / max(r['render_runs'], 1):>11.2f}"
         )
     if args.sentences:
         lt = result["long_text"]
