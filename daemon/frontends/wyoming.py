@@ -170,6 +170,9 @@ class _Owed:
 
 
 class WyomingHandler(AsyncEventHandler):
+    """One connection: its events are read and answered here, its audio is made by its own task
+    (``_work``), so a ``describe`` or the next chunk of text never waits for a synthesis."""
+
     def __init__(
         self,
         frontend: WyomingFrontend,
