@@ -549,3 +549,37 @@ def test_conv_nets_whose_rows_see_each_other_are_not_batched(single: ChatTTSEngi
 
     voc = Vocoder(_SharedScale(single.vocoder.decoder), single.vocoder.vocos)  # type: ignore[arg-type]
     assert not voc.batch_invariant(single.spec.hidden_size)
+
+
+class _SlowSession:
+    """A one-row GPT session on a simulated clock: every run (step or prompt) costs ``ms``."""
+
+    def __init__(self, session, clock: _SimulatedClock, ms: float) -> None:
+        self.session, self.clock, self.ms = session, clock, ms
+
+    def io_binding(self):
+        return self.session.io_binding()
+
+    def run_with_iobinding(self, binding) -> None:
+        self.session.run_with_iobinding(binding)
+        self.clock.t += self.ms / 1e3
+
+
+@pytest.mark.parametrize("paced", [True, False])
+def test_the_one_row_path_holds_its_first_audio_too(tiny_bundle: Path, paced: bool) -> None:
+    """``batch_size = 1`` (``synthesize`` straight through ``GptRunner``) at RTF ≈ 0.9 on a
+    simulated clock: held by the gate it plays without a gap after its first audio; released at
+    its first chunk it stalls. The PCM is the same."""
+    from speakd_tools.bench.engine import playback
+
+    engine = ChatTTSEngine.load(tiny_bundle, threads=1, paced=paced)
+    clock = _SimulatedClock()
+    engine.clock = clock
+    engine.gpt.session = _SlowSession(engine.gpt.session, clock, 0.9 * 21.333 - 1.2)
+    engine.vocoder = _SlowVocoder(engine, clock, 0.5)
+    cfg = SynthesisConfig(seed=2, extra={"max_new_token": 300, "min_new_token": 300})
+    arrivals = [(clock(), c.frames / 24000) for c in engine.synthesize("Good morning.", cfg)]
+    assert sum(s for _, s in arrivals) == pytest.approx((2 * 300 - 1) * 256 / 24000)
+    assert 0.85 < clock.t / ((2 * 300 - 1) * 256 / 24000) <= 0.95
+    stall = playback(arrivals)["stall_s"]
+    assert stall == 0.0 if paced else stall > 0.1, stall
