@@ -611,7 +611,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--says", type=int, default=200, help="cache-hit requests (socket and MQTT)")
     p.add_argument(
         "--phases",
-        default="steps,e2e,startup,cache",
+        default="steps,e2e,startup,cache,throttle",
         help="comma list of steps,e2e,startup,cache,throttle (default all)",
     )
     p.add_argument(
