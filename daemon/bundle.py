@@ -1,4 +1,4 @@
-"""Model bundles (DESIGN.md §5): a folder with ``manifest.json`` and the files it hashes.
+"""Model bundles: a folder with ``manifest.json`` and the files it hashes.
 
 The daemon verifies every file's sha256 before a session sees it and refuses a bundle that does
 not match, naming the file, so a corrupt or tampered model never reaches onnxruntime.

@@ -1,4 +1,4 @@
-"""The audio cache database (DESIGN.md §6): one SQLite file, written through sqlite-utils.
+"""The audio cache database: one SQLite file, written through sqlite-utils.
 
 Crash safety comes from SQLite itself, used carefully: WAL journal, ``synchronous=FULL`` (a
 committed clip survives power loss, not only a killed process), every change in one transaction,

@@ -8,52 +8,29 @@ records what it ran on instead of leaving the reader to guess.
 from __future__ import annotations
 
 import os
-import platform
-import threading
-import time
-from pathlib import Path
 from typing import Any
+
+from speakd.hardware import read_bandwidth_gbs, read_cpu
 
 # the flags that change which matmul kernels onnxruntime's MLAS can use (x86 and Arm)
 ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8", "asimddp", "i8mm")
 
 
 def cpu() -> dict[str, Any]:
-    """CPU model, logical cores and which of ``ISA_FLAGS`` it has (from /proc/cpuinfo)."""
-    flags: set[str] = set()
-    model = platform.processor() or platform.machine()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() in ("flags", "Features"):
-                flags |= set(value.split())
-            elif key.strip() == "model name":
-                model = value.strip()
+    """CPU model, logical cores and which of ``ISA_FLAGS`` it has (``speakd.hardware``'s reading
+    of /proc/cpuinfo, the one ``speakd doctor`` reports)."""
+    info = read_cpu()
     return {
-        "model": model,
+        "model": info.model,
         "logical_cores": os.cpu_count(),
-        "flags": {f: f in flags for f in ISA_FLAGS},
+        "flags": {f: f in info.flags for f in ISA_FLAGS},
     }
 
 
-def read_bandwidth(threads: int, gib: float = 1.0, repeats: int = 4) -> float:
-    """Best-of-``repeats`` DRAM read bandwidth in GB/s: ``threads`` numpy reductions (they drop
-    the GIL) over disjoint slices of a buffer far larger than the last-level cache."""
-    import numpy as np
-
-    buf = np.ones(int(gib * (1 << 30)) // 8, np.uint64)
-    parts = np.array_split(buf, threads)
-    best = float("inf")
-    for _ in range(repeats):
-        workers = [threading.Thread(target=np.bitwise_or.reduce, args=(x,)) for x in parts]
-        t0 = time.perf_counter()
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join()
-        best = min(best, time.perf_counter() - t0)
-    return buf.nbytes / best / 1e9
+def read_bandwidth(threads: int) -> float:
+    """DRAM read bandwidth in GB/s with ``threads`` threads, over a 1 GiB buffer (the bench can
+    afford a larger, steadier sample than doctor's quick estimate)."""
+    return read_bandwidth_gbs(mib=1024, threads=threads, repeats=4)
 
 
 def describe(bandwidth: bool = True, threads: int = 2) -> dict[str, Any]:
