@@ -12,14 +12,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_every_subpackage_is_listed_in_pyproject() -> None:
+def test_every_folder_that_ships_is_a_listed_package() -> None:
+    """A folder of a package, with or without ``__init__.py`` (``daemon/data`` holds only the HTTP
+    page), is importable to Python; setuptools warns at every ``pip install`` when it is absent
+    from ``packages``, and leaves it out of the wheel when it is not declared package data."""
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     listed = set(config["packages"])
     for import_name, folder in config["package-dir"].items():
-        for init in (ROOT / folder).rglob("__init__.py"):
-            rel = init.parent.relative_to(ROOT / folder)
+        for path in (ROOT / folder).rglob("*"):
+            if not path.is_file() or "__pycache__" in path.parts:
+                continue
+            rel = path.parent.relative_to(ROOT / folder)
             name = ".".join([import_name, *rel.parts])
-            assert name in listed, f"{init.parent} is not in [tool.setuptools] packages"
+            assert name in listed, f"{path.parent} ships files but {name} is not in packages"
+            if path.suffix != ".py":
+                patterns = config.get("package-data", {}).get(name, [])
+                assert any(path.match(p) for p in patterns), f"{path}: not in package-data"
 
 
 def test_device_runtime_never_imports_the_host_stack() -> None:
