@@ -1,9 +1,13 @@
-"""Queue and interruption semantics on the real scheduler, a real (paced) WAV sink, tone engine."""
+"""Queue and interruption semantics on the real scheduler, a real WAV sink, tone engine.
+
+"Mid-utterance" is a HeldSink holding a chosen block until the test releases it, and every wait is
+on the scheduler's events, so nothing here depends on how fast the machine is."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -12,16 +16,33 @@ from speakd.audio import read_wav
 from speakd.messages import Event, Priority, SpeakRequest
 from speakd.resolver import Resolver
 from speakd.scheduler import Scheduler
-from speakd.sinks import WavSink
 from tests.tone_engine import ToneEngine
+from tests.waits import HeldSink
 
 
 class Recorder:
+    """A request's ``on_event``: keeps the events (called on the loop thread) and wakes waiters."""
+
     def __init__(self) -> None:
         self.events: list[Event] = []
+        self._new = asyncio.Event()
 
     def __call__(self, event: Event) -> None:
         self.events.append(event)
+        self._new.set()
+
+    async def until(self, condition: Callable[[], bool], what: str, timeout: float) -> None:
+        try:
+            async with asyncio.timeout(timeout):
+                while not condition():
+                    self._new.clear()
+                    await self._new.wait()
+        except TimeoutError:
+            seen = [(e.request_id, e.type.value) for e in self.events]
+            raise AssertionError(f"waited {timeout:g} s for {what}; events: {seen}") from None
+
+    async def saw(self, request_id: str, kind: str, timeout: float = 10.0) -> None:
+        await self.until(lambda: kind in self.of(request_id), f"{request_id} {kind}", timeout)
 
     def of(self, request_id: str) -> list[str]:
         return [e.type.value for e in self.events if e.request_id == request_id]
@@ -35,16 +56,17 @@ def req(rec: Recorder, text: str, rid: str, priority: Priority = Priority.MESSAG
 
 
 async def settle(rec: Recorder, *ids: str, timeout: float = 10.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not all(any(e.request_id == i and e.terminal for e in rec.events) for i in ids):
-            await asyncio.sleep(0.01)
+    def ended() -> bool:
+        return all(any(e.request_id == i and e.terminal for e in rec.events) for i in ids)
+
+    await rec.until(ended, f"the end of {', '.join(ids)}", timeout)
 
 
 @pytest.fixture
 def setup(tmp_path: Path):
     async def make(**kw):
         engine = ToneEngine()
-        sched = Scheduler(Resolver(engine), WavSink(tmp_path, realtime=True), **kw)
+        sched = Scheduler(Resolver(engine), HeldSink(tmp_path), **kw)
         task = asyncio.create_task(sched.run())
         return sched, engine, task
 
@@ -67,11 +89,13 @@ async def test_events_in_order_and_audio_written(setup, tmp_path: Path) -> None:
 async def test_fifo_within_priority_and_priority_order(setup) -> None:
     sched, _, task = await setup()
     rec = Recorder()
+    sched.sink.hold()
     sched.submit(req(rec, "first long utterance here", "m1"))
-    await asyncio.sleep(0.05)
+    await sched.sink.aheld()  # m1 is playing
     sched.submit(req(rec, "second", "m2"))
     sched.submit(req(rec, "third", "m3"))
     sched.submit(req(rec, "urgent", "i1", Priority.IMPORTANT))
+    sched.sink.release()
     await settle(rec, "m1", "m2", "m3", "i1")
     # the important one interrupted m1, then the messages went on in order
     assert rec.final("m1").data["status"] == "interrupted"
@@ -83,10 +107,12 @@ async def test_fifo_within_priority_and_priority_order(setup) -> None:
 async def test_text_keeps_only_newest(setup) -> None:
     sched, _, task = await setup()
     rec = Recorder()
+    sched.sink.hold()
     sched.submit(req(rec, "a b c d e f g h", "t1", Priority.TEXT))
-    await asyncio.sleep(0.05)
+    await sched.sink.aheld()
     sched.submit(req(rec, "x y", "t2", Priority.TEXT))
     sched.submit(req(rec, "z", "t3", Priority.TEXT))
+    sched.sink.release()
     await settle(rec, "t1", "t2", "t3")
     assert rec.final("t1").data["status"] == "replaced"
     assert rec.final("t2").data["status"] == "replaced"
@@ -97,15 +123,19 @@ async def test_text_keeps_only_newest(setup) -> None:
 async def test_notification_dropped_while_busy_and_interrupted_by_anything(setup) -> None:
     sched, _, task = await setup()
     rec = Recorder()
+    sched.sink.hold()
     sched.submit(req(rec, "a b c d", "m1"))
-    await asyncio.sleep(0.05)
+    await sched.sink.aheld()
     sched.submit(req(rec, "ping", "n1", Priority.NOTIFICATION))
     await settle(rec, "n1")
     assert rec.final("n1").data["status"] == "discarded"
+    sched.sink.release()
     await settle(rec, "m1")
+    sched.sink.hold()
     sched.submit(req(rec, "a b c d e f", "n2", Priority.NOTIFICATION))
-    await asyncio.sleep(0.1)
+    await sched.sink.aheld()
     sched.submit(req(rec, "hello", "m2"))
+    sched.sink.release()
     await settle(rec, "n2", "m2")
     assert rec.final("n2").data["status"] == "interrupted"
     assert rec.final("m2").data["status"] == "done"
@@ -115,19 +145,18 @@ async def test_notification_dropped_while_busy_and_interrupted_by_anything(setup
 async def test_stop_mid_utterance_is_prompt_and_clears_queue(setup, tmp_path: Path) -> None:
     sched, _, task = await setup(block_ms=20)
     rec = Recorder()
+    sched.sink.hold(15)  # 0.3 s in
     sched.submit(req(rec, " ".join(["word"] * 30), "long"))  # 3 s of audio
     sched.submit(req(rec, "next", "next"))
-    await asyncio.sleep(0.3)
-    loop = asyncio.get_running_loop()
-    t0 = loop.time()
+    await sched.sink.aheld()
     sched.stop()
+    sched.sink.release()
     await settle(rec, "long", "next")
-    assert loop.time() - t0 < 0.2
     assert rec.final("long").data["status"] == "stopped"
     assert rec.final("next").data["status"] == "stopped"
     assert "started" not in rec.of("next")
-    played = read_wav(tmp_path / "long.wav").duration
-    assert 0.2 < played < 0.6
+    # it stopped at the next block: nothing after the block that was playing
+    assert read_wav(tmp_path / "long.wav").duration == pytest.approx(0.3)
     task.cancel()
 
 
@@ -194,12 +223,12 @@ async def test_paused_utterance_is_parked_resumed_exactly_or_cancelled(
     sched.submit(req(rec, text, "ref"))
     await settle(rec, "ref")
     for rid, client in (("resumed", "a"), ("cancelled", "b")):
+        sched.sink.hold(12)  # 0.24 s in
         sched.submit(dataclasses.replace(req(rec, text, rid), client=client))
-        await asyncio.sleep(0.25)
+        await sched.sink.aheld()
         sched.pause(client)
-        async with asyncio.timeout(5):
-            while "paused" not in rec.of(rid):
-                await asyncio.sleep(0.01)
+        sched.sink.release()
+        await rec.saw(rid, "paused")
         status = sched.status()
         assert status["state"] == "idle" and status["queue"][-1] == rid, status
     sched.submit(req(rec, "other client", "other"))
@@ -212,5 +241,5 @@ async def test_paused_utterance_is_parked_resumed_exactly_or_cancelled(
     await settle(rec, "resumed")
     assert rec.of("resumed") == ["queued", "started", "paused", "resumed", "finished"]
     assert read_wav(tmp_path / "resumed.wav").pcm == read_wav(tmp_path / "ref.wav").pcm
-    assert 0.1 < read_wav(tmp_path / "cancelled.wav").duration < 0.5  # what played before
+    assert read_wav(tmp_path / "cancelled.wav").duration == pytest.approx(0.24)  # what played
     task.cancel()
