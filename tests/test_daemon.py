@@ -217,8 +217,8 @@ def test_synth_op_streams_the_audio_back_without_playing_it(daemon: DaemonProc) 
 
 
 def test_half_closed_client_still_gets_every_event(daemon: DaemonProc) -> None:
-    """``printf '{…"wait":true}\\n' | socat - UNIX-CONNECT:…`` half-closes after its request: it
-    must still read queued, started and finished, and the audio of a synth."""
+    """``printf '{…"wait":true}\\n' | socat -t 30 - UNIX-CONNECT:…`` half-closes after its
+    request: it must still read queued, started and finished, and the audio of a synth."""
     with socket.socket(socket.AF_UNIX) as s:
         s.settimeout(30)
         s.connect(daemon.socket)

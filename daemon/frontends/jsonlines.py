@@ -8,7 +8,8 @@ carries the request's ``id`` (null when the request had none and none was made).
 A ``say`` is answered with ``queued`` (or ``error``); with ``"wait": true`` the connection also
 gets ``started`` and the terminal ``finished``/``error``:
 
-    $ echo '{"op":"say","text":"Door open","wait":true}' | socat - UNIX:/run/speakd/speakd.sock
+    $ echo '{"op":"say","text":"Door open","wait":true}' \\
+        | socat -t 30 - UNIX:/run/speakd/speakd.sock
     {"event":"queued","id":"r…","position":0}
     {"event":"started","id":"r…","latency_ms":12.5}
     {"event":"finished","id":"r…","status":"done"}
@@ -19,9 +20,10 @@ A ``synth`` is answered with ``audio`` events, base64 PCM with its format, then 
      "data":"…"}
     {"event":"finished","id":"r…","status":"done","duration_s":1.32,"cached":true}
 
-A client that half-closes after its requests (``printf … | socat``) still gets every event until
-those requests end. A malformed line gets an ``error`` event and the connection stays usable; a
-line over ``limits.max_line_bytes`` or invalid UTF-8 gets an error and the connection is closed.
+A client that half-closes after its requests (``printf … | socat -t 30``) still gets every event
+until those requests end (socat's default ``-t 0.5`` would hang up before they do). A malformed
+line gets an ``error`` event and the connection stays usable; a line over
+``limits.max_line_bytes`` or invalid UTF-8 gets an error and the connection is closed.
 """
 
 from __future__ import annotations
