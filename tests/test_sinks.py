@@ -33,7 +33,7 @@ class FakeStream:
         fake.wedge_next = fake.wedge_stop_next = False
         self.written = 0
         self.stopped = True
-        self.closed = False
+        self.closed = threading.Event()
         fake.streams.append(self)
 
     def start(self) -> None:
@@ -53,7 +53,7 @@ class FakeStream:
         self.stopped = True
 
     def close(self) -> None:
-        self.closed = True
+        self.closed.set()
 
 
 class FakeDevice:
@@ -102,9 +102,8 @@ async def test_a_write_that_never_returns_fails_the_utterance_and_the_stream_is_
         assert "did not return within 0.5 s" in error.data["message"], error.data
         assert 0.5 <= waited < 3.0
         assert sink.status()["available"] is False
-        async with asyncio.timeout(2):  # the wedged stream is closed off the playback thread
-            while not device.streams[0].closed:
-                await asyncio.sleep(0.01)
+        # the wedged stream is closed off the playback thread
+        assert await asyncio.to_thread(device.streams[0].closed.wait, 2)
 
         sched.submit(req(rec, "four five", "next"))  # the daemon goes on, on a new stream
         await settle(rec, "next")
