@@ -19,6 +19,7 @@ from speakd.scheduler import Scheduler
 from speakd.sinks import NullSink
 from tests.test_scheduler import Recorder, req, settle
 from tests.tone_engine import ToneEngine
+from tests.waits import until
 
 ENGINE_LOG = "speakd.engines.tone"
 
@@ -55,9 +56,9 @@ async def test_engine_log_records_carry_request_id_and_voice(
         sched.submit(request)
         sched.submit(req(rec, "three", "req-2"))
         await settle(rec, "req-1", "req-2")
-        async with asyncio.timeout(5):  # clips are stored after they have been handed over
-            while len(stored := stored_clips(caplog)) < 2:
-                await asyncio.sleep(0.01)
+        # clips are stored (on the synthesis thread) after they have been handed over
+        await until(lambda: len(stored_clips(caplog)) >= 2, "two stored clips")
+        stored = stored_clips(caplog)
     finally:
         task.cancel()
         source.close()
