@@ -9,6 +9,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 from speakd.audio import AudioChunk, join_chunks, read_wav
 from speakd.breaker import CircuitBreaker, EngineTimeout, EngineUnavailable, Guard
 from speakd.engines.base import EngineError, SynthesisConfig
@@ -19,15 +21,17 @@ from speakd.sinks import WavSink
 from speakd.stream import Cancel
 from tests.test_scheduler import Recorder, settle
 from tests.tone_engine import ToneEngine
+from tests.waits import Clock
 
 
 class FaultyEngine(ToneEngine):
-    """A tone engine that can be told to crash, hang or crawl."""
+    """A tone engine that can be told to crash, hang or crawl (on ``clock``, simulated time)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.mode = "ok"
         self.release = threading.Event()
+        self.clock = Clock()
 
     def synthesize(
         self, text: str, config: SynthesisConfig, cancel: threading.Event | None = None
@@ -38,7 +42,7 @@ class FaultyEngine(ToneEngine):
             self.release.wait(30)
         for chunk in super().synthesize(text, config, cancel):
             if self.mode == "slow":
-                time.sleep(chunk.duration * 5)
+                self.clock.advance(chunk.duration * 5)
             yield chunk
 
 
@@ -51,8 +55,12 @@ def drain(resolver: Resolver, text: str = "a b c") -> AudioChunk | None:
     return join_chunks(resolver.stream(SpeakRequest(text), Cancel()))
 
 
-def test_breaker_opens_after_failures_and_recovers_half_open() -> None:
+def test_breaker_opens_after_failures_and_recovers_half_open(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     inner = FaultyEngine()
+    clock = inner.clock
+    monkeypatch.setattr("speakd.breaker.time", clock)  # the reset timeout passes on it
     engine = guarded(inner, CircuitBreaker(failure_threshold=2, reset_timeout_s=0.3))
     inner.mode = "crash"
     for _ in range(2):
@@ -65,7 +73,10 @@ def test_breaker_opens_after_failures_and_recovers_half_open() -> None:
     except EngineUnavailable as e:
         assert "onnxruntime exploded" in str(e)
     inner.mode = "ok"
-    time.sleep(0.35)
+    clock.advance(0.29)
+    with pytest.raises(EngineUnavailable):  # still resting
+        drain(engine)
+    clock.advance(0.02)
     assert drain(engine) is not None  # the half-open trial succeeds
     assert engine.guard.breaker.status()["state"] == "closed"
 
@@ -85,8 +96,11 @@ def test_hang_is_detected_and_counts_as_failure() -> None:
     assert engine.guard.breaker.state == "open"
 
 
-def test_too_slow_counts_as_failure_but_the_audio_is_delivered() -> None:
+def test_too_slow_counts_as_failure_but_the_audio_is_delivered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     inner = FaultyEngine()
+    monkeypatch.setattr("speakd.resolver.time", inner.clock)  # the synthesis is timed on it
     engine = guarded(inner, CircuitBreaker(failure_threshold=1), max_rtf=2.0)
     inner.mode = "slow"
     audio = drain(engine, " ".join(["w"] * 12))  # 1.2 s of audio at RTF ~5

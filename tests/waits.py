@@ -2,8 +2,9 @@
 bounded timeout that fails with what was awaited — never a fixed sleep that guesses how long
 something takes on this machine.
 
-``HeldSink`` makes "mid-utterance" deterministic: playback stops inside the utterance until the
-test lets it go, however fast or loaded the machine is.
+``Clock`` stands in for the time a timeout waits for. ``HeldSink`` makes "mid-utterance"
+deterministic: playback stops inside the utterance until the test lets it go, however fast or
+loaded the machine is.
 """
 
 from __future__ import annotations
@@ -40,6 +41,20 @@ async def until(condition: Callable[[], T], what: str, timeout: float = 10.0) ->
             raise AssertionError(f"waited {timeout:g} s for {what}")
         await asyncio.sleep(POLL_S)
     return value
+
+
+class Clock:
+    """A simulated ``time`` module for code that reads ``time.monotonic()`` (patch it in as that
+    module's ``time``): it moves only when the test advances it."""
+
+    def __init__(self) -> None:
+        self.t = time.monotonic()
+
+    def monotonic(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
 
 
 class HeldSink(WavSink):
