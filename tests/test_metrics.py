@@ -90,13 +90,12 @@ async def test_first_audio_of_a_stream_is_its_first_chunk() -> None:
     m = make()
     stream = AudioStream("k")
     m.stream_opened(SpeakRequest(text="hi", origin="http:h"), stream)
-    await asyncio.sleep(0.01)
+    (watcher,) = asyncio.all_tasks() - {asyncio.current_task()}
+    await asyncio.sleep(0)  # one turn of the loop: the watcher now waits for a chunk
+    assert not watcher.done()
     assert not value(m, "speakd_first_audio_seconds_count", kind="stream")
     stream.put(AudioChunk(b"\0\0" * 100, 16000))
-    for _ in range(100):
-        await asyncio.sleep(0.01)
-        if value(m, "speakd_first_audio_seconds_count", kind="stream"):
-            break
+    await asyncio.wait_for(watcher, 5)  # it ends once it has seen the first chunk
     assert value(m, "speakd_first_audio_seconds_count", kind="stream") == 1
 
 
