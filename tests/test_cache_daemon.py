@@ -8,7 +8,6 @@ import asyncio
 import os
 import signal
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -24,17 +23,11 @@ from speakd.scheduler import Scheduler
 from speakd.sinks import WavSink
 from tests.test_scheduler import Recorder, settle
 from tests.tone_engine import ToneEngine
+from tests.waits import wait_until
 
 
 def pcm(source: Resolver, text: str, cancel: threading.Event | None = None) -> bytes:
     return b"".join(c.pcm for c in source.stream(SpeakRequest(text), cancel or threading.Event()))
-
-
-def wait_until(cond, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
 
 
 @pytest.fixture

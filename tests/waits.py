@@ -10,6 +10,7 @@ loaded the machine is.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import threading
 import time
 from collections.abc import Callable
@@ -23,24 +24,32 @@ T = TypeVar("T")
 POLL_S = 0.01  # for conditions no event announces (another process's files, logs, sockets)
 
 
-def wait_until(condition: Callable[[], T], what: str, timeout: float = 10.0) -> T:
-    """``condition()``'s first truthy value; AssertionError naming ``what`` after ``timeout`` s."""
+def wait_until(condition: Callable[[], T], what: str = "", timeout: float = 10.0) -> T:
+    """``condition()``'s first truthy value; AssertionError naming ``what`` (by default the
+    condition's source line) after ``timeout`` s."""
     deadline = time.monotonic() + timeout
     while not (value := condition()):
         if time.monotonic() > deadline:
-            raise AssertionError(f"waited {timeout:g} s for {what}")
+            raise AssertionError(f"waited {timeout:g} s for {what or _source(condition)}")
         time.sleep(POLL_S)
     return value
 
 
-async def until(condition: Callable[[], T], what: str, timeout: float = 10.0) -> T:
+async def until(condition: Callable[[], T], what: str = "", timeout: float = 10.0) -> T:
     """``wait_until`` for a coroutine: the loop keeps running while it waits."""
     deadline = time.monotonic() + timeout
     while not (value := condition()):
         if time.monotonic() > deadline:
-            raise AssertionError(f"waited {timeout:g} s for {what}")
+            raise AssertionError(f"waited {timeout:g} s for {what or _source(condition)}")
         await asyncio.sleep(POLL_S)
     return value
+
+
+def _source(condition: Callable[[], object]) -> str:
+    try:
+        return inspect.getsource(condition).strip()
+    except (OSError, TypeError):
+        return repr(condition)
 
 
 class Clock:
