@@ -144,7 +144,7 @@ def _check_mqtt(config: Config) -> Check:
     import ssl
     import threading
 
-    from speakd.frontends.mqtt import new_client
+    from speakd.mqtt.client import new_client
 
     mqtt = config.mqtt
     if not mqtt.enabled:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from speakd.cache.cli import export_pack, import_pack
+from speakd.cache.packs import export_pack, import_pack
 from speakd.cache.store import SCHEMA_VERSION, CacheError, CacheStore, Clip
 from speakd.cli import main as speakd_main
 from speakd.engines.base import SynthesisConfig

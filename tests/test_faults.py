@@ -93,7 +93,7 @@ def watcher(broker: Mosquitto) -> Iterator[Watcher]:
 @pytest.fixture(scope="module")
 def log_times() -> Iterator[LogTimes]:
     handler = LogTimes()
-    logger = logging.getLogger("speakd.frontends.mqtt")
+    logger = logging.getLogger("speakd.mqtt.client")
     logger.addHandler(handler)
     level = logger.level
     logger.setLevel(logging.INFO)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from speakd.cache.store import CacheStore
-from speakd.frontends.mqtt_messages import PackChunk, PackManifest
+from speakd.mqtt.messages import PackChunk, PackManifest
 from speakd_tools.cli import main as tools_main
 from speakd_tools.fleet.broker import Session, broker_config
 from speakd_tools.fleet.publish import publish_pack, read_pack
@@ -214,7 +214,7 @@ def test_a_fetch_missing_a_chunk_stays_importing_and_completes_when_published_ag
 
 
 def test_pack_topics_parse_and_a_manifest_is_checked_field_by_field() -> None:
-    from speakd.frontends.mqtt_messages import parse_pack_topic
+    from speakd.mqtt.topics import parse_pack_topic
 
     assert parse_pack_topic("speakd", "speakd/floor2/pack/manifest") == ("floor2", "", -1)
     assert parse_pack_topic("speakd", "speakd/floor2/pack/data/ab12/7") == ("floor2", "ab12", 7)

@@ -131,3 +131,28 @@ def test_the_check_sees_lazy_and_relative_imports_and_skips_type_checking(tmp_pa
     graph = {name: imports(name, path, known) for name, path in known.items()}
     assert graph["pkg.a"] == {"pkg.b"} and graph["pkg.b"] == {"pkg.a"} and graph["pkg.c"] == set()
     assert cycles(graph) == [["pkg.a", "pkg.b"]]
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every module ``start`` imports, directly or through others."""
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        for nxt in graph[todo.pop()] - seen:
+            seen.add(nxt)
+            todo.append(nxt)
+    return seen
+
+
+def test_the_mqtt_package_knows_nothing_of_front_ends_or_the_queue() -> None:
+    """speakd.mqtt (topics, messages, client, packs) is shared by the front-end, the remote
+    speaker sink, doctor and the fleet tools: it must not pull in what only the daemon's request
+    path needs."""
+    known = modules()
+    graph = {name: imports(name, path, known) for name, path in known.items()}
+    forbidden = ("speakd.frontends", "speakd.scheduler", "speakd.control", "speakd.sinks")
+    package = [name for name in known if name == "speakd.mqtt" or name.startswith("speakd.mqtt.")]
+    assert len(package) > 1
+    for name in package:
+        bad = sorted(m for m in reachable(graph, name) if m.startswith(forbidden))
+        assert bad == [], f"{name} imports {bad}"

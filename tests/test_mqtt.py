@@ -24,8 +24,9 @@ from speakd.audio import read_wav
 from speakd.config import ConfigError, MqttConfig, load_config
 from speakd.control import Control
 from speakd.frontends.mqtt import MqttFrontend, RecentIds
-from speakd.frontends.mqtt_messages import decode_object, parse_command_topic
 from speakd.messages import Event, RequestError
+from speakd.mqtt.messages import decode_object
+from speakd.mqtt.topics import parse_command_topic
 from speakd.resolver import Resolver
 from speakd.scheduler import Scheduler
 from speakd.sinks import NullSink
@@ -557,7 +558,7 @@ async def test_tls_and_password_in_process(
         monkeypatch.setenv("SPEAKD_MQTT_PASSWORD", "wrong")
         bad = dataclasses.replace(tls, site_id="bad", client_id="bad")
         frontends.append(MqttFrontend(control, bad))
-        with caplog.at_level(logging.ERROR, logger="speakd.frontends.mqtt"):
+        with caplog.at_level(logging.ERROR, logger="speakd.mqtt.client"):
             await frontends[1].start()
             await asyncio.sleep(1.0)
         assert not frontends[1].connected

@@ -68,31 +68,6 @@ def _open(args: argparse.Namespace, create: bool = False) -> CacheStore:
     )
 
 
-def import_pack(store: CacheStore, pack: Path) -> tuple[int, int]:
-    """(new clips, clips in the pack); every imported clip is pinned."""
-    from speakd.cache.store import CacheError, CacheStore
-
-    if not pack.is_file():
-        raise CacheError(f"{pack}: no such prompt pack")
-    with CacheStore(pack, recover=False, ttl_s=0) as source:
-        clips = list(source.clips(order="key"))
-    for clip in clips:
-        clip.pinned, clip.expires = True, None
-    return store.put_many(clips, skip_existing=True), len(clips)
-
-
-def export_pack(store: CacheStore, out: Path, everything: bool = False) -> int:
-    from speakd.cache.store import CacheError, CacheStore
-
-    if out.exists():
-        raise CacheError(f"{out}: exists; export writes a new pack")
-    clips = list(store.clips(pinned_only=not everything, order="key"))
-    for clip in clips:
-        clip.pinned, clip.expires = True, None
-    with CacheStore(out, recover=False, max_bytes=1 << 62, ttl_s=0) as pack:
-        return pack.put_many(clips)
-
-
 def run(args: argparse.Namespace) -> int:
     from speakd.cache.store import CacheError
 
@@ -104,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from speakd.cache.packs import export_pack, import_pack
+
     command = args.cache_command
     with _open(args, create=command == "import") as store:
         if command == "import":

@@ -13,20 +13,21 @@ Out:
   ``<prefix>/<site>/status``  retained ``Control.status()`` + version, last_error; re-published
                               on every state change
   ``<prefix>/<site>/availability``  retained ``online``; ``offline`` as will and on shutdown
-  ``<prefix>/<site>/pack``    retained progress of prompt packs (``mqtt_packs.py``, which also
+  ``<prefix>/<site>/pack``    retained progress of prompt packs (``mqtt/packs.py``, which also
                               follows ``<prefix>/<site>/pack/manifest`` for every site of ours)
   MQTT 5 Response Topic       ``{"id", "status": "queued" | "done" | … | "error", …}`` carrying
                               the request's Correlation Data
 
-A persistent session (``clean_start=False`` + Session Expiry) keeps QoS 1 commands the broker
-received while we were away; subscriptions are renewed on every connect, with retained messages
+The wire format, the topics and the session (TLS, reconnect, the last will, the persistent session
+that keeps QoS 1 commands while we are away) are the ``speakd.mqtt`` package's; this module only
+translates between those messages and Control. Commands are subscribed to with retained messages
 never delivered (a retained command would replay forever). A say's ``id`` (else its correlation
 data) is remembered for a while, so a QoS 1 re-delivery is spoken once.
 
-Threads: paho's network loop runs on its own thread (``loop_start``) and reconnects with
-backoff; every incoming message is handed to the asyncio loop with ``call_soon_threadsafe``, so
-Control and the scheduler are only touched from the loop, as with the socket front-ends. Publishing
-only queues a packet for paho's thread, so the loop never waits on the network.
+Threads: every incoming message arrives on paho's network thread and is handed to the asyncio loop
+with ``call_soon_threadsafe``, so Control is only touched from the loop, as with the socket
+front-ends. Publishing only queues a packet for paho's thread, so the loop never waits on the
+network.
 """
 
 from __future__ import annotations
@@ -35,49 +36,46 @@ import asyncio
 import functools
 import logging
 import random
-import socket
-import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-import paho.mqtt.client as mqtt
-from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from speakd import __version__
-from speakd.config import ConfigError, LimitsConfig, MqttConfig
+from speakd.config import LimitsConfig, MqttConfig
 from speakd.control import Control
-from speakd.frontends.mqtt_messages import (
-    COMMANDS,
-    HA_STATUS,
-    HERMES_SAY,
-    RHASSPY_GET_VOICES,
+from speakd.messages import Event, EventType, RequestError
+from speakd.mqtt.client import Connection, Incoming, Subscriptions
+from speakd.mqtt.messages import (
     Availability,
-    Message,
     Reply,
     SayFinished,
-    SiteTopics,
     Status,
     TtsError,
     Voices,
     decode_object,
     discovery_messages,
     optional_str,
-    parse_command_topic,
-    play_finished_topic,
     say_fields,
 )
-from speakd.frontends.mqtt_packs import PackReceiver
-from speakd.frontends.mqtt_speaker import RemoteSpeakerSink
-from speakd.messages import Event, EventType, RequestError
+from speakd.mqtt.packs import PackReceiver
+from speakd.mqtt.topics import (
+    COMMANDS,
+    HA_STATUS,
+    HERMES_SAY,
+    RHASSPY_GET_VOICES,
+    SiteTopics,
+    parse_command_topic,
+    play_finished_topic,
+)
+from speakd.sinks.mqtt_speaker import RemoteSpeakerSink
 
 log = logging.getLogger(__name__)
 
-MAX_QUEUED = 1000  # publishes kept while the broker is away; beyond that they are dropped
 DEDUP_IDS = 1024
 DEDUP_WINDOW_S = 120.0  # longer than a reconnect: a say re-using an id later is spoken again
 
@@ -107,14 +105,6 @@ class RecentIds:
             self._seen.pop(key, None)
 
 
-@dataclass(frozen=True)
-class Incoming:
-    topic: str
-    payload: bytes
-    response_topic: str | None
-    correlation: bytes | None
-
-
 RETRYABLE = frozenset({"queue_full", "shutting_down"})
 
 
@@ -133,20 +123,6 @@ class SayOrigin:
     correlation: bytes | None
 
 
-def new_client(config: MqttConfig, client_id: str) -> mqtt.Client:
-    """A paho MQTT 5 client with the configured credentials and TLS (the daemon's and doctor's)."""
-    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5)
-    if config.username:
-        client.username_pw_set(config.username, config.password())
-    if config.tls:
-        client.tls_set(
-            ca_certs=config.ca_file or None,
-            certfile=config.cert_file or None,
-            keyfile=config.key_file or None,
-        )
-    return client
-
-
 class MqttFrontend:
     def __init__(
         self, control: Control, config: MqttConfig, limits: LimitsConfig | None = None
@@ -154,85 +130,51 @@ class MqttFrontend:
         self.control = control
         self.config = config
         self.topics = SiteTopics(config.prefix, config.site_id)
-        self.client_id = config.client_id or f"speakd-{config.site_id}"
+        self.connection = Connection(
+            config,
+            config.client_id or f"speakd-{config.site_id}",
+            Availability(self.topics, online=False),
+            self._subscriptions,
+            on_connected=lambda: self._call_on_loop(self._on_connected),
+            on_message=lambda incoming: self._call_on_loop(self._dispatch, incoming),
+        )
         self.speaker = (
-            RemoteSpeakerSink(config.remote_speaker, self._publish_live)
+            RemoteSpeakerSink(config.remote_speaker, self.connection.publish_live)
             if config.remote_speaker
             else None
         )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._recent = RecentIds()
-        self._connected = False
-        self._unreachable_logged = False
-        self._refused = ""  # the last CONNACK refusal logged
         self._closing = False
         self._successor: MqttFrontend | None = None  # a reload's replacement (see close)
         self._status_pending = False
         self._discovery_timer: asyncio.TimerHandle | None = None
-        self._password: str | None = None  # what we connected with (see credentials_changed)
         self._last_error: dict[str, Any] | None = None  # in the retained status (fleet status)
-        self._sub_lock = threading.Lock()
-        self._sub_topics: dict[int, list[str]] = {}  # SUBSCRIBE message id → its topics
         self.packs = PackReceiver(
             config,
-            control,
+            control.cache_store,
+            lambda: control.engine.bundle_id,
             (limits or LimitsConfig()).max_pack_bytes,
-            self._publish,
-            self._subscribe,
-            self._unsubscribe,
+            self.connection.publish,
+            self.connection.subscribe,
+            self.connection.unsubscribe,
         )
-        self._client = self._make_client()
 
     @property
     def connected(self) -> bool:
-        return self._connected
+        return self.connection.connected
 
     def credentials_changed(self) -> bool:
-        """True when the password file (or $SPEAKD_MQTT_PASSWORD) no longer holds the password
-        we connected with: SIGHUP then reconnects with the rotated one."""
-        if not self.config.username:
-            return False
-        try:
-            return self.config.password() != self._password
-        except ConfigError as e:
-            log.error("MQTT: keeping the current connection: %s", e)
-            return False
+        """True when the password was rotated since we connected (SIGHUP then reconnects)."""
+        return self.connection.credentials_changed()
 
     # ---- lifecycle --------------------------------------------------------------------------
-
-    def _make_client(self) -> mqtt.Client:
-        c = self.config
-        client = new_client(c, self.client_id)
-        self._password = c.password() if c.username else None
-        if log.isEnabledFor(logging.DEBUG):  # paho logs every failed retry as an error
-            client.enable_logger(logging.getLogger("speakd.frontends.mqtt.paho"))
-        client.will_set(self.topics.availability, b"offline", qos=1, retain=True)
-        client.reconnect_delay_set(c.reconnect_min_s, c.reconnect_max_s)  # type: ignore[arg-type]
-        client.max_queued_messages_set(MAX_QUEUED)
-        client.on_connect = self._on_connect
-        client.on_connect_fail = self._on_connect_fail
-        client.on_disconnect = self._on_disconnect
-        client.on_subscribe = self._on_subscribe
-        client.on_message = self._on_message
-        return client
 
     async def start(self) -> None:
         """Connect in the background: a broker that is down at start-up is retried with backoff."""
         self._loop = asyncio.get_running_loop()
         self.control.scheduler.listeners.append(self._on_any_event)
-        c = self.config
-        props = Properties(PacketTypes.CONNECT)
-        props.SessionExpiryInterval = c.session_expiry_s
-        self._client.connect_async(c.host, c.port, c.keepalive, clean_start=False, properties=props)
-        self._client.loop_start()
-        log.info(
-            "MQTT: connecting to %s:%d%s as %s (sites %s)",
-            c.host,
-            c.port,
-            " with TLS" if c.tls else "",
-            self.client_id,
-            ", ".join(c.sites),
-        )
+        self.connection.start()
 
     async def close(self, successor: MqttFrontend | None = None) -> None:
         """Publish ``offline`` (a clean DISCONNECT suppresses the will), then disconnect.
@@ -250,89 +192,10 @@ class MqttFrontend:
         if self.speaker is not None:
             self.speaker.close()
         await asyncio.to_thread(self.packs.close)  # an import under way finishes first
-        if self._connected:
-            info = self._publish(Availability(self.topics, online=False))
-            try:
-                await asyncio.to_thread(info.wait_for_publish, 3.0)
-            except (RuntimeError, ValueError) as e:
-                log.warning("MQTT: could not publish offline before disconnecting: %s", e)
-        self._client.disconnect()
-        await asyncio.to_thread(self._client.loop_stop)
-
-    # ---- paho callbacks (paho's thread) -----------------------------------------------------
-
-    def _on_connect(
-        self, client: mqtt.Client, _userdata: Any, flags: Any, reason: Any, _props: Any
-    ) -> None:
-        if reason.is_failure:
-            if str(reason) != self._refused:  # once per reason, not once per retry
-                self._refused = str(reason)
-                log.error(
-                    "MQTT: broker %s:%d refused the connection: %s",
-                    self.config.host,
-                    self.config.port,
-                    reason,
-                )
-            return
-        sock = client.socket()
-        try:  # MQTT packets are small: don't let Nagle hold them back (~40 ms stalls)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # type: ignore[union-attr]
-        except (OSError, AttributeError):
-            log.debug("MQTT: cannot set TCP_NODELAY", exc_info=True)
-        self._subscribe(self._subscriptions())
-        self._connected = True
-        self._unreachable_logged, self._refused = False, ""
-        log.info(
-            "MQTT: connected to %s:%d (session %s)",
-            self.config.host,
-            self.config.port,
-            "resumed" if flags.session_present else "new",
-        )
-        self._call_on_loop(self._on_connected)
-
-    def _on_connect_fail(self, _client: Any, _userdata: Any) -> None:
-        if not self._unreachable_logged:  # once per outage, not once per retry
-            self._unreachable_logged = True
-            log.warning(
-                "MQTT: broker %s:%d unreachable; retrying every %.1f..%.1f s",
-                self.config.host,
-                self.config.port,
-                self.config.reconnect_min_s,
-                self.config.reconnect_max_s,
-            )
-
-    def _on_disconnect(
-        self, _client: Any, _userdata: Any, _flags: Any, reason: Any, _props: Any
-    ) -> None:
-        self._connected = False
-        if not self._closing:
-            log.warning(
-                "MQTT: disconnected (%s); reconnecting within %.1f..%.1f s",
-                reason,
-                self.config.reconnect_min_s,
-                self.config.reconnect_max_s,
-            )
-
-    def _on_subscribe(
-        self, _client: Any, _userdata: Any, _mid: int, reasons: list[Any], _props: Any
-    ) -> None:
-        with self._sub_lock:
-            topics = self._sub_topics.pop(_mid, [])
-        for topic, reason in zip(topics, reasons, strict=False):
-            if reason.is_failure:
-                log.error("MQTT: broker refused the subscription to %s: %s", topic, reason)
-
-    def _on_message(self, _client: Any, _userdata: Any, msg: mqtt.MQTTMessage) -> None:
-        props = getattr(msg, "properties", None)
-        incoming = Incoming(
-            msg.topic,
-            bytes(msg.payload),
-            getattr(props, "ResponseTopic", None),
-            getattr(props, "CorrelationData", None),
-        )
-        self._call_on_loop(self._dispatch, incoming)
+        await asyncio.to_thread(self.connection.close, Availability(self.topics, online=False))
 
     def _call_on_loop(self, func: Any, *args: Any) -> None:
+        """From paho's thread: run ``func`` on the event loop."""
         assert self._loop is not None
         try:
             self._loop.call_soon_threadsafe(func, *args)
@@ -352,23 +215,11 @@ class MqttFrontend:
             topics.append(play_finished_topic(c.remote_speaker))
         return topics
 
-    def _subscriptions(self) -> list[tuple[str, SubscribeOptions]]:
+    def _subscriptions(self) -> Subscriptions:
         # Never take retained messages: a retained command would be replayed on every connect.
         options = SubscribeOptions(qos=1, retainHandling=SubscribeOptions.RETAIN_DO_NOT_SEND)
         commands = [(topic, options) for topic in self._subscription_topics()]
         return commands + self.packs.subscriptions()  # packs are state: retained ones wanted
-
-    def _subscribe(self, subscriptions: list[tuple[str, SubscribeOptions]]) -> None:
-        """Subscribe, remembering the topics so a refusal in the SUBACK can name them (packs
-        subscribe from their worker thread too). Offline, nothing is sent: the next connect
-        subscribes to everything anew."""
-        with self._sub_lock:
-            rc, mid = self._client.subscribe(subscriptions)
-            if rc == MQTTErrorCode.MQTT_ERR_SUCCESS and mid is not None:
-                self._sub_topics[mid] = [topic for topic, _ in subscriptions]
-
-    def _unsubscribe(self, topics: list[str]) -> None:
-        self._client.unsubscribe(topics)
 
     # ---- dispatch (loop thread) -------------------------------------------------------------
 
@@ -456,7 +307,9 @@ class MqttFrontend:
         if event.type == EventType.QUEUED:
             self._reply(origin, event.request_id, "queued", {"position": event.data["position"]})
         elif event.type == EventType.FINISHED:
-            self._publish(SayFinished(origin.hermes_id, origin.site_id, origin.session_id))
+            self.connection.publish(
+                SayFinished(origin.hermes_id, origin.site_id, origin.session_id)
+            )
             self._reply(origin, event.request_id, event.data["status"])
         elif event.type == EventType.ERROR:
             error = RequestError(event.data["code"], event.data["message"])
@@ -466,10 +319,10 @@ class MqttFrontend:
 
     def _say_failed(self, origin: SayOrigin, request_id: str | None, e: RequestError) -> None:
         log.info("MQTT: say %s failed: %s: %s", request_id or origin.hermes_id, e.code, e)
-        self._publish(
+        self.connection.publish(
             TtsError(f"{e.code}: {e}", origin.site_id, origin.hermes_id, origin.session_id)
         )
-        self._publish(SayFinished(origin.hermes_id, origin.site_id, origin.session_id))
+        self.connection.publish(SayFinished(origin.hermes_id, origin.site_id, origin.session_id))
         self._reply(
             origin, request_id or origin.hermes_id, "error", {"code": e.code, "message": str(e)}
         )
@@ -486,7 +339,9 @@ class MqttFrontend:
         props = Properties(PacketTypes.PUBLISH)
         if origin.correlation is not None:
             props.CorrelationData = origin.correlation
-        self._publish(Reply(origin.response_topic, request_id, status, detail or {}), props)
+        self.connection.publish(
+            Reply(origin.response_topic, request_id, status, detail or {}), props
+        )
 
     def _get_voices(self, msg: Incoming) -> None:
         try:
@@ -500,7 +355,7 @@ class MqttFrontend:
                 {"voiceId": v["name"], "description": v["description"]}
                 for v in self.control.voices()
             ]
-            self._publish(Voices(voices, optional_str(obj, "id"), site_id))
+            self.connection.publish(Voices(voices, optional_str(obj, "id"), site_id))
 
     def _stop(self, msg: Incoming, site: str) -> None:
         stopped = self.control.stop()
@@ -513,7 +368,7 @@ class MqttFrontend:
         try:
             obj = decode_object(msg.payload, self.config.max_payload_bytes, empty_ok=True)
         except RequestError as e:
-            self._publish(TtsError(f"{e.code}: {e}", site))
+            self.connection.publish(TtsError(f"{e.code}: {e}", site))
             self._reply(origin, None, "error", {"code": e.code, "message": str(e)})
             return
         request_id = optional_str(obj, "id")
@@ -538,7 +393,7 @@ class MqttFrontend:
     # ---- state: availability, status, discovery ---------------------------------------------
 
     def _on_connected(self) -> None:
-        self._publish(Availability(self.topics, online=True))
+        self.connection.publish(Availability(self.topics, online=True))
         self._publish_status()
         if self.config.discovery:
             self._publish_discovery()
@@ -559,7 +414,7 @@ class MqttFrontend:
     def _publish_status(self) -> None:
         self._status_pending = False
         status = {**self.control.status(), "version": __version__, "last_error": self._last_error}
-        self._publish_live(Status(self.topics, status))
+        self.connection.publish_live(Status(self.topics, status))
 
     def _ha_status(self, msg: Incoming) -> None:
         """Home Assistant (re)started: re-send discovery after a random delay (spreads load)."""
@@ -575,23 +430,4 @@ class MqttFrontend:
         for message in discovery_messages(
             self.config.discovery_prefix, self.topics, __version__, self.control.engine.kind
         ):
-            self._publish(message)
-
-    # ---- publishing -------------------------------------------------------------------------
-
-    def _publish(self, message: Message, properties: Properties | None = None) -> Any:
-        """Queue a QoS 1 publish; kept for the next connection when the broker is away."""
-        info = self._client.publish(
-            message.topic(), message.payload(), qos=1, retain=message.retain, properties=properties
-        )
-        if info.rc not in (MQTTErrorCode.MQTT_ERR_SUCCESS, MQTTErrorCode.MQTT_ERR_NO_CONN):
-            log.warning(
-                "MQTT: cannot publish to %s: %s", message.topic(), mqtt.error_string(info.rc)
-            )
-        return info
-
-    def _publish_live(self, message: Message) -> bool:
-        """Publish only while connected (status and audio are stale by the next connection)."""
-        if not self._connected:
-            return False
-        return self._publish(message).rc == MQTTErrorCode.MQTT_ERR_SUCCESS
+            self.connection.publish(message)

@@ -132,7 +132,7 @@ def _say(sock: str, text: str, rid: str) -> tuple[float, float]:
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
-    from speakd.cache.cli import import_pack
+    from speakd.cache.packs import import_pack
     from speakd.cache.store import CacheStore
     from speakd.client import Client
 

@@ -5,8 +5,9 @@
 
 Runs the daemon's real pieces in this process — the embedded VITS voice, the SQLite audio cache
 (a temp file), the scheduler and the MQTT front-end — with a sink that timestamps the first PCM it
-is handed. A separate paho client publishes ``speakd/bench/say`` and waits for ``sayFinished``
-before the next say. Latency = first ``Sink.write`` − the instant before ``publish()``, both
+is handed. A separate client (``speakd.mqtt.client.new_client``, as ``speakd doctor`` and the fleet
+tools connect) publishes ``speakd/bench/say`` and waits for ``sayFinished`` before the next say.
+Latency = first ``Sink.write`` − the instant before ``publish()``, both
 ``time.monotonic()``; "in daemon" is the scheduler's own ``started`` latency (request built →
 sink). Prints one JSON object. The first say of the text fills the cache and is not counted.
 """
@@ -22,11 +23,15 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from speakd.mqtt.topics import HERMES_SAY_FINISHED, SiteTopics
 from speakd.sinks import NullSink
 
 from .stats import summary
+
+if TYPE_CHECKING:
+    from speakd.config import MqttConfig
 
 TEXT = "The front door is open."
 
@@ -51,26 +56,26 @@ class TimingSink(NullSink):
 class Publisher:
     """The client side: publish a say, wait for its sayFinished."""
 
-    def __init__(self, host: str, port: int, qos: int, nodelay: bool) -> None:
-        import paho.mqtt.client as mqtt
-        from paho.mqtt.enums import CallbackAPIVersion
+    def __init__(self, config: MqttConfig, qos: int, nodelay: bool) -> None:
+        from speakd.mqtt.client import new_client
 
         self.qos, self.nodelay = qos, nodelay
+        self.say_topic = SiteTopics(config.prefix, config.site_id).command("say")
         self.finished: dict[str, threading.Event] = {}
-        self.client = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+        self.client = new_client(config, client_id="")
         subscribed = threading.Event()
         self.client.on_connect = self._on_connect
         self.client.on_subscribe = lambda *_: subscribed.set()
         self.client.on_message = self._on_message
-        self.client.connect(host, port)
+        self.client.connect(config.host, config.port)
         self.client.loop_start()
         if not subscribed.wait(10):
-            raise SystemExit(f"cannot subscribe on {host}:{port}")
+            raise SystemExit(f"cannot subscribe on {config.host}:{config.port}")
 
     def _on_connect(self, client: Any, *_: Any) -> None:
         if self.nodelay:  # a latency-minded client, like the daemon itself
             client.socket().setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        client.subscribe("hermes/tts/sayFinished", qos=1)
+        client.subscribe(HERMES_SAY_FINISHED, qos=1)
 
     def _on_message(self, _c: Any, _u: Any, msg: Any) -> None:
         event = self.finished.get(json.loads(msg.payload).get("id"))
@@ -82,7 +87,7 @@ class Publisher:
         done = self.finished[request_id] = threading.Event()
         payload = json.dumps({"text": text, "id": request_id})
         sent = time.monotonic()
-        self.client.publish("speakd/bench/say", payload, qos=self.qos)
+        self.client.publish(self.say_topic, payload, qos=self.qos)
         if not done.wait(60):
             raise SystemExit(f"no sayFinished for {request_id}")
         return sent
@@ -129,7 +134,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         await asyncio.sleep(0.01)
     else:
         raise SystemExit(f"no broker at {args.host}:{args.port}")
-    publisher = Publisher(args.host, args.port, args.qos, not args.client_nagle)
+    publisher = Publisher(config.mqtt, args.qos, not args.client_nagle)
 
     def bench() -> list[tuple[str, float]]:
         publisher.say("warm", TEXT)  # fills the cache (and warms onnxruntime)

@@ -2,7 +2,7 @@
 
 The broker URL (``mqtt://[user@]host[:port]``, ``mqtts://`` for TLS) becomes an ``MqttConfig``,
 so TLS, the CA file and credentials (the password from ``$SPEAKD_MQTT_PASSWORD``, never the
-command line) go through ``speakd.frontends.mqtt.new_client`` exactly as on a board.
+command line) go through ``speakd.mqtt.client.new_client`` exactly as on a board.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from paho.mqtt.enums import MQTTErrorCode
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from speakd.config import MqttConfig
-from speakd.frontends.mqtt import new_client
-from speakd.frontends.mqtt_messages import Message
+from speakd.mqtt.client import new_client
+from speakd.mqtt.messages import Message
 
 
 class BrokerError(Exception):

@@ -5,7 +5,7 @@ board that sees the manifest finds every chunk already retained at the broker. T
 the pack the manifest replaced are cleared (an empty retained message deletes one), so the broker
 holds one pack per site, not every pack ever published. The pack id is derived from the file's
 sha256, so publishing the same file again rewrites identical retained messages and boards that
-hold it do nothing (speakd/frontends/mqtt_packs.py).
+hold it do nothing (speakd/mqtt/packs.py).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from speakd.cache.store import CacheStore
-from speakd.frontends.mqtt_messages import PackChunk, PackManifest, decode_object
 from speakd.messages import RequestError
+from speakd.mqtt.messages import PackChunk, PackManifest, decode_object
 from speakd_tools.fleet.broker import Session
 
 log = logging.getLogger(__name__)

@@ -1,8 +1,9 @@
 """The MQTT messages speakd publishes and parses: one dataclass per message, each with its topic.
 
 Hermes messages (Rhasspy/Snips) use camelCase JSON keys, speakd's own topics snake_case; the
-conversion happens once, in ``Message.payload``. Commands arrive as JSON objects and are checked by
-``decode_object`` (size, UTF-8, JSON, object) before ``Control.build_request`` checks the fields.
+conversion happens once, in ``Message.payload``. The topics themselves are built in ``topics.py``.
+Commands arrive as JSON objects and are checked by ``decode_object`` (size, UTF-8, JSON, object)
+before ``Control.build_request`` checks the fields.
 """
 
 from __future__ import annotations
@@ -12,11 +13,16 @@ from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 from speakd.messages import RequestError, dump_json, parse_json
-
-HERMES_SAY = "hermes/tts/say"
-RHASSPY_GET_VOICES = "rhasspy/tts/getVoices"
-HA_STATUS = "status"  # under the discovery prefix: Home Assistant's birth/will topic
-COMMANDS = ("say", "stop", "cancel")
+from speakd.mqtt.topics import (
+    HERMES_SAY_FINISHED,
+    HERMES_TTS_ERROR,
+    RHASSPY_VOICES,
+    SiteTopics,
+    pack_chunk_topic,
+    pack_chunks_filter,
+    pack_manifest_topic,
+    play_bytes_topic,
+)
 
 
 def _camel(name: str) -> str:
@@ -47,40 +53,6 @@ class HermesMessage(Message):
 
 
 @dataclass(frozen=True)
-class SiteTopics:
-    """speakd's own topics for one site: ``<prefix>/<site>/{say,stop,cancel,status,availability}``.
-
-    $ mosquitto_pub -q 1 -t speakd/kitchen/say -m '{"text": "Dinner is ready", "id": "d1"}'
-    $ mosquitto_pub -q 1 -t speakd/kitchen/stop -n
-    $ mosquitto_pub -q 1 -t speakd/kitchen/cancel -m '{"id": "d1"}'
-    """
-
-    prefix: str
-    site: str
-
-    def command(self, name: str) -> str:
-        return f"{self.prefix}/{self.site}/{name}"
-
-    @property
-    def status(self) -> str:
-        return self.command("status")
-
-    @property
-    def availability(self) -> str:
-        return self.command("availability")
-
-
-def parse_command_topic(prefix: str, topic: str) -> tuple[str, str] | None:
-    """``speakd/kitchen/say`` → ("kitchen", "say"); None for anything else."""
-    if not topic.startswith(f"{prefix}/"):
-        return None
-    site, _, command = topic[len(prefix) + 1 :].partition("/")
-    if not site or command not in COMMANDS:
-        return None
-    return site, command
-
-
-@dataclass(frozen=True)
 class SayFinished(HermesMessage):
     """After every say, also failed ones: ``{"id": "d1", "siteId": "kitchen", "sessionId": null}``.
 
@@ -92,7 +64,7 @@ class SayFinished(HermesMessage):
     session_id: str | None = None
 
     def topic(self) -> str:
-        return "hermes/tts/sayFinished"
+        return HERMES_SAY_FINISHED
 
 
 @dataclass(frozen=True)
@@ -108,7 +80,7 @@ class TtsError(HermesMessage):
     session_id: str | None = None
 
     def topic(self) -> str:
-        return "hermes/error/tts"
+        return HERMES_TTS_ERROR
 
 
 @dataclass(frozen=True)
@@ -124,7 +96,7 @@ class Voices(HermesMessage):
     site_id: str
 
     def topic(self) -> str:
-        return "rhasspy/tts/voices"
+        return RHASSPY_VOICES
 
 
 @dataclass(frozen=True)
@@ -199,42 +171,13 @@ class PlayBytes(Message):
     wav: bytes
 
     def topic(self) -> str:
-        return f"hermes/audioServer/{self.site}/playBytes/{self.request_id}"
+        return play_bytes_topic(self.site, self.request_id)
 
     def payload(self) -> bytes:
         return self.wav
 
 
-def play_finished_topic(site: str) -> str:
-    """Where a Hermes audio server reports ``{"id": <requestId>}`` after playing."""
-    return f"hermes/audioServer/{site}/playFinished"
-
-
-# ---- prompt packs (speakd_tools.fleet publishes, frontends/mqtt_packs.py receives) ----------
-
-
-def pack_manifest_topic(prefix: str, site: str) -> str:
-    """Where the retained manifest of the pack for every board acting on ``site`` lives."""
-    return f"{prefix}/{site}/pack/manifest"
-
-
-def pack_chunks_filter(prefix: str, site: str, pack_id: str) -> str:
-    """The subscription a board makes for one pack's chunks, once it has decided to fetch it."""
-    return f"{prefix}/{site}/pack/data/{pack_id}/+"
-
-
-def parse_pack_topic(prefix: str, topic: str) -> tuple[str, str, int] | None:
-    """``speakd/floor2/pack/manifest`` → ("floor2", "", -1); a chunk topic
-    ``speakd/floor2/pack/data/<pack id>/7`` → ("floor2", "<pack id>", 7); None otherwise."""
-    if not topic.startswith(f"{prefix}/"):
-        return None
-    parts = topic[len(prefix) + 1 :].split("/")
-    if len(parts) == 3 and parts[1:] == ["pack", "manifest"]:
-        return parts[0], "", -1
-    if len(parts) == 5 and parts[1:3] == ["pack", "data"] and parts[4].isdigit():
-        return parts[0], parts[3], int(parts[4])
-    return None
-
+# ---- prompt packs (speakd_tools.fleet publishes, mqtt/packs.py receives) --------------------
 
 _HEX = re.compile(r"[0-9a-f]+")
 
@@ -264,7 +207,7 @@ class PackManifest(Message):
         return pack_manifest_topic(self.prefix, self.site)
 
     def chunk_topic(self, index: int) -> str:
-        return f"{self.prefix}/{self.site}/pack/data/{self.pack_id}/{index}"
+        return pack_chunk_topic(self.prefix, self.site, self.pack_id, index)
 
     def chunks_filter(self) -> str:
         return pack_chunks_filter(self.prefix, self.site, self.pack_id)

@@ -1,7 +1,7 @@
 """Prompt packs rolled out over MQTT: the board's side (``speakd-tools pack publish`` is the other).
 
 A pack for site S is a retained manifest on ``<prefix>/S/pack/manifest`` plus its bytes in
-retained QoS 1 chunks on ``<prefix>/S/pack/data/<pack id>/<n>`` (``mqtt_messages.PackManifest``).
+retained QoS 1 chunks on ``<prefix>/S/pack/data/<pack id>/<n>`` (``messages.PackManifest``).
 Every board subscribes to the manifest of each site it acts on (``[mqtt] site_id`` and
 ``site_ids``, so a group is just another site). Because the manifest is retained and the session
 persistent, a board that was away gets it on its next connect; only then, and only when it lacks
@@ -11,11 +11,11 @@ at once — a board joining a week late fetches the whole pack, a board that has
 The board checks before it fetches (the engine's bundle id is one the pack was made for; the size
 is within ``limits.max_pack_bytes``), checks each chunk against the manifest's sha256 on arrival,
 writes it into a part file beside the cache and checks the whole file's sha256 at the end. Only
-then is the pack imported, with ``speakd cache import``'s own ``import_pack``: one SQLite
-transaction (``CacheStore.put_many``), so a half pack is never visible, and an import only adds
-and pins clips, so a pinned clip is never lost. Any refusal leaves the cache as it was.
+then is the pack imported, with ``cache.packs.import_pack`` as ``speakd cache import`` does: one
+SQLite transaction (``CacheStore.put_many``), so a half pack is never visible, and an import only
+adds and pins clips, so a pinned clip is never lost. Any refusal leaves the cache as it was.
 
-Progress is the retained ``<prefix>/<own site>/pack`` (``mqtt_messages.PackStatus``). Which pack
+Progress is the retained ``<prefix>/<own site>/pack`` (``messages.PackStatus``). Which pack
 a board holds per site is kept in the cache's meta table, so the same manifest delivered again (a
 republish, every reconnect) is a no-op. Everything here runs on one worker thread, off the event
 loop: chunk hashing, file writes and the import never delay a say.
@@ -36,20 +36,12 @@ from typing import Any, BinaryIO
 
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from speakd.cache.cli import import_pack
+from speakd.cache.packs import import_pack
 from speakd.cache.store import CacheError, CacheStore
 from speakd.config import MqttConfig
-from speakd.control import Control
-from speakd.frontends.mqtt_messages import (
-    Message,
-    PackManifest,
-    PackStatus,
-    SiteTopics,
-    decode_object,
-    pack_manifest_topic,
-    parse_pack_topic,
-)
 from speakd.messages import RequestError
+from speakd.mqtt.messages import Message, PackManifest, PackStatus, decode_object
+from speakd.mqtt.topics import SiteTopics, pack_manifest_topic, parse_pack_topic
 
 log = logging.getLogger(__name__)
 
@@ -79,21 +71,25 @@ class Download:
 class PackReceiver:
     """Fetches, checks and imports the packs published for our sites (see the module doc).
 
-    ``subscribe``/``unsubscribe`` and ``publish`` are the front-end's (paho's calls are
-    thread-safe); every other method runs on the single worker thread.
+    ``cache_store`` gives the cache the daemon plays from now (None when disabled; a reload may
+    replace it) and ``bundle_id`` the engine's. ``subscribe``/``unsubscribe`` and ``publish`` are
+    the session's (paho's calls are thread-safe); every other method runs on the single worker
+    thread.
     """
 
     def __init__(
         self,
         config: MqttConfig,
-        control: Control,
+        cache_store: Callable[[], CacheStore | None],
+        bundle_id: Callable[[], str],
         max_pack_bytes: int,
         publish: Callable[[Message], Any],
         subscribe: Callable[[list[tuple[str, SubscribeOptions]]], None],
         unsubscribe: Callable[[list[str]], None],
     ) -> None:
         self.config = config
-        self.control = control
+        self._cache_store = cache_store
+        self._bundle_id = bundle_id
         self.max_pack_bytes = max_pack_bytes
         self._publish = publish
         self._subscribe = subscribe
@@ -174,7 +170,7 @@ class PackReceiver:
         self._start(store, manifest)
 
     def _check(self, manifest: PackManifest) -> None:
-        bundle = self.control.engine.bundle_id
+        bundle = self._bundle_id()
         if bundle not in manifest.bundles:
             raise PackRefused(
                 f"wrong_bundle: the pack is for {', '.join(manifest.bundles) or 'no bundle'}, "
@@ -266,7 +262,7 @@ class PackReceiver:
 
     def _store(self) -> CacheStore:
         """The cache the daemon plays from now (a reload may have replaced it)."""
-        store = self.control.cache_store()
+        store = self._cache_store()
         if store is None:
             raise PackRefused("no_cache: the cache is disabled, packs have nowhere to go")
         return store

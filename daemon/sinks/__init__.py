@@ -1,4 +1,5 @@
-"""Where PCM goes: a sounddevice stream, WAV files, or nowhere. Sinks know nothing of requests.
+"""Where PCM goes: a sounddevice stream, WAV files, or nowhere (here), or a Hermes audio server
+over MQTT (``mqtt_speaker.py``). Sinks know nothing of requests.
 
 A sink plays one utterance at a time: ``begin`` → ``write``… → ``drain`` (or ``abort`` to drop
 what is buffered). A paused utterance is drained part-way and later continued with ``resume``

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from speakd.audio import AudioChunk, wav_bytes
-from speakd.frontends.mqtt_messages import Message, PlayBytes
+from speakd.mqtt.messages import Message, PlayBytes
 from speakd.sinks import SinkUnavailable
 
 log = logging.getLogger(__name__)

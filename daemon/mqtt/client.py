@@ -1,0 +1,253 @@
+"""The MQTT client: credentials and TLS for every speakd client, and the daemon's session.
+
+``new_client`` is the one place a paho client gets its credentials and TLS: the daemon's
+session, ``speakd doctor`` and ``speakd_tools.fleet`` connect exactly alike.
+
+``Connection`` is the daemon's session: MQTT 5 with the last will (``offline`` on the
+availability topic), a persistent session (``clean_start=False`` + Session Expiry) that keeps QoS 1
+commands the broker received while we were away, subscriptions renewed on every connect, and
+reconnects with backoff. Publishes made while the broker is away are queued (up to
+``MAX_QUEUED``) for the next connection.
+
+Threads: paho's network loop runs on its own thread (``loop_start``); ``on_connected`` and
+``on_message`` are called there, and the owner hands them on (the front-end to its event loop).
+Publishing and subscribing only queue a packet for paho's thread, so callers never wait on the
+network.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from paho.mqtt.subscribeoptions import SubscribeOptions
+
+from speakd.config import ConfigError, MqttConfig
+from speakd.mqtt.messages import Message
+
+log = logging.getLogger(__name__)
+
+MAX_QUEUED = 1000  # publishes kept while the broker is away; beyond that they are dropped
+
+Subscriptions = list[tuple[str, SubscribeOptions]]
+
+
+@dataclass(frozen=True)
+class Incoming:
+    """A received message, with its MQTT 5 reply address."""
+
+    topic: str
+    payload: bytes
+    response_topic: str | None
+    correlation: bytes | None
+
+
+def new_client(config: MqttConfig, client_id: str) -> mqtt.Client:
+    """A paho MQTT 5 client with the configured credentials and TLS."""
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5)
+    if config.username:
+        client.username_pw_set(config.username, config.password())
+    if config.tls:
+        client.tls_set(
+            ca_certs=config.ca_file or None,
+            certfile=config.cert_file or None,
+            keyfile=config.key_file or None,
+        )
+    return client
+
+
+class Connection:
+    """The daemon's MQTT session (see the module doc); ``subscriptions()`` is asked for the
+    topics on every connect."""
+
+    def __init__(
+        self,
+        config: MqttConfig,
+        client_id: str,
+        will: Message,
+        subscriptions: Callable[[], Subscriptions],
+        on_connected: Callable[[], None],
+        on_message: Callable[[Incoming], None],
+    ) -> None:
+        self.config = config
+        self.client_id = client_id
+        self._subscriptions = subscriptions
+        self._on_connected = on_connected
+        self._on_incoming = on_message
+        self._connected = False
+        self._unreachable_logged = False
+        self._refused = ""  # the last CONNACK refusal logged
+        self._closing = False
+        self._sub_lock = threading.Lock()
+        self._sub_topics: dict[int, list[str]] = {}  # SUBSCRIBE message id → its topics
+        self._password = config.password() if config.username else None  # see credentials_changed
+        client = new_client(config, client_id)
+        if log.isEnabledFor(logging.DEBUG):  # paho logs every failed retry as an error
+            client.enable_logger(logging.getLogger("speakd.mqtt.paho"))
+        client.will_set(will.topic(), will.payload(), qos=1, retain=will.retain)
+        client.reconnect_delay_set(config.reconnect_min_s, config.reconnect_max_s)  # type: ignore[arg-type]
+        client.max_queued_messages_set(MAX_QUEUED)
+        client.on_connect = self._on_connect
+        client.on_connect_fail = self._on_connect_fail
+        client.on_disconnect = self._on_disconnect
+        client.on_subscribe = self._on_subscribe
+        client.on_message = self._on_message
+        self._client = client
+
+    @property
+    def connected(self) -> bool:
+        return self._connected
+
+    def credentials_changed(self) -> bool:
+        """True when the password file (or $SPEAKD_MQTT_PASSWORD) no longer holds the password
+        we connected with: SIGHUP then reconnects with the rotated one."""
+        if not self.config.username:
+            return False
+        try:
+            return self.config.password() != self._password
+        except ConfigError as e:
+            log.error("MQTT: keeping the current connection: %s", e)
+            return False
+
+    def start(self) -> None:
+        """Connect in the background: a broker that is down now is retried with backoff."""
+        c = self.config
+        props = Properties(PacketTypes.CONNECT)
+        props.SessionExpiryInterval = c.session_expiry_s
+        self._client.connect_async(c.host, c.port, c.keepalive, clean_start=False, properties=props)
+        self._client.loop_start()
+        log.info(
+            "MQTT: connecting to %s:%d%s as %s (sites %s)",
+            c.host,
+            c.port,
+            " with TLS" if c.tls else "",
+            self.client_id,
+            ", ".join(c.sites),
+        )
+
+    def close(self, farewell: Message | None = None) -> None:
+        """Publish ``farewell`` (a clean DISCONNECT suppresses the will), then disconnect.
+        Blocks until paho's thread has stopped."""
+        self._closing = True
+        if self._connected and farewell is not None:
+            info = self.publish(farewell)
+            try:
+                info.wait_for_publish(3.0)
+            except (RuntimeError, ValueError) as e:
+                log.warning(
+                    "MQTT: could not publish to %s before disconnecting: %s", farewell.topic(), e
+                )
+        self._client.disconnect()
+        self._client.loop_stop()
+
+    # ---- paho callbacks (paho's thread) -----------------------------------------------------
+
+    def _on_connect(
+        self, client: mqtt.Client, _userdata: Any, flags: Any, reason: Any, _props: Any
+    ) -> None:
+        if reason.is_failure:
+            if str(reason) != self._refused:  # once per reason, not once per retry
+                self._refused = str(reason)
+                log.error(
+                    "MQTT: broker %s:%d refused the connection: %s",
+                    self.config.host,
+                    self.config.port,
+                    reason,
+                )
+            return
+        sock = client.socket()
+        try:  # MQTT packets are small: don't let Nagle hold them back (~40 ms stalls)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # type: ignore[union-attr]
+        except (OSError, AttributeError):
+            log.debug("MQTT: cannot set TCP_NODELAY", exc_info=True)
+        self.subscribe(self._subscriptions())
+        self._connected = True
+        self._unreachable_logged, self._refused = False, ""
+        log.info(
+            "MQTT: connected to %s:%d (session %s)",
+            self.config.host,
+            self.config.port,
+            "resumed" if flags.session_present else "new",
+        )
+        self._on_connected()
+
+    def _on_connect_fail(self, _client: Any, _userdata: Any) -> None:
+        if not self._unreachable_logged:  # once per outage, not once per retry
+            self._unreachable_logged = True
+            log.warning(
+                "MQTT: broker %s:%d unreachable; retrying every %.1f..%.1f s",
+                self.config.host,
+                self.config.port,
+                self.config.reconnect_min_s,
+                self.config.reconnect_max_s,
+            )
+
+    def _on_disconnect(
+        self, _client: Any, _userdata: Any, _flags: Any, reason: Any, _props: Any
+    ) -> None:
+        self._connected = False
+        if not self._closing:
+            log.warning(
+                "MQTT: disconnected (%s); reconnecting within %.1f..%.1f s",
+                reason,
+                self.config.reconnect_min_s,
+                self.config.reconnect_max_s,
+            )
+
+    def _on_subscribe(
+        self, _client: Any, _userdata: Any, _mid: int, reasons: list[Any], _props: Any
+    ) -> None:
+        with self._sub_lock:
+            topics = self._sub_topics.pop(_mid, [])
+        for topic, reason in zip(topics, reasons, strict=False):
+            if reason.is_failure:
+                log.error("MQTT: broker refused the subscription to %s: %s", topic, reason)
+
+    def _on_message(self, _client: Any, _userdata: Any, msg: mqtt.MQTTMessage) -> None:
+        props = getattr(msg, "properties", None)
+        self._on_incoming(
+            Incoming(
+                msg.topic,
+                bytes(msg.payload),
+                getattr(props, "ResponseTopic", None),
+                getattr(props, "CorrelationData", None),
+            )
+        )
+
+    # ---- any thread -------------------------------------------------------------------------
+
+    def subscribe(self, subscriptions: Subscriptions) -> None:
+        """Subscribe, remembering the topics so a refusal in the SUBACK can name them. Offline,
+        nothing is sent: the next connect subscribes to everything anew."""
+        with self._sub_lock:
+            rc, mid = self._client.subscribe(subscriptions)
+            if rc == MQTTErrorCode.MQTT_ERR_SUCCESS and mid is not None:
+                self._sub_topics[mid] = [topic for topic, _ in subscriptions]
+
+    def unsubscribe(self, topics: list[str]) -> None:
+        self._client.unsubscribe(topics)
+
+    def publish(self, message: Message, properties: Properties | None = None) -> Any:
+        """Queue a QoS 1 publish; kept for the next connection when the broker is away."""
+        info = self._client.publish(
+            message.topic(), message.payload(), qos=1, retain=message.retain, properties=properties
+        )
+        if info.rc not in (MQTTErrorCode.MQTT_ERR_SUCCESS, MQTTErrorCode.MQTT_ERR_NO_CONN):
+            log.warning(
+                "MQTT: cannot publish to %s: %s", message.topic(), mqtt.error_string(info.rc)
+            )
+        return info
+
+    def publish_live(self, message: Message) -> bool:
+        """Publish only while connected (status and audio are stale by the next connection)."""
+        if not self._connected:
+            return False
+        return self.publish(message).rc == MQTTErrorCode.MQTT_ERR_SUCCESS
