@@ -5,11 +5,22 @@ speakd's audio is mono int16 PCM at the engine's rate (``speakd.audio``). The Op
 whose wheels carry libsndfile 1.2 with FLAC, Ogg Opus and MP3 (LAME) built in.
 
 Streaming: an encoder takes chunks as synthesis makes them and returns the bytes that are final.
-libsndfile writes forward except at close, when it seeks back to patch a header (FLAC's total
-sample count and MD5, MP3's LAME tag); those bytes have gone to the client already, so the patch
-is dropped and the stream keeps "length unknown" — which every FLAC and MP3 decoder accepts. A
-WAV stream likewise declares unknown sizes (0xFFFFFFFF, as OpenAI's API does). Audio that is whole
-before the response starts (a cache hit) is encoded in one piece instead, with exact headers.
+libsndfile writes forward except at close, when it seeks back to patch a header; those bytes have
+gone to the client already, so the patch is dropped. What each format does about its length:
+
+- WAV declares unknown sizes (0xFFFFFFFF, as OpenAI's API does); decoders read to the end.
+- Ogg Opus carries its position in every page: nothing to patch.
+- MP3 is constant-bitrate, so a decoder measures its length from its size. LAME opens a file with
+  a silent frame that it fills with the Info tag (frame count, encoder delay) at close; a stream
+  cannot fill it, and left empty it made libsndfile misjudge the length (10.1 s of a 12.9 s VBR
+  stream), so a stream starts at the first audio frame instead. Without the tag a decoder keeps
+  LAME's encoder delay and padding: ENCODER_DELAY samples of silence before the audio, under two
+  frames after it.
+- FLAC's STREAMINFO holds the total sample count, and libsndfile cannot read a FLAC whose count
+  says "unknown", so FLAC is never streamed (``WHOLE_ONLY``): it is encoded once the audio is.
+
+Audio that is whole before the response starts (a cache hit) is encoded in one piece, with exact
+headers (MP3's Info tag included, so decoders trim the delay).
 
 Rates: ``pcm`` is 24 kHz as OpenAI documents it (clients play it blind), and Opus takes 48 kHz, so
 those two are resampled with soxr when the engine's rate differs; the others keep the engine's.
@@ -32,6 +43,10 @@ from speakd.audio import SAMPLE_WIDTH, AudioChunk, join_chunks, wav_bytes
 ENCODED_BYTES = 16 * 1024 * 1024  # the budget of EncodedClips
 PCM_RATE = 24000  # OpenAI's ``pcm``: 24 kHz, 16-bit signed little-endian, mono, no header
 OPUS_RATE = 48000  # Opus runs at 8/12/16/24/48 kHz only
+# libsndfile's CBR scale (0 best): 64 kbit/s at 16-24 kHz (speech engines), 128 at 32-48 kHz
+MP3_COMPRESSION = 0.63
+ENCODER_DELAY = 1105  # samples of silence LAME puts before the audio (576 + the decoder's 529)
+WHOLE_ONLY = ("flac",)  # formats whose header needs the whole clip, so never streamed
 
 # format → (content type, libsndfile format and subtype or None, fixed output rate or None)
 FORMATS: dict[str, tuple[str, tuple[str, str] | None, int | None]] = {
@@ -69,24 +84,29 @@ def check_format(name: str) -> str:
 
 def encoder(name: str) -> Encoder:
     """A streaming encoder for format ``name``; the rate comes with the first chunk."""
-    ctype, sndfile, rate = FORMATS[check_format(name)]
+    if check_format(name) in WHOLE_ONLY:
+        raise FormatError(f"{name} is encoded whole (encode_whole), never streamed")
+    return _encoder(name)
+
+
+def _encoder(name: str) -> Encoder | _SoundFileStream:
+    ctype, sndfile, rate = FORMATS[name]
     if name == "wav":
         return _WavStream(ctype)
     if name == "pcm":
         return _Pcm(ctype, rate)
     assert sndfile is not None
-    return _SoundFileStream(ctype, sndfile, rate)
+    return (_Mp3Stream if name == "mp3" else _SoundFileStream)(ctype, sndfile, rate)
 
 
 def encode_whole(name: str, chunks: Iterable[AudioChunk]) -> bytes:
-    """All of a clip at once, with exact headers (sizes, FLAC's sample count)."""
+    """All of a clip at once, with exact headers (sizes, FLAC's sample count, MP3's Info tag)."""
     audio = join_chunks(chunks)
     if audio is None:
         raise ValueError("no audio to encode")
-    if name == "wav":
-        check_format(name)
+    if check_format(name) == "wav":
         return wav_bytes(audio)
-    enc = encoder(name)
+    enc = _encoder(name)
     if isinstance(enc, _SoundFileStream):
         return enc.whole(audio)
     return enc.feed(audio) + enc.finish()
@@ -235,6 +255,7 @@ class _SoundFileStream:
         self._file: soundfile.SoundFile | None = None
 
     def _open(self, target: Any, rate: int) -> soundfile.SoundFile:
+        cbr = self._format == "MP3"
         return soundfile.SoundFile(
             target,
             "w",
@@ -242,6 +263,8 @@ class _SoundFileStream:
             channels=1,
             format=self._format,
             subtype=self._subtype,
+            compression_level=MP3_COMPRESSION if cbr else None,
+            bitrate_mode="CONSTANT" if cbr else None,
         )
 
     def feed(self, chunk: AudioChunk) -> bytes:
@@ -266,3 +289,47 @@ class _SoundFileStream:
         with self._open(out, self._resample.rate) as f:
             f.write(samples)
         return out.getvalue()
+
+
+class _Mp3Stream(_SoundFileStream):
+    """A streamed MP3 without LAME's first frame, the Info tag's placeholder (module docstring)."""
+
+    def __init__(self, ctype: str, sndfile: tuple[str, str], rate: int | None) -> None:
+        super().__init__(ctype, sndfile, rate)
+        self._head = b""  # the placeholder's first bytes, until its header can be read
+        self._skip: int | None = None  # bytes of the placeholder still to drop
+
+    def feed(self, chunk: AudioChunk) -> bytes:
+        return self._past_placeholder(super().feed(chunk))
+
+    def finish(self) -> bytes:
+        return self._past_placeholder(super().finish())
+
+    def _past_placeholder(self, data: bytes) -> bytes:
+        if self._skip is None:
+            self._head += data
+            if len(self._head) < 4:
+                return b""
+            data, self._head = self._head, b""
+            self._skip = mp3_frame_bytes(data[:4])
+        drop = min(self._skip, len(data))
+        self._skip -= drop
+        return data[drop:]
+
+
+# MPEG audio Layer III: kbit/s by bitrate index (MPEG-1; MPEG-2 and 2.5), rates by version bits
+_MP3_KBPS = (
+    (0, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320),
+    (0, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160),
+)
+_MP3_RATES = {3: (44100, 48000, 32000), 2: (22050, 24000, 16000), 0: (11025, 12000, 8000)}
+
+
+def mp3_frame_bytes(header: bytes) -> int:
+    """The length of the Layer III frame that starts with these 4 header bytes."""
+    if len(header) < 4 or header[0] != 0xFF or header[1] & 0xE6 != 0xE2:
+        raise ValueError(f"not an MPEG Layer III frame header: {header[:4].hex()}")
+    version = (header[1] >> 3) & 3  # 3: MPEG-1, 2: MPEG-2, 0: MPEG-2.5
+    kbps = _MP3_KBPS[version != 3][header[2] >> 4]
+    rate = _MP3_RATES[version][(header[2] >> 2) & 3]
+    return (144 if version == 3 else 72) * kbps * 1000 // rate + ((header[2] >> 1) & 1)

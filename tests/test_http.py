@@ -15,8 +15,10 @@ import httpx
 import numpy as np
 import openai
 import pytest
+import soundfile
 
 from speakd.audio import read_wav
+from speakd.encode import ENCODER_DELAY
 from tests.daemon_proc import synth
 from tests.http_daemon import HttpDaemon, start_http_daemon, wav_samples
 
@@ -84,21 +86,41 @@ def test_openai_sdk_wav_is_the_engine_audio_streamed_then_cached(
         assert np.array_equal(np.frombuffer(w.readframes(len(reference)), "<i2"), reference)
 
 
-@pytest.mark.parametrize("fmt", ["mp3", "opus", "flac"])
-def test_openai_sdk_compressed_formats_decode(
-    sdk: openai.OpenAI, reference: np.ndarray, fmt: str
+@pytest.mark.parametrize("fmt", ["mp3", "opus", "flac", "wav"])
+def test_openai_sdk_miss_and_hit_decode_whole_with_libsndfile_and_ffmpeg(
+    sdk: openai.OpenAI, fmt: str
 ) -> None:
-    for text in (f"{fmt} streamed, not cached yet.", HELLO):  # a miss streams, a hit is whole
+    """libsndfile (``soundfile.read``) takes a file's length from its header, so a streamed miss
+    must carry a true length or none: it decodes as long as the hit, within one frame, except
+    MP3's encoder delay and padding that only a whole file's Info tag trims (speakd.encode)."""
+    text = f"The {fmt} clip, streamed once and cached. The door is open."
+    decoded, chunked = [], []
+    for cached in ("miss", "hit"):
         response = sdk.audio.speech.create(
             model="tts-1", voice="nova", input=text, response_format=fmt
         )
-        samples, rate = decode(response.content)
+        assert response.response.headers["x-speakd-cache"] == cached
+        chunked.append(response.response.headers.get("transfer-encoding") == "chunked")
+        samples, rate = soundfile.read(io.BytesIO(response.content), dtype="int16")
         assert rate == (48000 if fmt == "opus" else 22050)
         assert np.sqrt(np.mean(samples.astype(np.float64) ** 2)) > 300  # speech, not silence
-    duration = len(reference) / 22050
-    assert abs(len(samples) / rate - duration) < 0.15  # codec padding only
-    if fmt == "flac":  # lossless
-        assert np.array_equal(samples, reference)
+        assert len(decode(response.content)[0]) == len(samples)  # FFmpeg agrees
+        decoded.append(samples)
+    miss, hit = decoded
+    assert not chunked[1] and not (fmt == "flac" and chunked[0])  # hits and FLAC go whole
+    frame = {"mp3": 576, "opus": 960}.get(fmt, 1)  # samples per frame (Layer III at 22 kHz)
+    late = ENCODER_DELAY if fmt == "mp3" and chunked[0] else 0
+    assert 0 <= len(miss) - late - len(hit) < (2 * frame if late else frame)
+    if fmt in ("flac", "wav"):  # lossless
+        assert np.array_equal(miss, hit)
+    pcm, _ = wav_samples(  # the clip itself, from the cache
+        sdk.audio.speech.create(
+            model="tts-1", voice="nova", input=text, response_format="wav"
+        ).content
+    )
+    assert abs(len(hit) - len(pcm) * rate / 22050) < frame
+    if fmt == "flac":
+        assert np.array_equal(hit, pcm)
 
 
 def test_openai_sdk_streaming_response_pcm_is_24khz(d: HttpDaemon, sdk: openai.OpenAI) -> None:

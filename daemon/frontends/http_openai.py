@@ -7,7 +7,8 @@ field speakd does not know are ignored, as OpenAI's clients expect. OpenAI's voi
 echo…) mean the engine's default voice; speakd's own voice names work as themselves. speakd's
 request fields ``lang``, ``seed``, ``params``, ``cache_only`` and ``id`` may ride along (the SDK's
 ``extra_body``). The audio is the request path's (``Control.stream``): from the cache on a hit,
-else sent as it is synthesised, chunk by chunk, encoded by ``speakd.encode``.
+else sent as it is synthesised, chunk by chunk, encoded by ``speakd.encode`` — except FLAC, whose
+header needs the whole clip, so a FLAC miss is sent once its synthesis has finished.
 """
 
 from __future__ import annotations
@@ -19,7 +20,15 @@ from typing import Any
 from aiohttp import web
 
 from speakd.control import Control
-from speakd.encode import FORMATS, PCM_RATE, FormatError, check_format, encode_whole, encoder
+from speakd.encode import (
+    FORMATS,
+    PCM_RATE,
+    WHOLE_ONLY,
+    FormatError,
+    check_format,
+    encode_whole,
+    encoder,
+)
 from speakd.engines.base import EngineError
 from speakd.frontends.http_base import client_key, ok, origin, read_json, state
 from speakd.logcontext import request_context
@@ -131,7 +140,9 @@ async def _respond(
         return op(*args) if fmt in CHEAP_FORMATS else await asyncio.to_thread(op, *args)
 
     chunks = stream.aread()
-    if stream.done:  # whole already (a cache hit): exact headers, a Content-Length
+    # Whole already (a cache hit), or a format that needs the whole clip (FLAC): exact headers,
+    # a Content-Length. A FLAC miss waits here for the end of its synthesis.
+    if stream.done or fmt in WHOLE_ONLY:
         encoded = state(request).encoded
         data = encoded.get(stream.key, fmt) if fmt not in CHEAP_FORMATS else None
         if data is None:
