@@ -1,0 +1,7 @@
+"""Markup parsed before ``prepare``: what a request says, as a list of engine-neutral segments.
+
+``segments`` holds the canonical form (text with its voice and prosody, a break, a mark, a clip,
+phonemes) and its serialisation for the audio key; ``ssml`` parses the SSML subset into it,
+``sayas`` reads ``<say-as>`` numbers in English and Chinese, and ``lexicon`` applies a user's
+pronunciations. docs/ssml.md describes the subset.
+"""
