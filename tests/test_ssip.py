@@ -28,6 +28,7 @@ from speakd.frontends.unixserver import AccessPolicy
 from tests.daemon_proc import DaemonProc, start_daemon, write_config
 from tests.ssip_harness import SsipClient, SsipServer, wav_server
 from tests.tone_engine import ToneEngine
+from tests.waits import HeldSink, wait_until
 
 SPD_SAY = shutil.which("spd-say")
 needs_spd_say = pytest.mark.skipif(SPD_SAY is None, reason="spd-say (speech-dispatcher) missing")
@@ -77,15 +78,12 @@ def msg_wavs(wav_dir: Path) -> dict[int, Path]:
 
 
 def wait_new_wavs(wav_dir: Path, before: set[int], count: int, timeout: float = 30) -> list[Path]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        new = {k: v for k, v in msg_wavs(wav_dir).items() if k not in before}
-        if len(new) >= count:
-            return [new[k] for k in sorted(new)]
-        time.sleep(0.05)
-    raise AssertionError(
-        f"expected {count} new WAVs in {wav_dir}, have {sorted(msg_wavs(wav_dir))}"
-    )
+    def new() -> dict[int, Path]:
+        found = {k: v for k, v in msg_wavs(wav_dir).items() if k not in before}
+        return found if len(found) >= count else {}
+
+    found = wait_until(new, f"{count} new WAVs in {wav_dir}", timeout)
+    return [found[k] for k in sorted(found)]
 
 
 # ---- the real spd-say against a real speakd process --------------------------------------
@@ -105,21 +103,14 @@ class Speakd:
             return json.loads(s.makefile("rb").readline())
 
     def wait_speaking(self, timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.json({"op": "status"})["state"] == "speaking":
-                return
-            time.sleep(0.02)
-        raise AssertionError("speakd never started speaking")
+        wait_until(lambda: self.json({"op": "status"})["state"] == "speaking", "speaking", timeout)
 
     def wait_idle(self, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def idle() -> bool:
             s = self.json({"op": "status"})
-            if s["state"] == "idle" and not s["queue_length"]:
-                return
-            time.sleep(0.05)
-        raise AssertionError("speakd did not go idle")
+            return s["state"] == "idle" and not s["queue_length"]
+
+        wait_until(idle, "speakd to go idle", timeout)
 
     def ids(self) -> set[int]:
         return set(msg_wavs(self.wav_dir))
@@ -132,9 +123,7 @@ def speakd(tmp_path_factory: pytest.TempPathFactory):
     tmp = tmp_path_factory.mktemp("ssip")
     proc = start_daemon(write_config(tmp, realtime=True), ready_timeout=120)
     d = Speakd(proc, tmp)
-    deadline = time.monotonic() + 10
-    while not d.ssip.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(d.ssip.exists, "the SSIP socket")
     yield d
     assert proc.stop() == 0, proc.log_text()
 
@@ -172,7 +161,6 @@ def test_cancel_stops_the_speech_and_releases_a_waiting_client(speakd: Speakd) -
         stderr=subprocess.PIPE,
     )
     speakd.wait_speaking()
-    time.sleep(0.3)
     t0 = time.monotonic()
     r = spd_say(speakd.ssip, "-C")
     assert r.returncode == 0, r.stdout + r.stderr
@@ -462,11 +450,13 @@ def test_pause_holds_playback_until_resume(server: SsipServer, tmp_path: Path) -
         c.wait_event(701, msg)
         assert c.code("PAUSE SELF") == 211
         c.wait_event(704, msg)
-        time.sleep(1.0)  # longer than the whole utterance
-        assert c.event_codes(msg) == [701, 704]
         status = server.status()  # parked: back in the queue, the worker free for others
         assert status["state"] == "idle" and status["queue"] == [f"ssip-{msg}"], status
         later = c.speak("queued")  # paused clients' new messages wait too
+        # the queue has looked at both (the submit woke it before this status call ran)
+        status = server.status()
+        assert status["state"] == "idle" and len(status["queue"]) == 2, status
+        assert c.event_codes(msg) == [701, 704]
         assert c.code("RESUME SELF") == 212
         c.wait_event(705, msg)
         c.wait_event(702, msg)
@@ -476,17 +466,24 @@ def test_pause_holds_playback_until_resume(server: SsipServer, tmp_path: Path) -
     assert abs(read_wav(tmp_path / "wav" / f"ssip-{msg}.wav").duration - 0.8) < 0.01
 
 
-def test_a_paused_message_does_not_block_other_clients(server: SsipServer, tmp_path: Path) -> None:
+def test_a_paused_message_does_not_block_other_clients(tmp_path: Path) -> None:
     """PAUSE SELF parks the client's message: other clients' messages play meanwhile, and RESUME
     continues it where it stopped (speech-dispatcher's semantics), losing and repeating nothing."""
-    with SsipClient(server.path) as a, SsipClient(server.path) as b:
+    sink = HeldSink(tmp_path / "wav")
+    with (
+        SsipServer(tmp_path / "ssip.sock", sink=sink) as server,
+        SsipClient(server.path) as a,
+        SsipClient(server.path) as b,
+    ):
         for c in (a, b):
             assert c.code("SET SELF NOTIFICATION all on") == 220
             assert c.code("SET SELF PRIORITY MESSAGE") == 202
+        sink.hold(15)  # 0.3 s in: part-way through
         paused = a.speak(" ".join(["word"] * 8))  # 0.8 s of audio
+        sink.held()
         a.wait_event(701, paused)
-        time.sleep(0.3)  # part-way through
         assert a.code("PAUSE SELF") == 211
+        sink.release()
         a.wait_event(704, paused)
         other = b.speak("meanwhile from b")
         b.wait_event(701, other)
@@ -608,8 +605,9 @@ def test_disconnect_lifts_a_pause(server: SsipServer) -> None:
     with SsipClient(server.path) as a:
         assert a.code("SET SELF PRIORITY MESSAGE") == 202
         assert a.code("PAUSE SELF") == 211
-        a.speak("held")
-        time.sleep(0.2)
+        held = a.speak("held")
+        status = server.status()  # the submit woke the queue before this call ran
+        assert status["state"] == "idle" and status["queue"] == [f"ssip-{held}"], status
         assert server.engine.calls == []
     server.wait_idle()
     assert server.engine.calls == ["held"]
