@@ -14,6 +14,7 @@ import pytest
 
 from speakd.audio import read_wav
 from tests.daemon_proc import DaemonProc, start_daemon, synth, write_config
+from tests.waits import wait_until
 
 HELLO = "Hello from speakd. The door is open."
 
@@ -60,10 +61,8 @@ def test_say_wait_round_trip_events_in_order(daemon: DaemonProc, hello_wav: Path
     # same text, same default seed → the daemon plays exactly what `speakd synth` wrote
     assert played.pcm == read_wav(hello_wav).pcm
     # what the cache logs from its synthesis thread says which request it was (journal lines)
-    deadline = time.monotonic() + 10
-    while " speakd.resolver: [door voice=default] stored clip " not in daemon.log_text():
-        assert time.monotonic() < deadline, daemon.log_text()[-3000:]
-        time.sleep(0.05)
+    line = " speakd.resolver: [door voice=default] stored clip "
+    wait_until(lambda: line in daemon.log_text(), f"{line!r} in the log")
 
 
 def test_status_and_voices(daemon: DaemonProc) -> None:
@@ -138,9 +137,7 @@ def test_client_vanishing_mid_stream_loses_nothing(daemon: DaemonProc) -> None:
         s.sendall(b'{"op": "say", "text": "Goodbye.", "id": "ghost", "wait": true}\n')
     # the request still plays to the end, and the daemon keeps serving
     wav = daemon.config.parent / "wav" / "ghost.wav"
-    deadline = time.monotonic() + 30
-    while not wav.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(wav.exists, str(wav), timeout=30)
     assert read_wav(wav).duration > 0.3
     assert daemon.cli("status").returncode == 0
 
@@ -152,8 +149,7 @@ def test_stop_mid_utterance(tmp_path: Path) -> None:
         with d.client(timeout=None) as c:
             events = c.say({"text": long_text, "id": "long"}, wait=True)
             assert next(events)["event"] == "queued"
-            assert next(events)["event"] == "started"
-            time.sleep(0.5)
+            assert next(events)["event"] == "started"  # its first block is on the sink
             t0 = time.monotonic()
             with d.client() as control:
                 assert control.request({"op": "stop"})["stopped"] == 1
@@ -161,7 +157,7 @@ def test_stop_mid_utterance(tmp_path: Path) -> None:
         assert time.monotonic() - t0 < 0.5
         assert final == {"event": "finished", "id": "long", "status": "stopped"}
         played = read_wav(tmp_path / "wav" / "long.wav").duration
-        assert 0.3 < played < 3.0  # far less than the ~12 s the text lasts
+        assert 0.0 < played < 3.0  # far less than the ~12 s the text lasts
     finally:
         assert d.stop() == 0
 
