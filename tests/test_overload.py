@@ -1,4 +1,5 @@
-"""Overload: a burst of 1000 requests at a real ``speakd serve`` over its JSON socket.
+"""Overload: a burst of 1000 requests at a real ``speakd serve`` over its JSON socket, and a burst
+of 300 connects; every listener's backlog.
 
 The queue is bounded (``limits.max_queue``): every request is answered at once, either ``queued``
 or a ``queue_full`` error that says so; ``status`` keeps answering promptly during the burst; the
@@ -13,16 +14,20 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
 import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
+from speakd.frontends.unixserver import listen_backlog
 from tests.bench_report import report, rss_kb
 from tests.daemon_proc import DaemonProc, start_daemon, write_config
+from tests.http_daemon import free_port
 
 REQUESTS = 1000
 CONNECTIONS = 8
@@ -138,3 +143,49 @@ def test_burst_is_bounded_answered_and_memory_flat(daemon: DaemonProc) -> None:
     assert counters["rejected"] >= (ROUNDS + 1) * REQUESTS // 2
     # every accepted request is logged with its sender's SO_PEERCRED credentials
     assert f"origin=json:pid={os.getpid()},uid={os.getuid()},gid={os.getgid()}" in daemon.log_text()
+
+
+BURST_CONNECTS = 300
+
+
+def test_a_burst_of_300_connects_is_all_accepted(daemon: DaemonProc) -> None:
+    """Non-blocking connects, as asyncio clients make them, fail at once (EAGAIN) when the
+    listen backlog is full: the listener's backlog is the system's (somaxconn), so none does."""
+    socks, refused = [], 0
+    try:
+        for _ in range(BURST_CONNECTS):  # as fast as one thread connects, before any accept
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.setblocking(False)
+            try:
+                s.connect(daemon.socket)
+                socks.append(s)
+            except BlockingIOError:
+                refused += 1
+                s.close()
+        assert refused == 0, f"{refused} of {BURST_CONNECTS} connects refused at the backlog"
+        for s in socks:  # and each is served
+            s.setblocking(True)
+            s.settimeout(30)
+            s.sendall(b'{"op": "status"}\n')
+        for s in socks:
+            assert json.loads(s.makefile("rb").readline())["event"] == "status"
+    finally:
+        for s in socks:
+            s.close()
+
+
+def test_every_listener_takes_the_system_backlog(tmp_path: Path) -> None:
+    """The JSON and SSIP sockets, HTTP and Wyoming listen with somaxconn, not asyncio's 100 or
+    aiohttp's 128 (``ss`` shows a listener's backlog as its Send-Q)."""
+    http, wyoming = free_port(), free_port()
+    extra = f'[http]\nlisten = "127.0.0.1:{http}"\n[wyoming]\nuri = "tcp://127.0.0.1:{wyoming}"'
+    d = start_daemon(write_config(tmp_path, extra, sink="null"))
+    try:
+        unix = [["-x", "src", path] for path in (d.socket, str(tmp_path / "ssip.sock"))]
+        tcp = [["-t", "sport", "=", str(port)] for port in (http, wyoming)]
+        for args in unix + tcp:
+            ss = subprocess.run(["ss", "-lnH", *args], capture_output=True, text=True, check=True)
+            fields = ss.stdout.split()  # ... LISTEN Recv-Q Send-Q ...
+            assert fields[fields.index("LISTEN") + 2] == str(listen_backlog()), (args, ss.stdout)
+    finally:
+        assert d.stop() == 0, d.log_text()[-3000:]

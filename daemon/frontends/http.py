@@ -36,6 +36,7 @@ from speakd.frontends.http_base import (
     ok,
     state,
 )
+from speakd.frontends.unixserver import listen_backlog
 from speakd.messages import RequestError
 from speakd.metrics import CONTENT_TYPE, Metrics
 
@@ -102,7 +103,9 @@ class HttpFrontend:
             shutdown_timeout=SHUTDOWN_S,
         )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
+        site = web.TCPSite(
+            self._runner, self.host, self.port, reuse_address=True, backlog=listen_backlog()
+        )
         await site.start()
         log.info(
             "HTTP API on %s (%s)",

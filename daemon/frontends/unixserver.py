@@ -3,6 +3,11 @@
 A listener is either inherited from systemd (socket activation) or bound here: parent directory
 created, a stale socket file from a crashed run replaced, but a live one (another daemon) refused;
 then the configured mode and group applied. Peer credentials are read per connection.
+
+The listen backlog is the system's largest (``net.core.somaxconn``), not asyncio's 100: a client
+that connects without blocking, as asyncio clients do, is refused at once (EAGAIN) when the
+backlog is full, and a burst of a few hundred connects outruns the accept loop. The HTTP and
+Wyoming listeners take the same backlog.
 """
 
 from __future__ import annotations
@@ -24,8 +29,26 @@ log = logging.getLogger(__name__)
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 
+SOMAXCONN = Path("/proc/sys/net/core/somaxconn")
+
+
 class ListenError(Exception):
     pass
+
+
+def listen_backlog() -> int:
+    """The kernel's cap on a listen backlog (it silently truncates larger ones)."""
+    try:
+        return int(SOMAXCONN.read_text())
+    except (OSError, ValueError):
+        return socket.SOMAXCONN
+
+
+def widen_backlog(server: asyncio.AbstractServer) -> None:
+    """Give a server that a library started (with asyncio's backlog) ``listen_backlog()``."""
+    for listening in getattr(server, "sockets", ()):
+        with socket.socket(fileno=os.dup(listening.fileno())) as sock:  # the same socket
+            sock.listen(listen_backlog())
 
 
 @dataclass(frozen=True)
@@ -130,7 +153,10 @@ async def start_unix_server(
     handler = _guarded(handler, policy, refusal)
     if inherited is not None:
         log.info("listening on inherited socket %s", inherited.getsockname() or path)
-        return await asyncio.start_unix_server(handler, sock=inherited, limit=limit)
-    sock = _bind(Path(path), mode, group)
-    log.info("listening on %s (mode %o)", path, mode)
-    return await asyncio.start_unix_server(handler, sock=sock, limit=limit)
+        sock = inherited
+    else:
+        sock = _bind(Path(path), mode, group)
+        log.info("listening on %s (mode %o)", path, mode)
+    return await asyncio.start_unix_server(
+        handler, sock=sock, limit=limit, backlog=listen_backlog()
+    )

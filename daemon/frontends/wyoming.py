@@ -56,6 +56,7 @@ from speakd.config import WyomingConfig
 from speakd.control import Control
 from speakd.engines.base import Engine
 from speakd.frontends.sentences import SentenceSplitter
+from speakd.frontends.unixserver import widen_backlog
 from speakd.frontends.wyoming_wire import WireError, build_info, read_event
 from speakd.messages import RequestError, SpeakRequest, error_data
 from speakd.prepare import select_voice
@@ -104,6 +105,7 @@ class WyomingFrontend:
         self.info_event()  # prebuilt: describe never waits for it
         self.server = AsyncServer.from_uri(self.config.uri)
         await self.server.start(self._handler)
+        widen_backlog(self.server._server)  # the library listens with asyncio's backlog
         if isinstance(self.server, AsyncUnixServer):  # bound with the umask: same mode as ours
             os.chmod(self.server.socket_path, self.socket_mode)
         log.info("Wyoming server on %s", self.config.uri)
