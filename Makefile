@@ -2,6 +2,7 @@
 #   make run    install speakd on this machine and run the daemon in the foreground (embedded voice)
 #   make test   install the test dependencies and run the whole test suite (what .ci/run calls)
 # Both install the Debian packages they need (as root, or through sudo) and a venv in .venv.
+#   make rknn-env   the RK3588 NPU toolkit's own venv in .venv-rknn (speakd-tools rknn convert)
 
 PY ?= python3
 VENV := .venv
@@ -9,7 +10,10 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 RUN_APT := libportaudio2
 TEST_APT := libportaudio2 mosquitto mosquitto-clients openssl speech-dispatcher alsa-utils systemd curl chromium
 
-.PHONY: run test apt-run apt-test venv lint
+RKNN_VENV := .venv-rknn
+RKNN_TOOLKIT := rknn-toolkit2==2.5.0
+
+.PHONY: run test apt-run apt-test venv lint rknn-env
 
 apt-run:
 	@dpkg -s $(RUN_APT) >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq --no-install-recommends $(RUN_APT); }
@@ -29,3 +33,11 @@ test: apt-test $(VENV)/bin/python
 	$(VENV)/bin/pip install -q -e ".[dev,host]"
 	$(VENV)/bin/ruff check daemon tools tests
 	$(VENV)/bin/python -m pytest -q -p no:cacheprovider
+
+# Rockchip's host toolkit pins old torch/numpy/onnx, so it lives in its own venv, which
+# `speakd-tools rknn convert` runs (docs/boards.md, "The NPU").
+rknn-env:
+	@test -x $(RKNN_VENV)/bin/python || $(PY) -m venv $(RKNN_VENV)
+	$(RKNN_VENV)/bin/pip install -q --no-deps $(RKNN_TOOLKIT)
+	$(RKNN_VENV)/bin/pip install -q -r tools/rknn/requirements.txt
+	$(RKNN_VENV)/bin/python -c "from rknn.api import RKNN"

@@ -111,6 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
     from .fleet.cli import add_parser as add_fleet
 
     add_fleet(sub)
+
+    from .rknn.cli import add_parser as add_rknn
+
+    add_rknn(sub)
     return p
 
 

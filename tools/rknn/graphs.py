@@ -1,0 +1,121 @@
+"""Which graphs of a bundle go to the RK3588's NPU, at which fixed window, and which stay on the
+CPU and why; and the windowing that runs a sentence of any length through a fixed-shape graph.
+
+An RKNN graph has one input shape, fixed at conversion, and no data-dependent sizes. So only the
+convolutional vocoders convert: they map a [1, C, W] window of frames to W·scale output frames,
+and a sentence is cut into overlapping windows whose centres are stitched back (``plan``,
+``windows``, ``stitch``). Each window carries ``context`` frames of its neighbours on both
+sides, so the convolutions near its edges see nearly the inputs of the whole-sentence graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import utils as onnx_utils
+
+VITS_DECODER_PREFIX = "/dec/"  # Piper's export names the HiFi-GAN decoder's nodes /dec/...
+
+CPU_ONLY = {
+    "vits": {
+        "text encoder, duration predictor, flow": (
+            "their lengths follow the predicted durations (NonZero, CumSum, Range build the "
+            "alignment at run time) and speakd's seeded noise is uint64 arithmetic; an RKNN "
+            "graph has fixed shapes and no uint64"
+        ),
+    },
+    "chattts": {
+        "gpt.onnx": (
+            "the decode loop: one step per 21 ms of audio with a KV cache that grows every step "
+            "(GroupQueryAttention over a dynamic past) and sampling between steps; an RKNN graph "
+            "has fixed shapes, and the step is bound by memory bandwidth, not by compute"
+        ),
+    },
+}
+
+
+@dataclass(frozen=True)
+class NpuGraph:
+    """One graph converted for the NPU: ``onnx`` is what both onnxruntime and the toolkit run."""
+
+    name: str
+    onnx: Path
+    input: str
+    outputs: tuple[str, ...]
+    channels: int
+    window: int  # input frames per NPU call: the fixed shape
+    context: int  # frames of neighbour context on each side when a sentence is stitched
+    source: dict = field(default_factory=dict)  # where it comes from in the bundle
+
+    @property
+    def shape(self) -> list[int]:
+        return [1, self.channels, self.window]
+
+
+def cut_vits_decoder(model_path: Path, out: Path) -> tuple[str, str]:
+    """Write Piper's HiFi-GAN decoder (the ``/dec/`` nodes) as a graph of its own; return its
+    input (the flow's output ``z``, [1, 192, frames]) and output (the waveform before Piper's
+    final Unsqueeze). Refuses a decoder with more than one outside input (a multi-speaker
+    voice's speaker conditioning), which would need a second fixed input."""
+    model = onnx.load(str(model_path))
+    nodes = [n for n in model.graph.node if n.name.startswith(VITS_DECODER_PREFIX)]
+    if not nodes:
+        raise ValueError(f"{model_path}: no {VITS_DECODER_PREFIX} nodes (not a Piper VITS graph?)")
+    produced = {o for n in nodes for o in n.output}
+    known = produced | {i.name for i in model.graph.initializer}
+    outside = sorted({i for n in nodes for i in n.input if i and i not in known})
+    if len(outside) != 1:
+        raise ValueError(
+            f"{model_path}: the decoder takes {outside}; only a single-speaker decoder (one "
+            "input, z) is converted"
+        )
+    consumed_outside = {
+        i for n in model.graph.node if n.name not in {d.name for d in nodes} for i in n.input
+    }
+    (output,) = [o for o in produced if o in consumed_outside]
+    onnx.save(onnx_utils.Extractor(model).extract_model(outside, [output]), str(out))
+    return outside[0], output
+
+
+def plan(frames: int, window: int, context: int) -> list[tuple[int, int, int]]:
+    """Where a sentence of ``frames`` frames is cut: (start, keep_from, keep_to) per window, in
+    frames. A window keeps its centre, ``context`` frames in from each edge, except at the
+    sentence's own ends: the first window starts at frame 0 and the last one ends at the last
+    frame, because the graph's convolutions pad a *sentence* edge with zeros at every layer
+    (after biases), which a zero-padded input cannot imitate. Only a sentence shorter than
+    one window is padded (the report's ``windowing`` figure shows what that costs)."""
+    if window <= 2 * context:
+        raise ValueError(f"window {window} leaves no frame after 2 × {context} of context")
+    if frames <= window:
+        return [(0, 0, frames)]
+    out, start, keep = [], 0, 0
+    while start + window < frames:
+        end = start + window - context
+        out.append((start, keep, end))
+        keep, start = end, end - context
+    start = frames - window
+    out.append((start, keep, frames))
+    return out
+
+
+def windows(x: np.ndarray, cuts: list[tuple[int, int, int]], window: int) -> np.ndarray:
+    """[1, C, T] → [N, C, window], one per cut (zeros past the end of a short sentence)."""
+    out = np.zeros((len(cuts), x.shape[1], window), np.float32)
+    for k, (start, _, _) in enumerate(cuts):
+        part = x[0, :, start : start + window]
+        out[k, :, : part.shape[-1]] = part
+    return out
+
+
+def stitch(outputs: np.ndarray, cuts: list[tuple[int, int, int]], window: int) -> np.ndarray:
+    """The inverse of ``windows`` on a graph's outputs [N, ..., window·scale]: each window's kept
+    frames, concatenated along the last axis."""
+    scale = outputs.shape[-1] // window
+    parts = [
+        outputs[k][..., (lo - start) * scale : (hi - start) * scale]
+        for k, (start, lo, hi) in enumerate(cuts)
+    ]
+    return np.concatenate(parts, axis=-1)
