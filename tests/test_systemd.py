@@ -27,11 +27,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
 from speakd.config import Config, load_config
 from tests.daemon_proc import DaemonProc, start_daemon, write_config
+from tests.waits import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 UNITS_DIR = ROOT / "systemd"
@@ -42,6 +44,7 @@ UNIT_SPEAKD = "/opt/speakd/venv/bin/speakd"
 SPEAKD_BIN = Path(sys.executable).with_name("speakd")  # the venv's console script
 WATCHDOG_USEC = 200_000  # pings every 0.1 s
 WEDGE_S = 1.5
+T = TypeVar("T")
 LONG_TEXT = (
     "This sentence is long enough to keep the speaker busy for a few seconds. "
     "And here is a second one, so that stopping it in the middle is easy to see."
@@ -84,17 +87,23 @@ class NotifySocket:
 
     def wait_for(self, match: Callable[[str], bool], start: int = 0, timeout: float = 90) -> int:
         """Index of the first line from ``start`` on that matches; fails after ``timeout``."""
+
+        def found() -> int | None:
+            return next((i for i in range(start, len(self.lines)) if match(self.lines[i][1])), None)
+
+        return self.wait_until(found, "a matching notify line", start, timeout)
+
+    def wait_until(self, done: Callable[[], T | None], what: str, start: int, timeout: float) -> T:
+        """``done()``'s first value that is not None, tried as each datagram arrives."""
         deadline = time.monotonic() + timeout
-        with self._cond:
-            while True:
-                for i in range(start, len(self.lines)):
-                    if match(self.lines[i][1]):
-                        return i
+        with self._cond:  # (re-entrant: ``done`` may read texts() and pings())
+            while (value := done()) is None:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     shown = [line for _, line in self.lines[start:]][-20:]
-                    raise AssertionError(f"no matching notify line; last lines: {shown}")
+                    raise AssertionError(f"waited {timeout:g} s for {what}; last lines: {shown}")
                 self._cond.wait(left)
+            return value
 
     def texts(self, start: int = 0, end: int | None = None) -> list[str]:
         with self._cond:
@@ -327,10 +336,9 @@ def test_ready_status_and_watchdog_in_order(notified: tuple[DaemonProc, NotifySo
     status = notify.texts(ready + 1, ready + 2)[0]  # the same datagram as READY=1
     assert status.startswith("STATUS=idle; vits en_US-joe-medium")
     assert status.endswith(f"on {d.socket}")
-    notify.wait_for(lambda line: line == "WATCHDOG=1", ready)
-    time.sleep(1.0)
-    pings = notify.pings(ready)
-    assert len(pings) >= 5
+    pings = notify.wait_until(
+        lambda: p if len(p := notify.pings(ready)) >= 6 else None, "6 pings", ready, 30
+    )
     interval = statistics.median(b - a for a, b in itertools.pairwise(pings))
     assert 0.05 < interval < 0.3  # half of WATCHDOG_USEC
 
@@ -349,13 +357,17 @@ def test_wedged_loop_stops_the_watchdog(notified: tuple[DaemonProc, NotifySocket
     start = len(notify.texts())
     notify.wait_for(lambda line: line == "WATCHDOG=1", start)
     d.proc.send_signal(signal.SIGUSR2)  # $SPEAKD_DEBUG_WEDGE: the loop sleeps WEDGE_S
-    time.sleep(WEDGE_S + 1.0)
-    pings = notify.pings(start)
-    gaps = [b - a for a, b in itertools.pairwise(pings)]
-    longest = max(gaps)
-    assert longest > WEDGE_S - 0.2, f"pings kept coming while the loop was blocked: {gaps}"
-    resumed = pings[gaps.index(longest) + 1 :]
-    assert len(resumed) >= 4, "pings did not resume after the loop came back"
+
+    def resumed() -> list[float] | None:
+        """The pings after a silence of the wedge's length, once there are four of them."""
+        pings = notify.pings(start)
+        gaps = [b - a for a, b in itertools.pairwise(pings)]
+        silence = next((i for i, gap in enumerate(gaps) if gap > WEDGE_S - 0.2), None)
+        after = pings[silence + 1 :] if silence is not None else []
+        return after if len(after) >= 4 else None
+
+    # times out if pings kept coming while the loop was blocked, or did not come back after it
+    notify.wait_until(resumed, "a silence of the wedge's length, then 4 pings", start, 30)
     assert d.proc.poll() is None
     assert d.cli("status").returncode == 0
 
@@ -499,9 +511,7 @@ def test_socket_activation_json_and_ssip(tmp_path: Path) -> None:
         stderr=subprocess.STDOUT,
     )
     try:
-        deadline = time.monotonic() + 15
-        while not ssip_sock.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(ssip_sock.exists, "the activation sockets", timeout=15)
         assert notify.texts() == [], "speakd must not start before the first connection"
         # The first connection starts speakd; the client waits on the socket meanwhile.
         r = subprocess.run(
