@@ -303,6 +303,40 @@ def test_every_page_in_docs_is_two_clicks_from_the_readme() -> None:
         )
 
 
+# ---- the README's figures -----------------------------------------------------------------------
+
+# A measured figure: a number (or a range) with its unit, or "RTF" and a number. Longer units first,
+# and a unit must end there ("16 s" is a figure, "16 steps" is not).
+FIGURE = re.compile(
+    r"RTF \d+(?:\.\d+)?"
+    r"|(?<![\w.])\d+(?:[.,]\d+)?(?:[–-]\d+(?:\.\d+)?)? ?(?:ms|MB|GB/s|GB|dB|s|×|%)(?![\w/])"
+)
+
+
+def _figures(text: str) -> list[str]:
+    return FIGURE.findall(re.sub(r"\s+", " ", text))
+
+
+def test_the_figure_pattern_finds_measurements_only() -> None:
+    text = "2-core x86-64, 30.1 GB/s: 6.31 ms, RTF 0.375\n(11.3×), 16 steps, 1.17 s, 0.1–0.5 s"
+    assert _figures(text) == ["30.1 GB/s", "6.31 ms", "RTF 0.375", "11.3×", "1.17 s", "0.1–0.5 s"]
+
+
+def test_the_readme_quotes_figures_that_are_in_benchmarks_md() -> None:
+    """The README's performance sentences quote docs/benchmarks.md's current tables; a figure
+    found nowhere there is an old run's or a made-up one."""
+    figures = _figures(_section(_read(README), "Performance"))
+    assert len(figures) >= 5, f"the README's Performance section quotes too few figures: {figures}"
+    bench = re.sub(r"\s+", " ", _read(DOCS / "benchmarks.md"))
+    missing = [f for f in figures if not re.search(rf"(?<![\d.]){re.escape(f)}(?![\d])", bench)]
+    if missing:
+        pytest.fail(
+            f"README.md, Performance, quotes {', '.join(missing)}, which docs/benchmarks.md does "
+            "not contain: quote its current tables, or write the figure there with its run",
+            pytrace=False,
+        )
+
+
 def test_the_readme_is_short_and_keeps_the_two_commands() -> None:
     readme = _read(README)
     lines = readme.count("\n")
