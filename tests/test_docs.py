@@ -232,6 +232,40 @@ def test_every_http_endpoint_is_documented(route: str) -> None:
         )
 
 
+# ---- SSML ----------------------------------------------------------------------------------------
+
+
+def _table(section: str) -> list[list[str]]:
+    """The cells of each body row of the Markdown tables in ``section``."""
+    rows = [ln.strip().strip("|").split("|") for ln in section.splitlines() if ln.startswith("|")]
+    return [[c.strip() for c in row] for row in rows if not re.fullmatch(r"[\s:-]*", row[0])]
+
+
+def test_ssml_md_lists_exactly_the_parsers_elements_and_attributes() -> None:
+    from speakd.markup.ssml import ELEMENTS
+
+    documented = {
+        m.group(1): set(re.findall(r"`([\w:-]+)`", row[1]))
+        for row in _table(_section(_read(DOCS / "ssml.md"), "Elements"))
+        if (m := re.fullmatch(r"`<([\w-]+)>`", row[0]))
+    }
+    parser = {name: set(attributes) for name, attributes in ELEMENTS.items()}
+    if documented != parser:
+        pytest.fail(
+            "the elements table of docs/ssml.md (section 'Elements') differs from "
+            f"speakd.markup.ssml.ELEMENTS:\n  page:   {documented}\n  parser: {parser}",
+            pytrace=False,
+        )
+
+
+def test_ssml_md_lists_exactly_the_say_as_kinds() -> None:
+    from speakd.markup.ssml import SAY_AS
+
+    rows = _table(_section(_read(DOCS / "ssml.md"), "say-as"))
+    documented = {m.group(1) for row in rows if (m := re.fullmatch(r"`([\w-]+)`", row[0]))}
+    assert documented == set(SAY_AS), "docs/ssml.md, section 'say-as', vs ssml.SAY_AS"
+
+
 # ---- links and the README ----------------------------------------------------------------------
 
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
