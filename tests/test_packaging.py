@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_every_folder_that_ships_is_a_listed_package() -> None:
     """A folder of a package, with or without ``__init__.py`` (``daemon/data`` holds only the HTTP
     page), is importable to Python; setuptools warns at every ``pip install`` when it is absent
-    from ``packages``, and leaves it out of the wheel when it is not declared package data."""
+    from ``packages``. A folder without ``__init__.py`` exists only to ship its files, so they
+    must be declared package data or the wheel leaves them out."""
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     listed = set(config["packages"])
     for import_name, folder in config["package-dir"].items():
@@ -25,7 +26,7 @@ def test_every_folder_that_ships_is_a_listed_package() -> None:
             rel = path.parent.relative_to(ROOT / folder)
             name = ".".join([import_name, *rel.parts])
             assert name in listed, f"{path.parent} ships files but {name} is not in packages"
-            if path.suffix != ".py":
+            if not (path.parent / "__init__.py").exists():
                 patterns = config.get("package-data", {}).get(name, [])
                 assert any(path.match(p) for p in patterns), f"{path}: not in package-data"
 
