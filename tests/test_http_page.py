@@ -1,6 +1,8 @@
 """The page at ``/`` in a real headless Chromium (Debian's ``chromium``): it asks for the token,
-loads the voices and options, says a text on the board, plays one in the browser and shows the
-status and the cache. The screenshot stays in the test's tmp directory (the path is printed)."""
+loads the voices and options, says a text on the board, plays every format it offers in the
+browser, missed (streamed) and hit (whole), to the clip's length, numbers its log in full and
+counts streams with the requests. The screenshot stays in the test's tmp directory (the path is
+printed)."""
 
 from __future__ import annotations
 
@@ -12,8 +14,25 @@ from pathlib import Path
 import pytest
 
 from speakd.audio import read_wav
-from tests.cdp import chromium
+from speakd.encode import ENCODER_DELAY
+from tests.cdp import Page, chromium
 from tests.http_daemon import start_http_daemon
+
+
+async def play(page: Page, text: str, fmt: str) -> tuple[str, float]:
+    """Play ``text`` in ``fmt`` with the page's button: hit or miss, and Chromium's duration."""
+    await page.evaluate(
+        f"document.getElementById('format').value = {json.dumps(fmt)};"
+        f"document.getElementById('text').value = {json.dumps(text)};"
+        "delete document.body.dataset.played; document.getElementById('play').click()"
+    )
+    played = await page.wait_for("document.body.dataset.played", timeout=60)
+    note = await page.evaluate("document.querySelector('#log li').textContent")
+    assert played in note, note  # the newest entry is this one, not an error
+    duration = await page.wait_for(
+        "(a => isFinite(a.duration) && a.duration)(document.getElementById('audio'))", timeout=30
+    )
+    return ("hit" if "cache hit" in note else "miss"), duration
 
 
 async def test_the_page_loads_voices_says_plays_and_shows_status(tmp_path: Path) -> None:
@@ -54,13 +73,44 @@ async def test_the_page_loads_voices_says_plays_and_shows_status(tmp_path: Path)
             duration = await page.wait_for("document.getElementById('audio').duration", timeout=30)
             assert duration == pytest.approx(played.duration, abs=0.05)
 
-            # The status panel: state, queue and cache figures.
+            # Every format on the menu plays: a miss (streamed) and a hit (whole) as long as the
+            # clip, within a frame (MP3's miss: plus LAME's delay and padding, docs/http.md).
+            formats = await page.evaluate(
+                "[...document.getElementById('format').options].map(o => o.value)"
+            )
+            assert formats == ["mp3", "opus", "flac", "wav", "pcm"]
+            for fmt in formats:
+                text = f"Every format plays in the browser. This one is {fmt}, a miss then a hit."
+                miss, hit, clip = [await play(page, text, f) for f in (fmt, fmt, "wav")]
+                assert (miss[0], hit[0], clip[0]) == ("miss", "hit", "hit"), fmt
+                late = (ENCODER_DELAY + 2 * 576) / 22050 if fmt == "mp3" else 0.0
+                assert -0.03 < miss[1] - clip[1] < 0.03 + late, (fmt, miss, clip)
+                assert hit[1] == pytest.approx(clip[1], abs=0.03), (fmt, hit, clip)
+
+            # The log numbers every entry in full (it clipped 10 to ".0"), newest first.
+            numbers = await page.evaluate(
+                "const log = document.getElementById('log').getBoundingClientRect();"
+                "[...document.querySelectorAll('#log li .n')].map(n =>"
+                " [n.textContent, n.getBoundingClientRect().left >= log.left])"
+            )
+            assert len(numbers) > 10
+            assert numbers == [[str(n), True] for n in range(len(numbers), 0, -1)]
+
+            # The status panel: state, queue and cache figures; streams counted as requests.
             await page.wait_for("document.body.dataset.status === 'idle'", timeout=10)
             cache = await page.wait_for(
                 "document.querySelector('#cache')?.innerText.includes('hits') &&"
                 "document.querySelector('#cache').innerText"
             )
             assert "clips" in cache
+            s = d.status()
+            said, streamed = s["counters"]["accepted"], s["streams"]["streams"]
+            assert streamed >= 3 * len(formats) + 1
+            requests = await page.wait_for(
+                "document.querySelector('#status').innerText.includes('streamed back') &&"
+                "document.querySelector('#status').innerText"
+            )
+            assert f"{said + streamed}: {said} said, {streamed} streamed back" in requests
             health = await page.evaluate("document.getElementById('health').textContent")
             assert "ok" in health
             shot = await page.screenshot(tmp_path / "page.png")
@@ -76,8 +126,8 @@ def test_the_page_ships_as_package_data() -> None:
     root = Path(__file__).resolve().parent.parent
     globs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"][
         "package-data"
-    ]["speakd"]
+    ]["speakd.data"]
     files = sorted((root / "daemon" / "data").iterdir())
     assert {"index.html", "index.js", "index.css"} <= {f.name for f in files}
     for f in files:
-        assert any(fnmatch.fnmatch(f"data/{f.name}", g) for g in globs), f
+        assert any(fnmatch.fnmatch(f.name, g) for g in globs), f

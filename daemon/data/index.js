@@ -5,6 +5,7 @@
 const $ = (id) => document.getElementById(id);
 const TOKEN_KEY = "speakd-token";
 let options = [];
+let notes = 0;
 
 function headers(json) {
   const h = json ? { "Content-Type": "application/json" } : {};
@@ -30,7 +31,10 @@ async function api(path, body) {
 
 function note(text, isError) {
   const li = document.createElement("li");
-  li.textContent = new Date().toLocaleTimeString() + " " + text;
+  const number = document.createElement("span");
+  number.className = "n";
+  number.textContent = String(++notes);
+  li.append(number, new Date().toLocaleTimeString() + " " + text);
   if (isError) li.className = "error";
   $("log").prepend(li);
 }
@@ -108,13 +112,37 @@ function request() {
   };
 }
 
+// OpenAI's pcm has no header: a browser plays it once it is wrapped as a WAV (16-bit mono).
+function wavOf(pcm, rate) {
+  const head = new DataView(new ArrayBuffer(44));
+  const tag = (at, text) => [...text].forEach((c, i) => head.setUint8(at + i, c.charCodeAt(0)));
+  tag(0, "RIFF");
+  head.setUint32(4, 36 + pcm.byteLength, true);
+  tag(8, "WAVE");
+  tag(12, "fmt ");
+  head.setUint32(16, 16, true);
+  head.setUint16(20, 1, true); // PCM
+  head.setUint16(22, 1, true); // mono
+  head.setUint32(24, rate, true);
+  head.setUint32(28, rate * 2, true);
+  head.setUint16(32, 2, true);
+  head.setUint16(34, 16, true);
+  tag(36, "data");
+  head.setUint32(40, pcm.byteLength, true);
+  return new Blob([head, pcm], { type: "audio/wav" });
+}
+
 async function play() {
   const r = request();
   const response = await api("v1/audio/speech", {
     model: "speakd", input: r.text, voice: r.voice, speed: r.speed, params: r.params,
     response_format: $("format").value,
   });
-  const blob = await response.blob();
+  let blob = await response.blob();
+  const rate = response.headers.get("X-Sample-Rate");
+  if (response.headers.get("Content-Type") === "audio/pcm" && rate) {
+    blob = wavOf(await blob.arrayBuffer(), Number(rate));
+  }
   const audio = $("audio");
   if (audio.src) URL.revokeObjectURL(audio.src);
   audio.src = URL.createObjectURL(blob);
@@ -152,14 +180,18 @@ async function refresh() {
     const s = await (await api("v1/status")).json();
     $("engine").textContent = s.engine.kind + " " + s.engine.bundle + " (" + s.engine.precision +
       ", " + s.engine.sample_rate + " Hz)";
+    const said = s.counters.accepted;
+    const streamed = s.streams.streams;
     fill($("status"), [
       ["state", s.state + (s.current ? " " + s.current : "")],
       ["queue", s.queue_length + " / " + s.max_queue],
-      ["streams", s.streams.active + " / " + s.streams.max],
+      ["streams", s.streams.active + " / " + s.streams.max + ", " + s.streams.streams_refused +
+        " refused (busy)"],
       ["breaker", s.breaker ? s.breaker.state : null],
       ["audio", s.audio.sink + (s.audio.available ? "" : " (unavailable)")],
-      ["requests", s.counters.accepted + " accepted, " + s.counters.finished + " finished, " +
-        s.counters.errors + " errors"],
+      ["requests", (said + streamed) + ": " + said + " said, " + streamed + " streamed back"],
+      ["said", s.counters.finished + " finished, " + s.counters.errors + " errors, " +
+        s.counters.rejected + " refused (queue full)"],
       ["uptime", Math.round(s.uptime_s) + " s"],
     ]);
     $("queue").replaceChildren(...s.queue.map((id) => {
