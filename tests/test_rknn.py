@@ -18,8 +18,9 @@ import onnxruntime as ort
 import pytest
 
 from speakd.bundle import load_bundle, sha256_file
+from speakd.rknn_session import plan, stitch, windows
 from speakd_tools.rknn.convert import ConvertOptions, RknnError, convert, toolkit_python
-from speakd_tools.rknn.graphs import cut_vits_decoder, plan, stitch, windows
+from speakd_tools.rknn.graphs import cut_vits_decoder
 
 FP16_SNR_MIN_DB = 40.0  # measured 55-64 dB: fp16 arithmetic on fp32 weights
 INT8_SNR_MIN_DB = 8.0  # measured 14-44 dB per graph: 8-bit activations in a vocoder

@@ -34,11 +34,12 @@ import onnxruntime as ort
 from speakd.bundle import MANIFEST, file_entry, load_bundle
 from speakd.engines.base import SynthesisConfig
 from speakd.engines.chattts.vocoder import StreamSchedule
+from speakd.rknn_session import plan, stitch, windows
 
 from ..calibrate.bundle_out import copy_into, write_manifest
 from ..calibrate.corpus import Corpus, Sentence
 from ..calibrate.metrics import snr_db
-from .graphs import CPU_ONLY, NpuGraph, cut_vits_decoder, plan, stitch, windows
+from .graphs import CPU_ONLY, NpuGraph, cut_vits_decoder
 
 log = logging.getLogger(__name__)
 

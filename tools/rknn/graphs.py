@@ -3,9 +3,9 @@ CPU and why; and the windowing that runs a sentence of any length through a fixe
 
 An RKNN graph has one input shape, fixed at conversion, and no data-dependent sizes. So only the
 convolutional vocoders convert: they map a [1, C, W] window of frames to W·scale output frames,
-and a sentence is cut into overlapping windows whose centres are stitched back (``plan``,
-``windows``, ``stitch``). Each window carries ``context`` frames of its neighbours on both
-sides, so the convolutions near its edges see nearly the inputs of the whole-sentence graph.
+and a sentence is cut into overlapping windows whose centres are stitched back: the daemon's own
+``plan``, ``windows`` and ``stitch`` (daemon/rknn_session.py), which the board runs too. Each
+window carries ``context`` frames of its neighbours on both sides.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import onnx
 from onnx import utils as onnx_utils
 
@@ -78,44 +77,3 @@ def cut_vits_decoder(model_path: Path, out: Path) -> tuple[str, str]:
     (output,) = [o for o in produced if o in consumed_outside]
     onnx.save(onnx_utils.Extractor(model).extract_model(outside, [output]), str(out))
     return outside[0], output
-
-
-def plan(frames: int, window: int, context: int) -> list[tuple[int, int, int]]:
-    """Where a sentence of ``frames`` frames is cut: (start, keep_from, keep_to) per window, in
-    frames. A window keeps its centre, ``context`` frames in from each edge, except at the
-    sentence's own ends: the first window starts at frame 0 and the last one ends at the last
-    frame, because the graph's convolutions pad a *sentence* edge with zeros at every layer
-    (after biases), which a zero-padded input cannot imitate. Only a sentence shorter than
-    one window is padded (the report's ``windowing`` figure shows what that costs)."""
-    if window <= 2 * context:
-        raise ValueError(f"window {window} leaves no frame after 2 × {context} of context")
-    if frames <= window:
-        return [(0, 0, frames)]
-    out, start, keep = [], 0, 0
-    while start + window < frames:
-        end = start + window - context
-        out.append((start, keep, end))
-        keep, start = end, end - context
-    start = frames - window
-    out.append((start, keep, frames))
-    return out
-
-
-def windows(x: np.ndarray, cuts: list[tuple[int, int, int]], window: int) -> np.ndarray:
-    """[1, C, T] → [N, C, window], one per cut (zeros past the end of a short sentence)."""
-    out = np.zeros((len(cuts), x.shape[1], window), np.float32)
-    for k, (start, _, _) in enumerate(cuts):
-        part = x[0, :, start : start + window]
-        out[k, :, : part.shape[-1]] = part
-    return out
-
-
-def stitch(outputs: np.ndarray, cuts: list[tuple[int, int, int]], window: int) -> np.ndarray:
-    """The inverse of ``windows`` on a graph's outputs [N, ..., window·scale]: each window's kept
-    frames, concatenated along the last axis."""
-    scale = outputs.shape[-1] // window
-    parts = [
-        outputs[k][..., (lo - start) * scale : (hi - start) * scale]
-        for k, (start, lo, hi) in enumerate(cuts)
-    ]
-    return np.concatenate(parts, axis=-1)
