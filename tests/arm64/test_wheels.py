@@ -47,6 +47,18 @@ def test_device_install_resolves_from_aarch64_wheels(python: str, check_output: 
         assert "x86_64" not in wheel, line
 
 
+def test_the_npu_extra_resolves_where_rockchip_publishes_wheels(tmp_path: Path) -> None:
+    """``speakd[rknn]`` (rknn-toolkit-lite2, speakd.npu's runtime) on CPython 3.11 and 3.12: the
+    only aarch64 wheels Rockchip publishes (3.13 has none; the extra's marker skips it there, a
+    marker pip evaluates for this host, so 3.13 is not resolved here)."""
+    args = [sys.executable, str(Path(wheels.__file__)), "check", "--extra", "rknn"]
+    args += ["--python", "3.11", "--python", "3.12", "--wheels", str(tmp_path)]
+    r = subprocess.run(args, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+    for python in ("311", "312"):
+        assert f"rknn_toolkit_lite2-2.5.0-cp{python}-cp{python}-manylinux" in r.stdout, r.stdout
+
+
 def test_pip_errors_name_the_dependency() -> None:
     old = (
         "ERROR: Could not find a version that satisfies the requirement docopt>=0.6.2 "

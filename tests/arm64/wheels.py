@@ -112,8 +112,11 @@ def build_pure(req: str, who: str, python: str, local: Path, constraints: list[s
         return target
 
 
-def resolve(python: str, wheels: Path, speakd: Path, constraints: list[str]) -> list[dict]:
-    """pip's install report (``install`` items) for speakd and its deps on aarch64 ``python``."""
+def resolve(
+    python: str, wheels: Path, speakd: Path, constraints: list[str], extras: tuple[str, ...] = ()
+) -> list[dict]:
+    """pip's install report (``install`` items) for speakd, its ``extras`` and their deps on
+    aarch64 ``python``."""
     local = wheels / "local"
     local.mkdir(parents=True, exist_ok=True)
     built: set[str] = set()
@@ -123,7 +126,7 @@ def resolve(python: str, wheels: Path, speakd: Path, constraints: list[str]) -> 
             r = pip(
                 "install", "--dry-run", "--ignore-installed", "--target", f"{tmp}/t",
                 "--report", str(report), "--find-links", str(local), *platform_args(python),
-                *constraints, str(speakd),
+                *constraints, f"{speakd}[{','.join(extras)}]" if extras else str(speakd),
             )
             if r.returncode == 0:
                 return json.loads(report.read_text())["install"]
@@ -153,7 +156,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         wheels = Path(args.wheels or tmp)
         for python in args.python:
             try:
-                items = resolve(python, wheels, speakd, [])
+                items = resolve(python, wheels, speakd, [], tuple(args.extra))
             except NoArmWheel as e:
                 print(f"CPython {python} aarch64: FAIL: {e}")
                 failed.append(python)
@@ -218,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("command", choices=["check", "resolve", "install"])
     p.add_argument("--python", action="append", required=True, help="e.g. 3.11 (repeatable)")
     p.add_argument("--wheels", help="wheel cache (local/ holds the wheels built from sdists)")
+    p.add_argument("--extra", action="append", default=[], help="check: with this extra too")
     p.add_argument("--constraints", help="pip constraints (the host venv's versions)")
     p.add_argument("--pins", help="resolve: write name==version lines; install: read them")
     p.add_argument("--target", help="install: the site-packages folder")
