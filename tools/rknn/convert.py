@@ -34,6 +34,7 @@ import onnxruntime as ort
 from speakd.bundle import MANIFEST, file_entry, load_bundle
 from speakd.engines.base import SynthesisConfig
 from speakd.engines.chattts.vocoder import StreamSchedule
+from speakd.engines.noise import SEED_INPUT, make_noise_deterministic
 from speakd.rknn_session import plan, stitch, windows
 
 from ..calibrate.bundle_out import copy_into, write_manifest
@@ -107,8 +108,11 @@ def toolkit_python(explicit: Path | None) -> Path:
 # --- sources ---------------------------------------------------------------------------------
 
 
-def _with_output(model_path: Path, name: str) -> ort.InferenceSession:
+def _seeded_with_output(model_path: Path, name: str) -> ort.InferenceSession:
+    """The voice graph with its noise seeded as the engine seeds it (speakd.engines.noise), so
+    the same corpus gives the same ``z`` every run, and tensor ``name`` as an extra output."""
     model = onnx.load(str(model_path))
+    make_noise_deterministic(model)
     value = onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None)
     model.graph.output.append(value)
     return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
@@ -127,11 +131,12 @@ def prepare_vits(opts: ConvertOptions, work: Path) -> Prepared:
     calib, evaluate = corpus.split(opts.calib_sentences, opts.eval_sentences)
     cut = work / "vits_decoder.onnx"
     z_name, wave_name = cut_vits_decoder(src.model, cut)
-    flow = _with_output(src.model, z_name)
+    flow = _seeded_with_output(src.model, z_name)
 
     def z_of(sentence: Sentence) -> np.ndarray:
         feeds = record_feeds(engine, src.model, [sentence])
-        zs = [flow.run([z_name], feed)[0] for feed in feeds]
+        seed = {SEED_INPUT: np.array(SEED, np.int64)}
+        zs = [flow.run([z_name], feed | seed)[0] for feed in feeds]
         return np.concatenate(zs, axis=-1).astype(np.float32)
 
     cal_z = [z_of(s) for s in calib]
