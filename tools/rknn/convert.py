@@ -388,14 +388,24 @@ def evaluate_graph(graph: NpuGraph, inputs: list[np.ndarray], sim: dict[str, np.
     }
 
 
-def asr_round_trip(texts: list[str], cpu: list[np.ndarray], npu: list[np.ndarray], rate: int,
-                   threads: int) -> dict[str, float]:  # fmt: skip
-    from ..calibrate.asr import Transcriber, wer
+class AsrRoundTrip:
+    """Whisper ``tiny.en`` (tools/calibrate/asr.py) on the CPU's audio once and on each
+    precision's NPU audio: WER against the corpus text for both."""
 
-    model = Transcriber.load(threads)
-    hyp_cpu = [model.transcribe(a, rate) for a in cpu]
-    hyp_npu = [model.transcribe(a, rate) for a in npu]
-    return {"wer_cpu": round(wer(texts, hyp_cpu), 4), "wer_npu": round(wer(texts, hyp_npu), 4)}
+    def __init__(self, texts: list[str], cpu: list[np.ndarray], rate: int, threads: int) -> None:
+        from ..calibrate.asr import Transcriber
+
+        self.texts, self.rate = texts, rate
+        self.model = Transcriber.load(threads)
+        self.wer_cpu = self._wer(cpu)
+
+    def _wer(self, audio: list[np.ndarray]) -> float:
+        from ..calibrate.asr import wer
+
+        return round(wer(self.texts, [self.model.transcribe(a, self.rate) for a in audio]), 4)
+
+    def __call__(self, npu: list[np.ndarray]) -> dict[str, float]:
+        return {"wer_cpu": self.wer_cpu, "wer_npu": self._wer(npu)}
 
 
 # --- the command -------------------------------------------------------------------------------
@@ -436,6 +446,7 @@ def convert(opts: ConvertOptions) -> ConvertResult:
 def _report(prep: Prepared, opts: ConvertOptions, result: dict, work: Path, rknn_dir: Path):
     graphs: dict[str, Any] = {}
     cpu = dict(CPU_ONLY[prep.engine])
+    asr: AsrRoundTrip | None = None
     for g in prep.graphs:
         entry: dict[str, Any] = {
             "input": g.input,
@@ -459,11 +470,12 @@ def _report(prep: Prepared, opts: ConvertOptions, result: dict, work: Path, rknn
                 p |= {"file": f"{RKNN_DIR}/{f.name}", "bytes": f.stat().st_size}
                 p |= {"build_s": build["seconds"], **acc}
                 if prep.engine == "vits" and opts.asr and prep.eval_texts:
-                    cpu_audio = [c for c, _ in signals]
-                    npu_audio = [n for _, n in signals]
-                    p |= asr_round_trip(
-                        prep.eval_texts, cpu_audio, npu_audio, prep.sample_rate, opts.threads
-                    )
+                    if asr is None:
+                        cpu_audio = [c for c, _ in signals]
+                        asr = AsrRoundTrip(
+                            prep.eval_texts, cpu_audio, prep.sample_rate, opts.threads
+                        )
+                    p |= asr([n for _, n in signals])
             else:
                 p |= {"step": build["step"], "error": build["error"]}
                 (rknn_dir / f"{g.name}.{precision}.rknn").unlink(missing_ok=True)
