@@ -135,7 +135,7 @@ def test_windowed_session_speaks_the_one_shot_audio(tmp_path: Path) -> None:
     rng = np.random.default_rng(3)
     z = rng.normal(0, 1.5, (2, 192, 150)).astype(np.float32)
     (ours,) = session.run([wave_name], {z_name: z})
-    assert ours.shape == (2, 1, 150 * 256) and runtime.calls == 2 * 3
+    assert ours.shape == (2, 1, 1, 150 * 256) and runtime.calls == 2 * 3
     for b in range(2):  # rows run alone: each equals its own one-shot run
         (ref,) = whole.run(None, {z_name: z[b : b + 1]})
         snr = 10 * np.log10(np.sum(ref**2) / np.sum((ref - ours[b : b + 1]) ** 2))

@@ -55,10 +55,11 @@ class NpuGraph:
 
 
 def cut_vits_decoder(model_path: Path, out: Path) -> tuple[str, str]:
-    """Write Piper's HiFi-GAN decoder (the ``/dec/`` nodes) as a graph of its own; return its
-    input (the flow's output ``z``, [1, 192, frames]) and output (the waveform before Piper's
-    final Unsqueeze). Refuses a decoder with more than one outside input (a multi-speaker
-    voice's speaker conditioning), which would need a second fixed input."""
+    """Write Piper's HiFi-GAN decoder (the ``/dec/`` nodes and the voice's final ``Unsqueeze``)
+    as a graph of its own; return its input (the flow's output times the mask, ``z``,
+    [1, 192, frames]) and output (the voice's own output, so the graph can stand in for the
+    decoder part of daemon/engines/vits_split.py). Refuses a decoder with more than one outside
+    input (a multi-speaker voice's speaker conditioning), which would need a second fixed input."""
     model = onnx.load(str(model_path))
     nodes = [n for n in model.graph.node if n.name.startswith(VITS_DECODER_PREFIX)]
     if not nodes:
@@ -66,14 +67,14 @@ def cut_vits_decoder(model_path: Path, out: Path) -> tuple[str, str]:
     produced = {o for n in nodes for o in n.output}
     known = produced | {i.name for i in model.graph.initializer}
     outside = sorted({i for n in nodes for i in n.input if i and i not in known})
+    (output,) = [o.name for o in model.graph.output]
     if len(outside) != 1:
         raise ValueError(
             f"{model_path}: the decoder takes {outside}; only a single-speaker decoder (one "
             "input, z) is converted"
         )
-    consumed_outside = {
-        i for n in model.graph.node if n.name not in {d.name for d in nodes} for i in n.input
-    }
-    (output,) = [o for o in produced if o in consumed_outside]
-    onnx.save(onnx_utils.Extractor(model).extract_model(outside, [output]), str(out))
+    decoder = onnx_utils.Extractor(model).extract_model(outside, [output])
+    if [i.name for i in decoder.graph.input] != outside:
+        raise ValueError(f"{model_path}: {output} needs more than the decoder's input {outside}")
+    onnx.save(decoder, str(out))
     return outside[0], output
