@@ -40,6 +40,7 @@ from tests.mosquitto import Mosquitto, Watcher
 from tests.test_cache_store import clip
 from tests.test_mqtt import finished, mqtt_toml
 from tests.tone_engine import ToneEngine
+from tests.waits import Clock, wait_until
 
 HANG_TIMEOUT_S = 6.0  # above any short sentence's synthesis on a loaded 2-core box
 BREAKER_RESET_S = 1.0
@@ -72,15 +73,18 @@ class FaultyEngine:
 
 
 class LogTimes(logging.Handler):
-    """When each MQTT (re)connection happened, from the daemon's own log."""
+    """When each MQTT (re)connection happened, and that one was lost, from the daemon's log."""
 
     def __init__(self) -> None:
         super().__init__()
         self.connected: list[float] = []
+        self.lost = threading.Event()
 
     def emit(self, record: logging.LogRecord) -> None:
         if record.getMessage().startswith("MQTT: connected"):
             self.connected.append(time.monotonic())
+        elif record.getMessage().startswith("MQTT: disconnected"):
+            self.lost.set()
 
 
 @pytest.fixture(scope="module")
@@ -121,10 +125,10 @@ def faulty(
         mp.setattr(speakd.service, "load_engine", lambda _config: engine)
         mp.delenv("NOTIFY_SOCKET", raising=False)
         d = InProcessDaemon(config).start()
-        deadline = time.monotonic() + 60  # the fallback prompt is made in the background
-        while d.daemon.control.scheduler.fallback is None and time.monotonic() < deadline:
-            time.sleep(0.05)
         try:
+            wait_until(  # the fallback prompt is made in the background
+                lambda: d.daemon.control.scheduler.fallback is not None, "the fallback", 60
+            )
             yield d
         finally:
             assert d.stop() == 0
@@ -138,8 +142,10 @@ def mqtt_say(watcher: Watcher, rid: str, text: str) -> int:
 
 
 def test_engine_crash_is_an_error_event_the_breaker_opens_and_recovers(
-    faulty: InProcessDaemon, watcher: Watcher
+    faulty: InProcessDaemon, watcher: Watcher, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    clock = Clock()
+    monkeypatch.setattr("speakd.breaker.time", clock)  # the reset timeout passes on it
     events = faulty.say("CRASH now.")
     assert [e["event"] for e in events] == ["queued", "started", "error"]  # fallback played
     error = events[-1]
@@ -156,7 +162,7 @@ def test_engine_crash_is_an_error_event_the_breaker_opens_and_recovers(
     refused = faulty.say("Hello.")[-1]
     assert refused["code"] == "engine_unavailable" and refused["fallback"] is True
 
-    time.sleep(BREAKER_RESET_S + 0.2)  # half-open: one trial request, which succeeds
+    clock.advance(BREAKER_RESET_S)  # half-open: one trial request, which succeeds
     recovered = faulty.say("Hi.")[-1]
     assert recovered["event"] == "finished" and recovered["status"] == "done", recovered
     assert faulty.status()["breaker"]["state"] == "closed"
@@ -185,6 +191,7 @@ def test_broker_restart_reconnects_and_loses_no_qos1_command(
     daemon has not reconnected yet (held in its persistent session) are all spoken."""
     for r in range(BROKER_ROUNDS):
         since = watcher.mark()
+        log_times.lost.clear()
         broker.stop()
         down = time.monotonic()
         ids = [f"restart{r}-{i}" for i in range(6)]
@@ -192,7 +199,7 @@ def test_broker_restart_reconnects_and_loses_no_qos1_command(
             watcher.client.publish(
                 f"speakd/{SITE}/say", json.dumps({"text": "Okay.", "id": rid}), qos=1
             )
-        time.sleep(0.5)
+        assert log_times.lost.wait(30), "the daemon never noticed the broker going away"
         broker.start()
         up = time.monotonic()
         for rid in ids[3:]:
@@ -224,7 +231,7 @@ class FifoDevice:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.received = 0
+        self.got_data = threading.Event()  # audio arrived since the test last cleared it
         self.wedged = threading.Event()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -246,16 +253,13 @@ class FifoDevice:
                 except BlockingIOError:
                     data = None
                 if data:
-                    self.received += len(data)
+                    self.got_data.set()
                 time.sleep(0.05)  # ~80 kB/s, about twice real time: playback takes a while
         finally:
             os.close(fd)
 
     def wait_for_data(self, timeout: float = 10) -> bool:
-        deadline = time.monotonic() + timeout
-        while not self.received and time.monotonic() < deadline:
-            time.sleep(0.01)
-        return self.received > 0
+        return self.got_data.wait(timeout)
 
     def unplug(self) -> None:
         self._stop.set()
@@ -312,7 +316,7 @@ def test_audio_device_missing_vanishing_and_coming_back(tmp_path: Path) -> None:
         assert device.wait_for_data() and audio_state(d)["available"] is True
 
         # vanishes mid-playback: that request fails, the daemon stays up and says why
-        device.received = 0
+        device.got_data.clear()
         with d.client() as c:
             c.send({"op": "say", "text": "A long announcement. " * 8, "wait": True})
             events = c.events()
@@ -325,7 +329,7 @@ def test_audio_device_missing_vanishing_and_coming_back(tmp_path: Path) -> None:
         assert audio_state(d)["available"] is False
         assert "cannot play" in doctor(d)
 
-        device.received = 0
+        device.got_data.clear()
         device.plug()
         assert say_until(d, "And back once more.", "done")["status"] == "done"
         assert device.wait_for_data()
