@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from speakd.notify import listen_fds, notify, watchdog_interval
+from tests.waits import wait_until
 
 
 @pytest.fixture
@@ -108,9 +109,7 @@ def _activate(tmp_path: Path, names: str) -> dict:
         text=True,
     )
     try:
-        deadline = time.monotonic() + 10
-        while not paths[1].exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(paths[1].exists, "systemd-socket-activate's sockets")
         with socket.socket(socket.AF_UNIX) as s:
             s.connect(str(paths[0]))
         out, err = proc.communicate(timeout=30)
