@@ -28,6 +28,7 @@ from speakd.frontends.unixserver import listen_backlog
 from tests.bench_report import report, rss_kb
 from tests.daemon_proc import DaemonProc, start_daemon, write_config
 from tests.http_daemon import free_port
+from tests.waits import wait_until
 
 REQUESTS = 1000
 CONNECTIONS = 8
@@ -95,11 +96,12 @@ def settle(d: DaemonProc) -> dict:
     """Stop everything and wait until the daemon is idle again; its status."""
     with d.client() as c:
         c.request({"op": "stop"})
-        deadline = time.monotonic() + 30
-        while (status := c.request({"op": "status"}))["state"] != "idle":
-            assert time.monotonic() < deadline, status
-            time.sleep(0.05)
-    return status
+
+        def idle() -> dict | None:
+            status = c.request({"op": "status"})
+            return status if status["state"] == "idle" else None
+
+        return wait_until(idle, "the daemon to go idle after stop", timeout=30)
 
 
 def test_burst_is_bounded_answered_and_memory_flat(daemon: DaemonProc) -> None:
