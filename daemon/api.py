@@ -20,7 +20,7 @@ from typing import Any
 
 from speakd.audio import AudioChunk, join_chunks, write_wav
 from speakd.engines.base import Engine, EngineError, SynthesisConfig
-from speakd.messages import RequestError
+from speakd.errors import RequestError
 from speakd.prepare import Prepared, prepare
 
 

@@ -18,6 +18,7 @@ log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
 FORMAT = "speakd-bundle"
 FORMAT_VERSION = 1
+INT8_SUFFIX = "-int8"  # a calibrated sibling: models/chattts-int8 beside models/chattts
 
 
 class BundleError(Exception):

@@ -53,6 +53,7 @@ def _param(value: str) -> tuple[str, Any]:
 
 def _add_request_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--voice", help="voice name (see `speakd voices`)")
+    p.add_argument("--speaker", help="a speaker of a multi-speaker voice, by name or id")
     p.add_argument("--lang", help="language, e.g. en or zh (picks a voice that speaks it)")
     p.add_argument("--speed", type=float, help="speaking rate, 1.0 = normal")
     p.add_argument("--seed", type=int, help="sampling seed (default: derived from the request)")
@@ -68,7 +69,7 @@ def _add_request_arguments(p: argparse.ArgumentParser) -> None:
 
 def cmd_say(args: argparse.Namespace) -> int:
     fields: dict[str, Any] = {"text": _text(args.text), "priority": args.priority}
-    for key in ("voice", "lang", "speed", "volume", "id", "seed"):
+    for key in ("voice", "speaker", "lang", "speed", "volume", "id", "seed"):
         if getattr(args, key) is not None:
             fields[key] = getattr(args, key)
     if args.params:
@@ -133,6 +134,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
         Path(args.output),
         bundle=Path(args.bundle) if args.bundle else None,
         voice=args.voice,
+        speaker=args.speaker,
         speed=args.speed,
         seed=args.seed,
         lang=args.lang,

@@ -38,6 +38,15 @@ def _runtime_dir() -> Path:
     return Path(xdg) / "speakd" if xdg else Path(f"/tmp/speakd-{os.geteuid()}")
 
 
+def _state_dir() -> Path:
+    if systemd := _systemd_dir("STATE_DIRECTORY"):
+        return systemd
+    if os.geteuid() == 0:
+        return Path("/var/lib/speakd")
+    xdg = os.environ.get("XDG_DATA_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".local" / "share") / "speakd"
+
+
 def _cache_dir() -> Path:
     if systemd := _systemd_dir("CACHE_DIRECTORY"):
         return systemd
@@ -71,7 +80,9 @@ class EngineConfig:
     breaker_reset_s: float = 30.0  # how long it stays open before one trial request
 
     def validate(self) -> None:
-        _choice("engine.kind", self.kind, ("vits", "chattts"))
+        from speakd.engines.registry import KINDS
+
+        _choice("engine.kind", self.kind, tuple(KINDS))
         _choice("engine.precision", self.precision, ("int8", "exact"))
         if self.kind == "chattts" and not self.bundle:
             raise ConfigError("engine.bundle: kind 'chattts' needs a bundle path")
@@ -81,6 +92,25 @@ class EngineConfig:
         _range("engine.max_rtf", self.max_rtf, 0.1, 1000)
         _range("engine.breaker_failures", self.breaker_failures, 1, 1000)
         _range("engine.breaker_reset_s", self.breaker_reset_s, 0.1, 86400)
+
+
+@dataclass(frozen=True)
+class VoicesConfig:
+    """Every voice the board has (docs/models.md): the embedded one, [engine]'s, and a folder of
+    Piper voices and bundles, loaded when first used."""
+
+    dir: str = field(default_factory=lambda: str(_state_dir() / "voices"))
+    embedded: bool = True  # the embedded Piper voice is one of them
+    default: str = ""  # the voice a request without voice or lang gets; empty = engine.voice
+    by_lang: dict[str, str] = field(default_factory=dict)  # lang = "voice name"
+    preload: list[str] = field(default_factory=list)  # voices loaded at start, not on first use
+
+    def validate(self) -> None:
+        for lang, voice in self.by_lang.items():
+            if not lang.strip() or not voice:
+                raise ConfigError(
+                    f"voices.by_lang: {lang!r} = {voice!r} needs a language and a voice"
+                )
 
 
 @dataclass(frozen=True)
@@ -138,9 +168,13 @@ class LimitsConfig:
     # Exit (for systemd to restart speakd) when resident memory passes this many MiB; 0 = off.
     # For kernels where MemoryMax= does nothing (Raspberry Pi kernels disable the memory cgroup).
     max_rss_mb: int = 0
-    # A prompt pack rolled out over MQTT (frontends/mqtt_packs.py) larger than this is refused
+    # A prompt pack rolled out over MQTT (mqtt/packs.py) larger than this is refused
     # before a byte of it is fetched; it is written to disk beside the cache, then imported.
     max_pack_bytes: int = 67_108_864
+    # Voices loaded at once (0 = no limit) and their resident bytes (0 = no limit): past either,
+    # the least recently used idle voice is unloaded (a voice mid-synthesis never is).
+    max_loaded_voices: int = 0
+    max_voice_bytes: int = 0
 
     def validate(self) -> None:
         _range("limits.max_text_chars", self.max_text_chars, 1, 1_000_000)
@@ -149,6 +183,8 @@ class LimitsConfig:
         _range("limits.max_streams", self.max_streams, 1, 1024)
         _range("limits.max_rss_mb", self.max_rss_mb, 0, 1 << 20)
         _range("limits.max_pack_bytes", self.max_pack_bytes, 0, 1 << 40)
+        _range("limits.max_loaded_voices", self.max_loaded_voices, 0, 1000)
+        _range("limits.max_voice_bytes", self.max_voice_bytes, 0, 1 << 40)
 
 
 @dataclass(frozen=True)
@@ -317,6 +353,7 @@ def _loopback(host: str) -> bool:
 @dataclass(frozen=True)
 class Config:
     engine: EngineConfig = field(default_factory=EngineConfig)
+    voices: VoicesConfig = field(default_factory=VoicesConfig)
     audio: AudioConfig = field(default_factory=AudioConfig)
     socket: SocketConfig = field(default_factory=SocketConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
@@ -370,6 +407,11 @@ def _coerce(key: str, value: Any, typ: type, from_env: bool = False) -> Any:
             raise ConfigError(f"{key}: cannot read {value!r} as {typ.__name__}") from None
     if typ is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
+    if get_origin(typ) is dict:  # dict[str, str]: a TOML table of strings
+        _, item = get_args(typ)
+        if not isinstance(value, dict) or not all(isinstance(v, item) for v in value.values()):
+            raise ConfigError(f"{key}: expected a table of {item.__name__}, got {value!r}")
+        return value
     if get_origin(typ) is list:  # list[str]: a TOML array of strings
         (item,) = get_args(typ)
         if not isinstance(value, list) or not all(isinstance(v, item) for v in value):

@@ -13,15 +13,16 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from speakd.engines.base import Engine, SynthesisConfig
-from speakd.messages import EventCallback, Priority, RequestError, SpeakRequest, validate_text
-from speakd.prepare import prepare
+from speakd.engines.base import SynthesisConfig
+from speakd.errors import RequestError
+from speakd.messages import Event, EventCallback, Priority, SpeakRequest, validate_text
 from speakd.scheduler import Scheduler
 from speakd.stream import AudioStream
+from speakd.voices import VoiceLibrary
 
 if TYPE_CHECKING:
     from speakd.cache.store import CacheStore
@@ -47,7 +48,6 @@ class Observer(Protocol):
 @dataclass
 class Control:
     scheduler: Scheduler
-    engine: Engine
     max_text_chars: int
     max_streams: int = 4
     started: float = field(default_factory=time.monotonic)
@@ -66,19 +66,28 @@ class Control:
         strict_lang: bool = True,
     ) -> SpeakRequest:
         """Validate a request's fields (every front-end maps onto these names) and prepare it:
-        ``text``, ``id``, ``voice``, ``lang``, ``priority``, ``speed``, ``volume``, ``seed``,
-        ``params`` (the engine's options), ``cache_only``."""
+        ``text``, ``id``, ``voice``, ``speaker``, ``lang``, ``priority``, ``speed``, ``volume``,
+        ``seed``, ``params`` (the engine's options), ``cache_only``."""
         text = validate_text(fields.get("text"), self.max_text_chars)
         voice, lang = _string(fields, "voice"), _string(fields, "lang")
+        speaker = fields.get("speaker")
+        if isinstance(speaker, int) and not isinstance(speaker, bool):
+            speaker = str(speaker)  # a speaker id
+        speaker = _string({"speaker": speaker}, "speaker")
         speed = _number(fields, "speed", 0.25, 4.0)
         volume = _number(fields, "volume", 0.0, 4.0)
         seed = fields.get("seed")
         if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
             raise RequestError("bad_field", "seed must be a non-negative integer")
         config = SynthesisConfig(
-            voice=voice, speed=speed, seed=seed, lang=lang, extra=fields.get("params") or {}
+            voice=voice,
+            speaker=speaker,
+            speed=speed,
+            seed=seed,
+            lang=lang,
+            extra=fields.get("params") or {},
         )
-        prepared = prepare(self.engine, text, config, strict_lang=strict_lang)
+        prepared = self.library.prepare(text, config, strict_lang=strict_lang)
         request = SpeakRequest(
             text=text,
             priority=Priority.parse(fields.get("priority")),
@@ -164,37 +173,77 @@ class Control:
 
     # ---- what there is ----------------------------------------------------------------------
 
+    @property
+    def library(self) -> VoiceLibrary:
+        """The voices requests choose from now (a reload may replace them)."""
+        return self.scheduler.resolver.voices
+
     def voices(self) -> list[dict[str, Any]]:
-        return [
-            {
-                "name": v.name,
-                "language": v.language,
-                "languages": list(v.languages),
-                "description": v.description,
-            }
-            for v in self.engine.voices()
-        ]
+        """Every voice: name, engine, languages, speakers, sample rate, precision, loaded,
+        licence and the options its engine takes; the default voice first."""
+        return self.library.listing()
+
+    def default_voice(self) -> str:
+        return self.library.default
+
+    def set_default_voice(self, name: str) -> None:
+        """Until the next reload or restart (``voices.default`` is the lasting one)."""
+        library = self.library
+        if name not in library.by_name:
+            raise RequestError("unknown_voice", f"unknown voice {name!r} ({library.known()})")
+        library.default = name
 
     def options(self) -> list[dict[str, Any]]:
-        """The engine's declared options, as clients send them in ``params``."""
-        return [o.describe() for o in self.engine.options]
+        """The default voice's options, as clients send them in ``params`` (each voice in
+        ``voices()`` lists its own)."""
+        library = self.library
+        return [o.describe() for o in library.by_name[library.default].model.options]
+
+    def sample_rate(self, request: SpeakRequest) -> int:
+        """The rate of the voice a prepared request speaks with (each voice has its own)."""
+        library = self.library
+        voice = library.by_bundle.get(request.prepared.bundle) if request.prepared else None
+        return (voice or library.by_name[library.default]).model.sample_rate
+
+    def bundles(self) -> set[str]:
+        """The bundle ids of every voice: a prompt pack made for one of them plays here."""
+        return set(self.library.by_bundle)
+
+    def select_voice(
+        self, voice: str | None, lang: str | None, speaker: str | None = None
+    ) -> tuple[str, str | None]:
+        """(voice name, language) a request with these fields gets, or RequestError; for
+        front-ends that check a voice before the text arrives (Wyoming's streaming)."""
+        _, name, code = self.library.select(voice, lang, speaker=speaker)
+        return name, code
+
+    def listen(self, listener: Callable[[Event], None]) -> None:
+        """Hear every played request's events, whoever made it (MQTT status, metrics)."""
+        self.scheduler.listeners.append(listener)
+
+    def unlisten(self, listener: Callable[[Event], None]) -> None:
+        if listener in self.scheduler.listeners:
+            self.scheduler.listeners.remove(listener)
 
     def cache_store(self) -> CacheStore | None:
         """The cache the daemon plays from now (a reload may replace it), None when it is off:
-        where prompt packs arriving over MQTT are imported (frontends/mqtt_packs.py)."""
+        where prompt packs arriving over MQTT are imported (mqtt/packs.py)."""
         return self.scheduler.resolver.store
 
     def status(self) -> dict[str, Any]:
         state = self.scheduler.status()
+        voices = self.library
+        default = voices.by_name[voices.default].model
         return {
             **state,
             "engine": {
-                "kind": self.engine.kind,
-                "bundle": self.engine.bundle_id,
-                "precision": self.engine.precision,
-                "sample_rate": self.engine.sample_rate,
-                "default_voice": self.engine.default_voice(),
+                "kind": default.kind,
+                "bundle": default.bundle_id,
+                "precision": default.precision,
+                "sample_rate": default.sample_rate,
+                "default_voice": voices.default,
             },
+            "voices": voices.status(),
             "breaker": state["source"].get("breaker"),
             "streams": {"active": self.streaming, "max": self.max_streams, **self.counters},
             "uptime_s": round(time.monotonic() - self.started, 1),

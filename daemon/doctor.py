@@ -48,12 +48,54 @@ def _check_engine(config: Config) -> Check:
     )
 
 
+def _check_voices(config: Config) -> Check:
+    """Every voice the daemon would serve, read from its files (nothing loads), with its
+    licence; a broken voice file is named (the daemon serves the others)."""
+    from speakd.voices import build_library
+
+    library = build_library(config)
+    voices = [
+        f"{v['name']} ({v['engine']}, {v['precision']}, {v['sample_rate']} Hz, "
+        f"licence {v['licence']}){' default' if v['default'] else ''}"
+        for v in library.listing()
+    ]
+    detail = "; ".join(voices)
+    if any("BY-NC" in v["licence"] for v in library.listing()):
+        detail += " — a CC BY-NC voice is for non-commercial use only (docs/models.md)"
+    if library.problems:
+        broken = "; ".join(f"{p.source}: {p.error}" for p in library.problems)
+        return WARN, f"{detail}; left out: {broken}"
+    return True, detail
+
+
 def _check_cpu(cpu: CpuInfo, bandwidth_gbs: float) -> Check:
     features = ", ".join(f"{f} {'yes' if on else 'no'}" for f, on in cpu.features.items())
     return True, (
         f"{cpu.arch} {cpu.model}, {cpu.cores} cores; {features or 'no known features'}; "
         f"DRAM read ≈ {bandwidth_gbs:.1f} GB/s"
     )
+
+
+def _check_npu(config: Config) -> Check:
+    """The Rockchip NPU (speakd.npu): driver, cores, runtime, and whether the bundle has
+    ``.rknn`` graphs (``speakd-tools rknn convert``). On a board with the driver, warns with the
+    reason ``accelerator = "auto"`` would give for staying on the CPU."""
+    from speakd.bundle import load_bundle
+    from speakd.engines import resolve_bundle
+    from speakd.npu import choose, probe, rknn_section
+
+    info = probe()
+    path = resolve_bundle(config.engine)
+    manifest = load_bundle(path, verify=False).manifest if path else None
+    section = rknn_section(manifest)
+    graphs = "the bundle has no .rknn graphs"
+    if section:
+        graphs = f"the bundle has .rknn graphs for {section['target']}: "
+        graphs += ", ".join(sorted(section["graphs"]))
+    decision = choose("auto", manifest, info)
+    if info.present and decision.accelerator == "cpu":
+        return WARN, f"{info.describe()}; {graphs}; the CPU runs them: {decision.reason}"
+    return True, f"{info.describe()}; {graphs}"
 
 
 def _check_speed(config: Config, cpu: CpuInfo, bandwidth_gbs: float) -> Check:
@@ -185,8 +227,10 @@ def run_doctor(config_path: Path | None, socket_path: str | None = None, out=sys
     cpu, bandwidth = read_cpu(), read_bandwidth_gbs()
     checks: list[tuple[str, Callable[[], Check]]] = [
         ("engine", lambda: _check_engine(config)),
+        ("voices", lambda: _check_voices(config)),
         ("cpu", lambda: _check_cpu(cpu, bandwidth)),
         ("speed", lambda: _check_speed(config, cpu, bandwidth)),
+        ("npu", lambda: _check_npu(config)),
         ("audio", lambda: _check_audio(config)),
         ("daemon", lambda: _check_socket(config, socket_path)),
         ("mqtt", lambda: _check_mqtt(config)),

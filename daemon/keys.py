@@ -12,7 +12,7 @@ import hashlib
 import json
 from typing import Any
 
-from speakd.engines.base import Engine, SynthesisConfig
+from speakd.engines.base import SynthesisConfig, VoiceModel
 
 KEY_VERSION = 1
 
@@ -21,15 +21,25 @@ def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-def audio_key(engine: Engine, text: str, config: SynthesisConfig) -> str:
-    material = {
+def audio_key(engine: VoiceModel, text: str, config: SynthesisConfig) -> str:
+    return key_of(
+        engine.normalize_text(text, config.lang),
+        engine.audio_params(config),
+        engine.bundle_id,
+        config.seed,
+    )
+
+
+def key_of(normalized: str, params: dict[str, Any], bundle: str, seed: int | None) -> str:
+    """The key of text already normalised and parameters already resolved."""
+    material: dict[str, Any] = {
         "v": KEY_VERSION,
-        "text": engine.normalize_text(text, config.lang),
-        "params": engine.audio_params(config),
-        "bundle": engine.bundle_id,
+        "text": normalized,
+        "params": params,
+        "bundle": bundle,
     }
-    if config.seed is not None:  # an explicit seed changes the audio; the default one is derived
-        material["seed"] = config.seed
+    if seed is not None:  # an explicit seed changes the audio; the default one is derived
+        material["seed"] = seed
     return hashlib.sha256(canonical_json(material).encode()).hexdigest()
 
 

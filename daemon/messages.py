@@ -15,17 +15,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from speakd.engines.base import EngineError, SynthesisConfig, UnknownVoiceError
+from speakd.errors import RequestError
 
 if TYPE_CHECKING:
     from speakd.prepare import Prepared
-
-
-class RequestError(ValueError):
-    """A request that cannot be accepted; ``code`` is machine-readable, the text says why."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 class Priority(enum.IntEnum):

@@ -83,12 +83,11 @@ class Metrics:
         self.registry.register(_StateCollector(control))
         self._said: dict[str, str] = {}  # request id → front-end, until its terminal event
         self._first: dict[int, asyncio.Task[None]] = {}  # stream id → first-chunk watcher
-        control.scheduler.listeners.append(self.on_event)
+        control.listen(self.on_event)
         control.observer = self
 
     def close(self) -> None:
-        with contextlib.suppress(ValueError):
-            self.control.scheduler.listeners.remove(self.on_event)
+        self.control.unlisten(self.on_event)
         if self.control.observer is self:
             self.control.observer = None
 
@@ -175,12 +174,27 @@ class _StateCollector(Collector):
             states.add_metric([state], 1.0 if breaker.get("state") == state else 0.0)
         yield states
         yield from _cache(status["source"].get("cache"))
+        yield from _voices(status["voices"]["voices"])
         audio = status.get("audio") or {}
         yield _gauge(
             "speakd_audio_available",
             "1 when the audio sink can play",
             1.0 if audio.get("available", True) else 0.0,
         )
+
+
+def _voices(voices: dict[str, dict[str, Any]]) -> Iterator[Metric]:
+    """Which voices are in memory, what each costs, and how long each took to load."""
+    families = (
+        ("speakd_voice_loaded", "1 when the voice's model is in memory", "loaded"),
+        ("speakd_voice_resident_bytes", "Resident memory its load added", "resident_bytes"),
+        ("speakd_voice_load_seconds", "How long its last load took", "load_s"),
+    )
+    for name, help_, key in families:
+        family = GaugeMetricFamily(name, help_, labels=["voice", "engine"])
+        for voice, state in voices.items():
+            family.add_metric([voice, state["engine"]], float(state[key] or 0))
+        yield family
 
 
 def _cache(cache: dict[str, Any] | None) -> Iterator[Metric]:

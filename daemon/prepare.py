@@ -13,10 +13,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from speakd.engines.base import Engine, EngineError, SynthesisConfig, VoiceInfo
+from speakd.engines.base import EngineError, SynthesisConfig, VoiceInfo, VoiceModel
 from speakd.engines.options import OptionError, validate
-from speakd.keys import audio_key, seed_from_key
-from speakd.messages import RequestError
+from speakd.errors import RequestError
+from speakd.keys import key_of, seed_from_key
 
 DEFAULT_VOICE = "default"
 
@@ -35,7 +35,7 @@ class Prepared:
 
 
 def prepare(
-    engine: Engine, text: str, config: SynthesisConfig, *, strict_lang: bool = True
+    engine: VoiceModel, text: str, config: SynthesisConfig, *, strict_lang: bool = True
 ) -> Prepared:
     """Resolve and validate ``config`` for ``engine``; RequestError says what is wrong.
 
@@ -53,9 +53,9 @@ def prepare(
     try:
         normalized = engine.normalize_text(text, lang)
         params = engine.audio_params(config)
-        key = audio_key(engine, text, config)
     except EngineError as e:
         raise RequestError(getattr(e, "code", "bad_request"), str(e)) from None
+    key = key_of(normalized, params, engine.bundle_id, config.seed)
     if config.seed is None:  # the same request always yields the same audio
         config = dataclasses.replace(config, seed=seed_from_key(key))
     return Prepared(text, normalized, config, key, engine.bundle_id, params)

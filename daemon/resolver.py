@@ -13,10 +13,11 @@
 - the engine's health (``Guard``): an open breaker refuses at once; a hang, a crash or a crawl
   counts against it.
 
-Engine calls are serialised by one lock, so a cancelled flight that is still finishing its current
-step never runs side by side with the next request's synthesis — unless the engine batches
-(``concurrent_synthesis``, ChatTTS with ``batch_size`` > 1): then misses for different keys run
-their flights at once and share decode steps, each cancellable alone.
+The audio comes from the voice the request chose (``speakd.voices``), loaded by its first flight
+when it is not. A voice's engine calls are serialised by its lock, so a cancelled flight that is
+still finishing its current step never runs side by side with the next request's synthesis —
+unless the engine batches (``concurrent_synthesis``, ChatTTS with ``batch_size`` > 1): then misses
+for different keys run their flights at once and share decode steps, each cancellable alone.
 """
 
 from __future__ import annotations
@@ -37,8 +38,9 @@ from speakd.cache.store import CacheError, CacheStore, Clip
 from speakd.config import CacheConfig
 from speakd.engines.base import Engine, EngineError
 from speakd.messages import SpeakRequest
-from speakd.prepare import Prepared, prepare
+from speakd.prepare import Prepared
 from speakd.stream import AudioStream
+from speakd.voices import VoiceLibrary
 
 log = logging.getLogger(__name__)
 
@@ -52,14 +54,14 @@ class NotCachedError(EngineError):
 class Resolver:
     def __init__(
         self,
-        engine: Engine,
+        voices: VoiceLibrary | Engine,
         store: CacheStore | None = None,
         *,
         guard: Guard | None = None,
         prewarm_bytes: int = 0,
         stale_while_revalidate: bool = False,
     ) -> None:
-        self.engine = engine
+        self.voices = voices if isinstance(voices, VoiceLibrary) else VoiceLibrary.of(voices)
         self.store = store
         self.guard = guard or Guard(CircuitBreaker())
         self.stale_while_revalidate = stale_while_revalidate
@@ -76,7 +78,6 @@ class Resolver:
             "errors": 0,
         }
         self._lock = threading.Lock()
-        self._engine_lock = threading.Lock()
         self._inflight: dict[str, AudioStream] = {}
         self._closed = False
         self._ram: dict[str, Clip] = {}
@@ -90,11 +91,11 @@ class Resolver:
 
     @classmethod
     def from_config(
-        cls, engine: Engine, config: CacheConfig, guard: Guard | None = None
+        cls, voices: VoiceLibrary, config: CacheConfig, guard: Guard | None = None
     ) -> Resolver:
-        """The cache in front of the engine when configured (and openable), else the engine."""
+        """The cache in front of the voices when configured (and openable), else the voices."""
         if not config.enabled:
-            return cls(engine, guard=guard)
+            return cls(voices, guard=guard)
         try:
             store = CacheStore(
                 config.path,
@@ -104,9 +105,9 @@ class Resolver:
             )
         except CacheError as e:
             log.error("audio cache disabled: %s", e)
-            return cls(engine, guard=guard)
+            return cls(voices, guard=guard)
         return cls(
-            engine,
+            voices,
             store,
             guard=guard,
             prewarm_bytes=config.prewarm_bytes,
@@ -116,10 +117,11 @@ class Resolver:
     # ---- the request path -------------------------------------------------------------------
 
     def prepare(self, request: SpeakRequest) -> Prepared:
-        """The request as prepared by its front-end, or anew when the model changed since."""
+        """The request as prepared by its front-end, or anew when its voice is gone since (a
+        reload replaced the model)."""
         prepared = request.prepared
-        if prepared is None or prepared.bundle != self.engine.bundle_id:
-            prepared = prepare(self.engine, request.text, request.config)
+        if prepared is None or prepared.bundle not in self.voices.by_bundle:
+            prepared = self.voices.prepare(request.text, request.config)
         return prepared
 
     def open(self, request: SpeakRequest) -> AudioStream:
@@ -241,22 +243,15 @@ class Resolver:
         self.guard.breaker.record_failure(str(stream.error))
 
     def _synthesize(self, stream: AudioStream, prepared: Prepared) -> None:
-        lock = (
-            contextlib.nullcontext()
-            if getattr(self.engine, "concurrent_synthesis", False)
-            else self._engine_lock
-        )
         error: BaseException | None = None
         admitted, t0 = False, 0.0
         try:
-            with lock:
+            with self.voices.using(prepared.bundle) as engine:
                 if not stream.cancel.is_set():
                     self.guard.admit()
                     admitted, t0 = True, time.monotonic()
                     stream.begin()
-                    for chunk in self.engine.synthesize(
-                        prepared.text, prepared.config, stream.cancel
-                    ):
+                    for chunk in engine.synthesize(prepared.text, prepared.config, stream.cancel):
                         stream.put(chunk)
                         if stream.cancel.is_set():
                             break
@@ -289,7 +284,7 @@ class Resolver:
             clip = Clip(
                 key=prepared.key,
                 text=prepared.text,
-                voice=prepared.config.voice or self.engine.default_voice(),
+                voice=prepared.config.voice or "",
                 params={**prepared.params, "seed": prepared.config.seed},
                 bundle=prepared.bundle,
                 sample_rate=audio.sample_rate,
@@ -314,7 +309,8 @@ class Resolver:
     def _prewarm(self, budget: int) -> None:
         assert self.store is not None
         t0, used, skipped = time.monotonic(), 0, 0
-        for key, size in self.store.prewarm_order(self.engine.bundle_id):
+        bundles = self.voices.by_bundle
+        for key, size in (kv for b in bundles for kv in self.store.prewarm_order(b)):
             if used + size > budget:
                 skipped += 1
                 continue
@@ -323,17 +319,15 @@ class Resolver:
                 self._ram[key] = clip
                 used += size
         self._ram_bytes = used
-        foreign = {
-            b: n for b, n in self.store.pinned_by_bundle().items() if b != self.engine.bundle_id
-        }
+        foreign = {b: n for b, n in self.store.pinned_by_bundle().items() if b not in bundles}
         if foreign:
             log.warning(
-                "cache %s: %d pinned clips were made with other bundles (%s) and cannot play "
-                "with %s; rebuild those packs with this model (precompute --bundle)",
+                "cache %s: %d pinned clips were made with bundles no voice has (%s) and cannot "
+                "play; rebuild those packs with these voices (precompute --bundle): %s",
                 self.store.path,
                 sum(foreign.values()),
                 ", ".join(sorted(foreign)),
-                self.engine.bundle_id,
+                ", ".join(sorted(bundles)),
             )
         log.info(
             "cache %s: %d pinned clips (%d bytes) prewarmed into RAM in %.0f ms%s",

@@ -1,8 +1,10 @@
-"""``speakd serve``: load the engine once, start the scheduler and the listeners, then tell systemd.
+"""``speakd serve``: load the ``[engine]`` voice and read the others (speakd.voices), start the
+scheduler and the listeners, then tell systemd.
 
 READY=1 goes out only after the model is loaded and every listener is up; WATCHDOG=1 is sent from
 the event loop itself, so a wedged loop stops the pings and systemd restarts the daemon. SIGHUP
-reloads the config (the model is reloaded only when the [engine] section changed); SIGTERM stops
+reloads the config and rescans ``voices.dir`` (the [engine] model is reloaded only when its section
+changed; voices still there stay loaded); SIGTERM stops
 speech and exits 0. While a model loads, EXTEND_TIMEOUT_USEC keeps systemd's start (or reload)
 timeout from firing on a slow board; STATUS= follows what the daemon is doing (idle, speaking…).
 """
@@ -38,6 +40,7 @@ from speakd.notify import listen_fds, notify, watchdog_interval
 from speakd.resolver import Resolver
 from speakd.scheduler import Scheduler
 from speakd.sinks import Sink, make_sink
+from speakd.voices import VoiceLibrary, build_library
 
 log = logging.getLogger(__name__)
 
@@ -72,11 +75,12 @@ class Daemon:
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
         self.engine = await _load_engine(self.config.engine)
+        library = await self._library(self.config, self.engine)
         self.guard = make_guard(self.config.engine)
-        scheduler = self._make_scheduler(self.engine)
+        scheduler = self._make_scheduler(library)
         self._prepare_fallback(scheduler, self.config.engine.fallback_text)
         limits = self.config.limits
-        self.control = Control(scheduler, self.engine, limits.max_text_chars, limits.max_streams)
+        self.control = Control(scheduler, limits.max_text_chars, limits.max_streams)
         self.metrics = Metrics(self.control)
         self.guard.on_synthesis = self.metrics.synthesis
         self._tasks.append(asyncio.create_task(scheduler.run(), name="scheduler"))
@@ -119,11 +123,28 @@ class Daemon:
 
         self._tasks.append(asyncio.create_task(prepare(), name="fallback"))
 
-    def _make_scheduler(self, engine: Engine) -> Scheduler:
+    @staticmethod
+    async def _library(
+        config: Config, engine: Engine, previous: VoiceLibrary | None = None
+    ) -> VoiceLibrary:
+        """The voices the config names (the folder is read on a worker thread), voices still
+        loaded in ``previous`` kept loaded, ``voices.preload`` loaded."""
+        library = await asyncio.to_thread(build_library, config, engine, previous)
+        for name in config.voices.preload:
+            await asyncio.to_thread(library.load, name)
+        log.info(
+            "voices: %s (default %s)%s",
+            ", ".join(library.by_name),
+            library.default,
+            f"; {len(library.problems)} left out (see above)" if library.problems else "",
+        )
+        return library
+
+    def _make_scheduler(self, library: VoiceLibrary) -> Scheduler:
         audio = self.config.audio
         assert self.guard is not None
         return Scheduler(
-            Resolver.from_config(engine, self.config.cache, self.guard),
+            Resolver.from_config(library, self.config.cache, self.guard),
             make_sink(audio),
             max_queue=self.config.limits.max_queue,
             block_ms=audio.block_ms,
@@ -203,14 +224,16 @@ class Daemon:
 
     def _status_line(self) -> str:
         """One line for `systemctl status`: what it is doing, then what it serves."""
-        assert self.engine is not None and self.control is not None
+        assert self.control is not None
         state = self.control.scheduler.status()
         doing = f"{state['state']} {state['current']}" if state["current"] else "idle"
         if state["queue_length"]:
             doing += f", {state['queue_length']} queued"
+        library = self.control.library
+        loaded = sum(1 for v in library.by_bundle.values() if v.engine is not None)
         return (
-            f"{doing}; {self.engine.kind} {self.engine.bundle_id} ({self.engine.precision}) "
-            f"on {self.config.socket.path}"
+            f"{doing}; {len(library.by_bundle)} voices ({loaded} loaded), default "
+            f"{library.default} on {self.config.socket.path}"
         )
 
     async def _notifier(self, watchdog: float | None) -> None:
@@ -300,8 +323,9 @@ class Daemon:
         if _sink_key(new) != _sink_key(self.config):
             await self._replace_sink(scheduler, make_sink(new.audio))
         assert guard is not None
+        library = await self._library(new, engine, self.control.library)
         resolver = await asyncio.to_thread(  # prewarm reads from disk
-            Resolver.from_config, engine, new.cache, guard
+            Resolver.from_config, library, new.cache, guard
         )
         old_resolver, scheduler.resolver = scheduler.resolver, resolver
         await asyncio.to_thread(old_resolver.close)
@@ -313,7 +337,6 @@ class Daemon:
         scheduler.max_queue = new.limits.max_queue
         scheduler.block_ms, scheduler.volume = new.audio.block_ms, new.audio.volume
         self.config, self.engine, self.guard = new, engine, guard
-        self.control.engine = engine
         self.control.max_text_chars = new.limits.max_text_chars
         self.control.max_streams = new.limits.max_streams
         self.control.reloads += 1

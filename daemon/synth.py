@@ -32,6 +32,7 @@ def synthesize_to_wav(
     *,
     bundle: Path | None = None,
     voice: str | None = None,
+    speaker: str | None = None,
     speed: float | None = None,
     seed: int | None = None,
     lang: str | None = None,
@@ -39,7 +40,9 @@ def synthesize_to_wav(
     threads: int = 2,
 ) -> float:
     engine = load_engine(engine_config_for(bundle, threads))
-    config = SynthesisConfig(voice=voice, speed=speed, seed=seed, lang=lang, extra=params or {})
+    config = SynthesisConfig(
+        voice=voice, speaker=speaker, speed=speed, seed=seed, lang=lang, extra=params or {}
+    )
     request = SpeakRequest(text=text, config=config, prepared=prepare(engine, text, config))
     audio = join_chunks(Resolver(engine).stream(request, Cancel()))
     if audio is None:

@@ -21,10 +21,16 @@ from speakd.config import load_config
 
 
 def write_config(
-    tmp_path: Path, extra: str = "", sink: str = "wav", realtime: bool = False
+    tmp_path: Path,
+    extra: str = "",
+    sink: str = "wav",
+    realtime: bool = False,
+    voices: str = "",
 ) -> Path:
-    """A config with sockets, cache and WAV output inside ``tmp_path``; ``extra`` appends TOML."""
+    """A config with sockets, cache, voices folder and WAV output inside ``tmp_path``; ``extra``
+    appends TOML, ``voices`` adds keys to ``[voices]``."""
     (tmp_path / "wav").mkdir(exist_ok=True)
+    (tmp_path / "voices").mkdir(exist_ok=True)
     config = tmp_path / "speakd.toml"
     config.write_text(
         f"""
@@ -36,6 +42,10 @@ realtime = {"true" if realtime else "false"}
 [socket]
 path = "{tmp_path / "speakd.sock"}"
 ssip_path = "{tmp_path / "ssip.sock"}"
+
+[voices]
+dir = "{tmp_path / "voices"}"
+{voices}
 
 [cache]
 path = "{tmp_path / "cache.db"}"

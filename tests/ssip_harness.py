@@ -66,7 +66,7 @@ class SsipServer:
             max_queue=self.max_queue,
             block_ms=self.block_ms,
         )
-        self.control = Control(scheduler, self.engine, max_text_chars=2000)
+        self.control = Control(scheduler, max_text_chars=2000)
         self.frontend = SsipFrontend(self.control, self.max_line_bytes)
         self._task = asyncio.create_task(scheduler.run())
         self._server = await start_unix_server(

@@ -11,7 +11,7 @@ import pytest
 
 from speakd.audio import join_chunks
 from speakd.bundle import BundleError
-from speakd.engines.base import EngineError, SynthesisConfig, UnknownVoiceError
+from speakd.engines.base import EngineError, SynthesisConfig, UnknownSpeakerError, UnknownVoiceError
 from speakd.engines.chattts.engine import ChatTTSEngine
 from speakd.engines.chattts.sampling import CodeSampler, SamplingParams
 from speakd.engines.chattts.vocoder import StreamingVocoder, StreamSchedule
@@ -57,10 +57,15 @@ def test_bundle_with_missing_or_altered_file_is_refused(tiny_bundle: Path, tmp_p
 
 
 def test_voices_options_and_limits(engine: ChatTTSEngine) -> None:
-    names = [v.name for v in engine.voices()]
-    assert "default" in names and engine.default_voice() == "default"
-    with pytest.raises(UnknownVoiceError, match=r"'nobody'.*default"):
+    (voice,) = engine.voices()  # one voice, named for the bundle; its speakers are embeddings
+    assert voice.name == engine.default_voice() == engine.bundle.path.name.removesuffix("-int8")
+    assert voice.speakers[0] == "default"
+    assert engine.audio_params(SynthesisConfig(voice=voice.name))["voice"] == "default"
+    with pytest.raises(UnknownVoiceError, match=r"'nobody'"):
         list(engine.synthesize("hi", SynthesisConfig(voice="nobody")))
+    with pytest.raises(UnknownSpeakerError, match=r"'nobody'.*its speakers: default") as e:
+        engine.audio_params(SynthesisConfig(speaker="nobody"))
+    assert e.value.code == "unknown_speaker"
     with pytest.raises(EngineError, match="top_q"):
         engine.audio_params(SynthesisConfig(extra={"top_q": 1}))
     with pytest.raises(EngineError, match="temperature"):

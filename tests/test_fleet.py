@@ -176,7 +176,9 @@ def test_a_corrupt_chunk_a_wrong_bundle_and_a_too_large_pack_are_refused_and_the
     since = watcher.mark()
     publish_pack(session, manifest, chunks)
     body = refused(watcher, since, manifest.pack_id)
-    assert body["reason"].startswith("wrong_bundle: the pack is for tone-1, this board runs ")
+    assert body["reason"].startswith(
+        "wrong_bundle: the pack is for tone-1, this board's voices are "
+    )
 
     # larger than limits.max_pack_bytes (64 MiB by default): refused before any chunk is fetched
     size = 1 << 30

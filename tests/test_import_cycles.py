@@ -156,3 +156,50 @@ def test_the_mqtt_package_knows_nothing_of_front_ends_or_the_queue() -> None:
     for name in package:
         bad = sorted(m for m in reachable(graph, name) if m.startswith(forbidden))
         assert bad == [], f"{name} imports {bad}"
+
+
+# The rooms a front-end must not enter: it speaks only to Control (docs/architecture.md).
+BEHIND_CONTROL = (
+    "speakd.scheduler",
+    "speakd.resolver",
+    "speakd.engines",
+    "speakd.cache",
+    "speakd.voices",
+)
+BEHIND_CONTROL_ATTRIBUTES = {"scheduler", "resolver", "engine", "library", "store"}
+
+
+def boundary_breaches(name: str, path: Path, known: dict[str, Path]) -> list[str]:
+    """What a front-end module imports from behind Control, and which of Control's insides it
+    reaches for (``control.scheduler``, ``control.library``…)."""
+    found = sorted(imports(name, path, known))
+    bad = [f"imports {m}" for m in found if m.startswith(BEHIND_CONTROL)]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Attribute) and node.attr in BEHIND_CONTROL_ATTRIBUTES:
+            owner = ast.unparse(node.value)
+            if owner.split(".")[-1] == "control":
+                bad.append(f"line {node.lineno}: {owner}.{node.attr}")
+    return sorted(bad)
+
+
+def test_front_ends_talk_only_to_control() -> None:
+    known = modules()
+    front_ends = [n for n in known if n.startswith("speakd.frontends.")]
+    assert len(front_ends) > 5
+    breaches = {n: boundary_breaches(n, known[n], known) for n in front_ends}
+    assert {n: b for n, b in breaches.items() if b} == {}
+
+
+def test_the_boundary_check_sees_imports_and_reaching_through_control(tmp_path: Path) -> None:
+    known = modules()
+    module = tmp_path / "probe.py"
+    module.write_text(
+        "from speakd.resolver import Resolver\n"
+        "def f(self):\n    return self.control.scheduler.listeners, self.control.library\n"
+    )
+    known = {**known, "speakd.frontends.probe": module}
+    assert boundary_breaches("speakd.frontends.probe", module, known) == [
+        "imports speakd.resolver",
+        "line 3: self.control.library",
+        "line 3: self.control.scheduler",
+    ]

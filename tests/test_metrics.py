@@ -20,12 +20,27 @@ STATUS: dict[str, Any] = {
     "breaker": {"state": "open"},
     "source": {"cache": {"hits": 7, "misses": 3, "bytes": 1000, "clips": 4, "max_bytes": 9}},
     "audio": {"available": False},
+    "voices": {
+        "voices": {
+            "en_US-joe-medium": {
+                "engine": "vits",
+                "loaded": True,
+                "resident_bytes": 123,
+                "load_s": 0.5,
+            },
+            "chattts": {"engine": "chattts", "loaded": False, "resident_bytes": 0, "load_s": None},
+        }
+    },
 }
 
 
 def make() -> Metrics:
+    listeners: list[Any] = []
     control = SimpleNamespace(
-        scheduler=SimpleNamespace(listeners=[]), observer=None, status=lambda: STATUS
+        listen=listeners.append,
+        unlisten=listeners.remove,
+        observer=None,
+        status=lambda: STATUS,
     )
     return Metrics(control)  # type: ignore[arg-type]
 
@@ -112,4 +127,9 @@ def test_rtf_and_the_figures_read_at_scrape_time() -> None:
     assert value(m, "speakd_breaker_state", state="open") == 1
     assert value(m, "speakd_breaker_state", state="closed") == 0
     assert value(m, "speakd_audio_available") == 0
+    piper = {"voice": "en_US-joe-medium", "engine": "vits"}
+    assert value(m, "speakd_voice_loaded", **piper) == 1
+    assert value(m, "speakd_voice_resident_bytes", **piper) == 123
+    assert value(m, "speakd_voice_load_seconds", **piper) == 0.5
+    assert value(m, "speakd_voice_loaded", voice="chattts", engine="chattts") == 0
     assert b"# TYPE speakd_queue_length gauge" in m.exposition()

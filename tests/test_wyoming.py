@@ -39,6 +39,7 @@ import speakd.service
 from speakd.audio import read_wav
 from speakd.config import ConfigError, load_config
 from tests.daemon_proc import DaemonProc, InProcessDaemon, start_daemon, write_config
+from tests.tiny_voices import tiny_multispeaker_voice
 from tests.tone_engine import ToneEngine
 
 HA_DESCRIBE_TIMEOUT_S = 1.0  # Home Assistant gives up on a describe after this
@@ -336,18 +337,6 @@ class Messages(logging.Handler):
 LOG = Messages()
 
 
-class SwitchableEngine(ToneEngine):
-    """The tone engine, slow enough to be caught mid-synthesis; ``voices`` can be changed (what
-    a reload that loads another model looks like to the Wyoming server)."""
-
-    def __init__(self) -> None:
-        super().__init__(word_s=0.1, compute_s=0.05)
-        self.voice_names = ["low", "high"]
-
-    def voices(self) -> list[Any]:
-        return [v for v in super().voices() if v.name in self.voice_names]
-
-
 @pytest.fixture(scope="module")
 def tone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[InProcessDaemon, Path]]:
     tmp = tmp_path_factory.mktemp("wyoming-tone")
@@ -357,12 +346,14 @@ def tone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[InProcessDa
         "[limits]\nmax_streams = 2\n"
         '[engine]\nfallback_text = "Sorry."\n'
     )
-    config = write_config(tmp, extra, sink="null", realtime=True)
+    config = write_config(tmp, extra, sink="null", realtime=True, voices="embedded = false")
     logger = logging.getLogger("speakd.frontends.wyoming")
     logger.addHandler(LOG)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(logger, "level", logging.INFO)
-        mp.setattr(speakd.service, "load_engine", lambda _config: SwitchableEngine())
+        mp.setattr(
+            speakd.service, "load_engine", lambda _config: ToneEngine(word_s=0.1, compute_s=0.05)
+        )
         mp.delenv("NOTIFY_SOCKET", raising=False)
         d = InProcessDaemon(config).start()
         try:
@@ -471,14 +462,20 @@ async def test_wyoming_never_interrupts_what_the_board_plays(
 
 async def test_info_follows_a_reload_and_a_new_uri(tone: tuple[InProcessDaemon, Path]) -> None:
     d, sock = tone
-    engine, other = d.daemon.control.engine, SwitchableEngine()
-    other.voice_names = ["high"]
-    d.daemon.control.engine = other  # what a reload that loads another model does
+    config = Path(d.daemon.config_path or "")
+    voices = config.parent / "voices"
+    tiny_multispeaker_voice(voices, "xx_XX-duo-low")  # a voice dropped into voices.dir
     try:
+        asyncio.run_coroutine_threadsafe(d.daemon.reload(), d.loop).result(30)
         async with unix(sock) as client:
-            assert [v.name for v in (await describe(client)).tts[0].voices] == ["high"]
+            listed = (await describe(client)).tts[0].voices
+        assert [v.name for v in listed] == ["low", "high", "xx_XX-duo-low"]
+        assert [s.name for s in listed[2].speakers or []] == ["anna", "bert"]
+        assert listed[2].languages == ["en_US"]
     finally:
-        d.daemon.control.engine = engine
+        for f in voices.iterdir():
+            f.unlink()
+        asyncio.run_coroutine_threadsafe(d.daemon.reload(), d.loop).result(30)
 
     config = Path(d.daemon.config_path or "")
     moved = sock.with_name("moved.sock")

@@ -115,6 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
     from .rknn.cli import add_parser as add_rknn
 
     add_rknn(sub)
+
+    from .voice import add_parser as add_voice
+
+    add_voice(sub)
     return p
 
 

@@ -1,4 +1,5 @@
-"""Engine registry: turns ``[engine]`` config into a loaded engine.
+"""Turns ``[engine]`` config into a voice and a loaded engine, through the kinds in
+``speakd.engines.registry``.
 
 Which bundle loads (``resolve_bundle``): with ``engine.precision = "int8"`` (the default) and
 ``engine.bundle = models/chattts``, a calibrated sibling ``models/chattts-int8`` (made by
@@ -12,13 +13,16 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from speakd.config import EngineConfig
-from speakd.engines.base import Engine, EngineError
+from speakd.bundle import INT8_SUFFIX
+from speakd.engines.base import Engine, EngineError, VoiceModel
+from speakd.engines.registry import kind_of
+
+if TYPE_CHECKING:
+    from speakd.config import EngineConfig
 
 log = logging.getLogger(__name__)
-
-INT8_SUFFIX = "-int8"
 
 
 def resolve_bundle(config: EngineConfig) -> Path | None:
@@ -35,26 +39,21 @@ def resolve_bundle(config: EngineConfig) -> Path | None:
     return path
 
 
-def load_engine(config: EngineConfig) -> Engine:
-    """Load the configured model once; raises BundleError/EngineError with a clear message."""
-    t0 = time.monotonic()
-    engine: Engine
+def describe_engine(config: EngineConfig) -> VoiceModel:
+    """The ``[engine]`` voice, read without loading its model (``resolve_bundle`` picks it)."""
+    kind = kind_of(config.kind)
     bundle = resolve_bundle(config)
-    if config.kind == "vits":
-        from speakd.engines.vits import VitsEngine
+    if bundle is not None:
+        return kind.describe(bundle)
+    if kind.embedded is None:
+        raise EngineError(f"engine.bundle: kind {kind.name!r} needs a bundle path")
+    return kind.embedded()
 
-        if bundle is not None:
-            engine = VitsEngine.from_bundle(bundle, threads=config.threads)
-        else:
-            engine = VitsEngine.embedded(threads=config.threads)
-    elif config.kind == "chattts":
-        from speakd.engines.chattts.engine import ChatTTSEngine
 
-        engine = ChatTTSEngine.load(
-            bundle, threads=config.threads, batch_size=config.batch_size, paced=config.paced
-        )
-    else:
-        raise EngineError(f"engine.kind: unknown engine {config.kind!r}")
+def load_model(voice: VoiceModel, config: EngineConfig) -> Engine:
+    """A voice's model in memory; raises BundleError/EngineError with a clear message."""
+    t0 = time.monotonic()
+    engine = kind_of(voice.kind).load(voice, config)
     log.info(
         "engine %s loaded in %.2f s: bundle %s, precision %s, %d Hz",
         engine.kind,
@@ -64,3 +63,8 @@ def load_engine(config: EngineConfig) -> Engine:
         engine.sample_rate,
     )
     return engine
+
+
+def load_engine(config: EngineConfig) -> Engine:
+    """Load the ``[engine]`` model once; raises BundleError/EngineError with a clear message."""
+    return load_model(describe_engine(config), config)

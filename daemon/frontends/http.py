@@ -26,7 +26,6 @@ from prometheus_client import Counter
 
 from speakd.config import HttpConfig
 from speakd.control import Control
-from speakd.engines.base import EngineError
 from speakd.frontends import http_openai, http_speakd
 from speakd.frontends.http_base import (
     STATE,
@@ -37,7 +36,7 @@ from speakd.frontends.http_base import (
     state,
 )
 from speakd.frontends.unixserver import listen_backlog
-from speakd.messages import RequestError
+from speakd.messages import error_data
 from speakd.metrics import CONTENT_TYPE, Metrics
 
 log = logging.getLogger(__name__)
@@ -151,7 +150,7 @@ class HttpFrontend:
         except web.HTTPException as e:  # aiohttp's own: unknown route, wrong method, too large
             response = _http_error(e)
         except Exception as e:  # refused, failed, or a bug: the client hears it, speakd goes on
-            if not isinstance(e, RequestError | EngineError):
+            if error_data(e)["code"] == "internal_error":
                 log.exception("HTTP %s %s %s failed", rid, request.method, request.path)
             response = failure(e)
         level = logging.DEBUG if response.status < 400 else logging.INFO

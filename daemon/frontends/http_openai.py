@@ -2,13 +2,14 @@
 ``GET /v1/models`` — so Open WebUI, n8n, LiveKit agents or the ``openai`` SDK speak through speakd
 with nothing changed but the base URL and the key (docs/http.md).
 
-``model`` is accepted whatever it names (speakd has one engine loaded); ``instructions`` and any
-field speakd does not know are ignored, as OpenAI's clients expect. OpenAI's voice names (alloy,
-echo…) mean the engine's default voice; speakd's own voice names work as themselves. speakd's
-request fields ``lang``, ``seed``, ``params``, ``cache_only`` and ``id`` may ride along (the SDK's
-``extra_body``). The audio is the request path's (``Control.stream``): from the cache on a hit,
-else sent as it is synthesised, chunk by chunk, encoded by ``speakd.encode`` — except FLAC, whose
-header needs the whole clip, so a FLAC miss is sent once its synthesis has finished.
+``model`` is accepted whatever it names (``voice`` picks the voice, of any engine);
+``instructions`` and any field speakd does not know are ignored, as OpenAI's clients expect.
+OpenAI's voice names (alloy, echo…) mean the default voice; speakd's own voice names work as
+themselves, each at its own sample rate. speakd's request fields ``speaker``, ``lang``, ``seed``,
+``params``, ``cache_only`` and ``id`` may ride along (the SDK's ``extra_body``). The audio is the
+request path's (``Control.stream``): from the cache on a hit, else sent as it is synthesised, chunk
+by chunk, encoded by ``speakd.encode`` — except FLAC, whose header needs the whole clip, so a FLAC
+miss is sent once its synthesis has finished.
 """
 
 from __future__ import annotations
@@ -29,10 +30,9 @@ from speakd.encode import (
     encode_whole,
     encoder,
 )
-from speakd.engines.base import EngineError
+from speakd.errors import RequestError
 from speakd.frontends.http_base import client_key, ok, origin, read_json, state
 from speakd.logcontext import request_context
-from speakd.messages import RequestError
 from speakd.stream import AudioStream
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ OPENAI_VOICES = (
     "marin", "nova", "onyx", "sage", "shimmer", "verse",
 )  # fmt: skip
 MODELS = ("speakd", "tts-1", "tts-1-hd", "gpt-4o-mini-tts")
-SPEAKD_FIELDS = ("lang", "seed", "params", "cache_only", "id")
+SPEAKD_FIELDS = ("speaker", "lang", "seed", "params", "cache_only", "id")
 DEFAULT_FORMAT = "mp3"  # OpenAI's default
 CHEAP_FORMATS = ("wav", "pcm")  # encoded on the event loop; the others on a worker thread
 
@@ -148,7 +148,7 @@ async def _respond(
         if data is None:
             audio = [c async for c in chunks]
             if not audio:
-                raise EngineError("the engine produced no audio")
+                raise RequestError("synthesis_failed", "the engine produced no audio")
             data = await encode(encode_whole, fmt, audio)
             if fmt not in CHEAP_FORMATS:
                 encoded.put(stream.key, fmt, data)
@@ -159,7 +159,7 @@ async def _respond(
     else:
         first = await anext(chunks, None)  # an engine that fails at once gets a JSON error
         if first is None:
-            raise EngineError("the engine produced no audio")
+            raise RequestError("synthesis_failed", "the engine produced no audio")
         response.enable_chunked_encoding()
         await response.prepare(request)
         sent.append(response)
@@ -177,7 +177,7 @@ async def voices(request: web.Request) -> web.Response:
     return ok(
         {
             "voices": [{"id": v["name"], **v} for v in control.voices()],
-            "default": control.engine.default_voice(),
+            "default": control.default_voice(),
             "openai_voices": list(OPENAI_VOICES),
             "options": control.options(),
             "formats": list(FORMATS),

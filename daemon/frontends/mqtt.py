@@ -153,7 +153,7 @@ class MqttFrontend:
         self.packs = PackReceiver(
             config,
             control.cache_store,
-            lambda: control.engine.bundle_id,
+            control.bundles,
             (limits or LimitsConfig()).max_pack_bytes,
             self.connection.publish,
             self.connection.subscribe,
@@ -173,7 +173,7 @@ class MqttFrontend:
     async def start(self) -> None:
         """Connect in the background: a broker that is down at start-up is retried with backoff."""
         self._loop = asyncio.get_running_loop()
-        self.control.scheduler.listeners.append(self._on_any_event)
+        self.control.listen(self._on_any_event)
         self.connection.start()
 
     async def close(self, successor: MqttFrontend | None = None) -> None:
@@ -185,8 +185,7 @@ class MqttFrontend:
         """
         self._successor = successor
         self._closing = True
-        if self._on_any_event in self.control.scheduler.listeners:
-            self.control.scheduler.listeners.remove(self._on_any_event)
+        self.control.unlisten(self._on_any_event)
         if self._discovery_timer is not None:
             self._discovery_timer.cancel()
         if self.speaker is not None:
@@ -247,6 +246,8 @@ class MqttFrontend:
                 self._say(msg, site)
             elif command == "stop":
                 self._stop(msg, site)
+            elif command == "voice":
+                self._set_voice(msg, site)
             else:
                 self._cancel(msg, site)
         else:
@@ -363,6 +364,22 @@ class MqttFrontend:
         origin = self._origin(msg, None, site, None)
         self._reply(origin, None, "stopped", {"stopped": stopped})
 
+    def _set_voice(self, msg: Incoming, site: str) -> None:
+        """The default voice, as Home Assistant's voice ``select`` sends it (the bare name)."""
+        name = msg.payload.decode("utf-8", "replace").strip()
+        origin = self._origin(msg, None, site, None)
+        try:
+            self.control.set_default_voice(name)
+        except RequestError as e:  # in the retained status, as a failed say's error is
+            log.warning("MQTT: %s: %s", msg.topic, e)
+            self._last_error = {"id": None, "code": e.code, "message": str(e)}
+            self._last_error["at"] = round(time.time(), 3)
+            self._reply(origin, None, "error", {"code": e.code, "message": str(e)})
+        else:
+            log.info("MQTT: default voice now %s (%s)", name, msg.topic)
+            self._reply(origin, None, "voice", {"voice": name})
+        self._publish_status()
+
     def _cancel(self, msg: Incoming, site: str) -> None:
         origin = self._origin(msg, None, site, None)
         try:
@@ -427,7 +444,8 @@ class MqttFrontend:
 
     def _publish_discovery(self) -> None:
         self._discovery_timer = None
+        voices = [v["name"] for v in self.control.voices()]
         for message in discovery_messages(
-            self.config.discovery_prefix, self.topics, __version__, self.control.engine.kind
+            self.config.discovery_prefix, self.topics, __version__, voices
         ):
             self.connection.publish(message)

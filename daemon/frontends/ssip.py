@@ -489,14 +489,16 @@ class SsipFrontend:
             return reply(249, "OK VOICE LIST SENT", *(v.upper() for v in VOICE_TYPES))
         if what == "synthesis_voices":
             lang = request_lang(_arg(words, 2))
-            rows = [
-                f"{printable(v['name'])}\t{printable(v['language'])}\tnone"
+            rows = [  # one row per speaker, its name as the variant, as speech-dispatcher lists
+                f"{printable(v['name'])}\t{printable(v['language'])}\t{printable(speaker)}"
                 for v in self.control.voices()
                 if not lang or match_language(tuple(v["languages"]), lang) is not None
+                for speaker in v["speakers"] or ["none"]
             ]
             return reply(249, "OK VOICE LIST SENT", *rows)
         if what == "output_modules":
-            return reply(250, "OK MODULE LIST SENT", self.control.status()["engine"]["kind"])
+            kinds = dict.fromkeys(v["engine"] for v in self.control.voices())
+            return reply(250, "OK MODULE LIST SENT", *kinds)
         return ERR_PARAMETER_INVALID
 
     def _get(self, conn: Connection, words: list[str], line: str) -> bytes:

@@ -4,8 +4,8 @@ speakd. Set ``[wyoming] uri`` and add it in Home Assistant as a Wyoming Protocol
 
 Events, on the ``wyoming`` package's own server and event classes:
 
-* ``describe`` → ``info``, answered at once from an ``Info`` built when the server starts and
-  rebuilt when a reload brings another engine (``wyoming_wire.build_info``).
+* ``describe`` → ``info``: one program with every voice of every engine, their languages and
+  speakers (``wyoming_wire.build_info``), as they are now (a reload may add voices).
 * ``synthesize`` → ``audio-start``, ``audio-chunk``…, ``audio-stop``: one request through
   ``Control.stream`` — a cache hit comes straight from the cache, a miss shares one synthesis with
   any playback of the same key, and each chunk goes out as the engine yields it.
@@ -54,12 +54,11 @@ from wyoming.tts import (
 
 from speakd.config import WyomingConfig
 from speakd.control import Control
-from speakd.engines.base import Engine
+from speakd.errors import RequestError
 from speakd.frontends.sentences import SentenceSplitter
 from speakd.frontends.unixserver import widen_backlog
 from speakd.frontends.wyoming_wire import WireError, build_info, read_event
-from speakd.messages import RequestError, SpeakRequest, error_data
-from speakd.prepare import select_voice
+from speakd.messages import SpeakRequest, error_data
 
 log = logging.getLogger(__name__)
 
@@ -99,10 +98,8 @@ class WyomingFrontend:
         self.server: AsyncServer | None = None
         self._zeroconf: Any = None
         self._connections = itertools.count(1)
-        self._info: tuple[Engine, Event] | None = None
 
     async def start(self) -> None:
-        self.info_event()  # prebuilt: describe never waits for it
         self.server = AsyncServer.from_uri(self.config.uri)
         await self.server.start(self._handler)
         widen_backlog(self.server._server)  # the library listens with asyncio's backlog
@@ -126,11 +123,8 @@ class WyomingFrontend:
             self.server = None
 
     def info_event(self) -> Event:
-        """``info`` for the engine now loaded, built once per engine."""
-        engine = self.control.engine
-        if self._info is None or self._info[0] is not engine:
-            self._info = (engine, build_info(engine).event())
-        return self._info[1]
+        """``info`` for the voices there are now (a reload may change them)."""
+        return build_info(self.control.voices()).event()
 
     async def _announce(self) -> None:
         """Zeroconf (mDNS) so Home Assistant discovers the server, as wyoming-piper does."""
@@ -287,10 +281,9 @@ class WyomingHandler(AsyncEventHandler):
             raise RequestError("bad_event", "synthesize-start inside an open text stream")
         fields = _voice_fields(voice)
         self._text = _TextStream(fields, SentenceSplitter(self.control.max_text_chars))
-        engine = self.control.engine
         try:  # refuse an unknown voice once, here, rather than once per sentence
-            select_voice(
-                engine.voices(), engine.default_voice(), fields.get("voice"), fields.get("lang")
+            self.control.select_voice(
+                fields.get("voice"), fields.get("lang"), fields.get("speaker")
             )
         except RequestError:
             self._text.failed = True
@@ -364,7 +357,7 @@ class WyomingHandler(AsyncEventHandler):
                         piece = chunk.pcm[i : i + step]
                         await self.write_event(AudioChunk(audio=piece, **fmt).event())
                 if not started:  # no audio at all: still a well-formed answer
-                    rate = self.control.engine.sample_rate
+                    rate = self.control.sample_rate(request)
                     await self.write_event(AudioStart(rate=rate, width=2, channels=1).event())
                 log.info(
                     "request %s: %.2f s of audio sent (%s)",
@@ -399,15 +392,16 @@ def _parse(parser: Any, event: Event) -> Any:
 
 
 def _voice_fields(voice: SynthesizeVoice | None) -> dict[str, str]:
-    """A Wyoming voice as request fields: a speaker (what Home Assistant's speaker option sends)
-    names the voice as ``name`` does — ChatTTS speakers are speakd voices — and a language
-    picks the voice by language (``prepare.select_voice``)."""
+    """A Wyoming voice as request fields: ``name`` names the voice, ``speaker`` (Home
+    Assistant's speaker option) a speaker inside it, and a language picks the voice by language
+    (``Control.select_voice``)."""
     if voice is None:
         return {}
-    name = voice.speaker or voice.name
     fields: dict[str, Any] = {}
-    if name is not None:
-        fields["voice"] = name
+    if voice.name is not None:
+        fields["voice"] = voice.name
+    if voice.speaker is not None:
+        fields["speaker"] = voice.speaker
     if voice.language is not None:
         fields["lang"] = voice.language
     return fields

@@ -16,18 +16,14 @@ import asyncio
 from typing import Any
 
 from wyoming.event import Event
-from wyoming.info import Attribution, Info, TtsProgram, TtsVoice
+from wyoming.info import Attribution, Info, TtsProgram, TtsVoice, TtsVoiceSpeaker
 
 import speakd
-from speakd.engines.base import Engine
-from speakd.messages import RequestError, parse_json
+from speakd.errors import RequestError
+from speakd.messages import parse_json
 
 PROGRAM = "speakd"
 SPEAKD = Attribution(name="speakd", url="")
-MODELS = {  # engine kind → who made the model behind its voices
-    "vits": Attribution(name="Piper (Rhasspy)", url="https://github.com/rhasspy/piper"),
-    "chattts": Attribution(name="ChatTTS (2noise)", url="https://github.com/2noise/ChatTTS"),
-}
 
 
 class WireError(RequestError):
@@ -90,28 +86,29 @@ def _length(header: dict[str, Any], key: str, max_bytes: int) -> int:
     return value
 
 
-def build_info(engine: Engine) -> Info:
-    """One TTS program with every voice the engine speaks (a ChatTTS speaker is a voice, as
-    ``speakd voices`` lists it) and the languages each one speaks."""
-    model = MODELS.get(engine.kind, SPEAKD)
-    voices = [
-        TtsVoice(
-            name=voice.name,
-            description=voice.description or voice.name,
-            attribution=model,
-            installed=True,
-            version=engine.bundle_id,
-            languages=list(voice.languages),
-        )
-        for voice in engine.voices()
-    ]
+def build_info(voices: list[dict[str, Any]]) -> Info:
+    """One TTS program with every voice of every engine (``Control.voices``), installed, with the
+    languages each speaks and its speakers (Home Assistant's speaker option)."""
     program = TtsProgram(
         name=PROGRAM,
-        description=f"speakd offline speech daemon ({engine.kind}, {engine.precision})",
+        description="speakd offline speech daemon",
         attribution=SPEAKD,
         installed=True,
         version=speakd.__version__,
-        voices=voices,
+        voices=[_voice(v) for v in voices],
         supports_synthesize_streaming=True,
     )
     return Info(tts=[program])
+
+
+def _voice(voice: dict[str, Any]) -> TtsVoice:
+    made_by = Attribution(name=voice["made_by"], url=voice["url"]) if voice["made_by"] else SPEAKD
+    return TtsVoice(
+        name=voice["name"],
+        description=f"{voice['description'] or voice['name']} ({voice['licence']})",
+        attribution=made_by,
+        installed=True,
+        version=voice["bundle"],
+        languages=voice["languages"],
+        speakers=[TtsVoiceSpeaker(name=s) for s in voice["speakers"]] or None,
+    )

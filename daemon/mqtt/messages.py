@@ -358,9 +358,10 @@ class Discovery(Message):
 
 
 def discovery_messages(
-    discovery_prefix: str, topics: SiteTopics, version: str, engine: str
+    discovery_prefix: str, topics: SiteTopics, version: str, voices: list[str]
 ) -> list[Discovery]:
-    """A notify entity that speaks, a stop button and a state sensor, on one device."""
+    """A notify entity that speaks, a stop button, a state sensor and the default voice's
+    select, on one device."""
     base = object_id(f"{topics.prefix}_{topics.site}")
     common = {
         "availability_topic": topics.availability,
@@ -368,7 +369,7 @@ def discovery_messages(
             "identifiers": [base],
             "name": f"speakd {topics.site}",
             "manufacturer": "speakd",
-            "model": f"speakd ({engine})",
+            "model": "speakd",
             "sw_version": version,
         },
         "origin": {"name": "speakd", "sw_version": version},
@@ -409,6 +410,20 @@ def discovery_messages(
                     '{{ {"current": value_json.current, "queue_length": value_json.queue_length}'
                     " | to_json }}"
                 ),
+                "icon": "mdi:account-voice",
+            },
+        ),
+        (
+            "select",
+            {
+                "name": "Voice",
+                "unique_id": f"{base}_voice",
+                "command_topic": topics.command("voice"),
+                "state_topic": topics.status,
+                "value_template": "{{ value_json.voices.default }}",
+                "options": voices,
+                "qos": 1,
+                "retain": False,
                 "icon": "mdi:account-voice",
             },
         ),

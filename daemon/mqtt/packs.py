@@ -8,7 +8,7 @@ persistent, a board that was away gets it on its next connect; only then, and on
 that pack, does it subscribe to the pack's chunk topics, whose retained messages the broker sends
 at once — a board joining a week late fetches the whole pack, a board that has it fetches nothing.
 
-The board checks before it fetches (the engine's bundle id is one the pack was made for; the size
+The board checks before it fetches (a voice's bundle id is one the pack was made for; the size
 is within ``limits.max_pack_bytes``), checks each chunk against the manifest's sha256 on arrival,
 writes it into a part file beside the cache and checks the whole file's sha256 at the end. Only
 then is the pack imported, with ``cache.packs.import_pack`` as ``speakd cache import`` does: one
@@ -72,16 +72,16 @@ class PackReceiver:
     """Fetches, checks and imports the packs published for our sites (see the module doc).
 
     ``cache_store`` gives the cache the daemon plays from now (None when disabled; a reload may
-    replace it) and ``bundle_id`` the engine's. ``subscribe``/``unsubscribe`` and ``publish`` are
-    the session's (paho's calls are thread-safe); every other method runs on the single worker
-    thread.
+    replace it) and ``bundles`` the bundle ids of the voices it has. ``subscribe``/``unsubscribe``
+    and ``publish`` are the session's (paho's calls are thread-safe); every other method runs on
+    the single worker thread.
     """
 
     def __init__(
         self,
         config: MqttConfig,
         cache_store: Callable[[], CacheStore | None],
-        bundle_id: Callable[[], str],
+        bundles: Callable[[], set[str]],
         max_pack_bytes: int,
         publish: Callable[[Message], Any],
         subscribe: Callable[[list[tuple[str, SubscribeOptions]]], None],
@@ -89,7 +89,7 @@ class PackReceiver:
     ) -> None:
         self.config = config
         self._cache_store = cache_store
-        self._bundle_id = bundle_id
+        self._bundles = bundles
         self.max_pack_bytes = max_pack_bytes
         self._publish = publish
         self._subscribe = subscribe
@@ -170,11 +170,11 @@ class PackReceiver:
         self._start(store, manifest)
 
     def _check(self, manifest: PackManifest) -> None:
-        bundle = self._bundle_id()
-        if bundle not in manifest.bundles:
+        bundles = self._bundles()
+        if not bundles & set(manifest.bundles):
             raise PackRefused(
                 f"wrong_bundle: the pack is for {', '.join(manifest.bundles) or 'no bundle'}, "
-                f"this board runs {bundle}"
+                f"this board's voices are {', '.join(sorted(bundles))}"
             )
         if manifest.size > self.max_pack_bytes:
             raise PackRefused(

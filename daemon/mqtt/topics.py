@@ -15,7 +15,7 @@ HERMES_TTS_ERROR = "hermes/error/tts"
 RHASSPY_GET_VOICES = "rhasspy/tts/getVoices"
 RHASSPY_VOICES = "rhasspy/tts/voices"
 HA_STATUS = "status"  # under the discovery prefix: Home Assistant's birth/will topic
-COMMANDS = ("say", "stop", "cancel")
+COMMANDS = ("say", "stop", "cancel", "voice")
 
 
 @dataclass(frozen=True)

@@ -117,14 +117,14 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     engine = await asyncio.to_thread(load_engine, config.engine)
     sink = TimingSink()
     scheduler = Scheduler(Resolver.from_config(engine, config.cache), sink, block_ms=50)
-    control = Control(scheduler, engine, 5000)
+    control = Control(scheduler, 5000)
     in_daemon: dict[str, float] = {}
 
     def on_event(event: Any) -> None:
         if event.type == EventType.STARTED:
             in_daemon[event.request_id] = event.data["latency_ms"]
 
-    scheduler.listeners.append(on_event)
+    control.listen(on_event)
     task = asyncio.create_task(scheduler.run())
     frontend = MqttFrontend(control, config.mqtt)
     await frontend.start()

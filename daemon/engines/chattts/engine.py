@@ -19,11 +19,12 @@ from typing import Any
 import numpy as np
 
 from speakd.audio import AudioChunk
-from speakd.bundle import Bundle, BundleError, load_bundle
+from speakd.bundle import INT8_SUFFIX, Bundle, BundleError, load_bundle
 from speakd.engines.base import (
     EngineError,
     SynthesisConfig,
     TextTooLongError,
+    UnknownSpeakerError,
     UnknownVoiceError,
     VoiceInfo,
 )
@@ -45,6 +46,8 @@ from speakd.engines.chattts.vocoder import (
 from speakd.engines.options import Option
 
 log = logging.getLogger(__name__)
+
+CHATTTS_LICENCE = "CC BY-NC 4.0 (ChatTTS's published weights: non-commercial use only)"
 
 MAX_CHARS = 2000  # per request, before normalisation
 LANGS = ("zh", "en")
@@ -73,10 +76,134 @@ class Utterance:
     stats: DecodeStats
 
 
-class ChatTTSEngine:
+class ChatTTSVoice:
+    """A ChatTTS bundle as its manifest describes it: one voice whose speakers are the bundle's
+    speaker embeddings, its text front-end and parameters, but no session. The voice library keys
+    requests with it before (or without) loading the model; ``ChatTTSEngine`` adds the model."""
+
     kind = "chattts"
     sample_rate = SAMPLE_RATE
     options = OPTIONS
+
+    def __init__(
+        self,
+        bundle: Bundle,
+        schedule: StreamSchedule | None = None,
+        max_chars: int = MAX_CHARS,
+    ) -> None:
+        if bundle.engine != "chattts":
+            raise BundleError(f"{bundle.path}: engine {bundle.engine!r}, expected 'chattts'")
+        m = bundle.manifest
+        try:
+            self.spec = ModelSpec.from_manifest(m["model"])
+            self._defaults = dict(m.get("defaults") or {})
+            self._speaker_entries: dict[str, Any] = dict(m["voices"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise BundleError(f"{bundle.path / 'manifest.json'}: {e.args[0]}") from None
+        if "default" not in self._speaker_entries:
+            raise BundleError(f"{bundle.path / 'manifest.json'}: no 'default' voice")
+        self.bundle = bundle
+        self.bundle_id = bundle.bundle_id
+        self.precision = bundle.precision
+        # one name for a bundle and its calibrated sibling (models/chattts, models/chattts-int8)
+        self.name = str(m.get("name", bundle.path.name)).removesuffix(INT8_SUFFIX)
+        # a bundle exported from other weights says so in its manifest
+        self.licence = str(m.get("license") or CHATTTS_LICENCE)
+        self.schedule = schedule or StreamSchedule()
+        self.max_chars = max_chars
+
+    @classmethod
+    def from_bundle(cls, bundle_path: Path) -> ChatTTSVoice:
+        """The bundle's manifest only; the files' hashes are verified when it loads."""
+        return cls(load_bundle(bundle_path, verify=False))
+
+    def load_model(self, threads: int = 2, **kwargs: Any) -> ChatTTSEngine:
+        """The model itself (hashes verified, sessions made): the costly part."""
+        return ChatTTSEngine.load(self.bundle.path, threads=threads, **kwargs)
+
+    # --- the voice's meaning -----------------------------------------------------------------
+
+    def voices(self) -> list[VoiceInfo]:
+        speakers = ("default", *sorted(set(self._speaker_entries) - {"default"}))
+        return [VoiceInfo(self.name, ",".join(LANGS), "ChatTTS", speakers)]
+
+    def default_voice(self) -> str:
+        return self.name
+
+    def normalize_text(self, text: str, lang: str | None = None) -> str:
+        if len(text) > self.max_chars:
+            raise TextTooLongError(
+                f"text is {len(text)} characters; this engine takes at most {self.max_chars} "
+                "per request (send it as several requests)"
+            )
+        return textfe.normalize(text, _lang(lang))
+
+    def audio_params(self, config: SynthesisConfig) -> dict[str, Any]:
+        if config.voice not in (None, "", "default", self.name):
+            raise UnknownVoiceError(f"unknown voice {config.voice!r}; this bundle is {self.name!r}")
+        speaker = config.speaker or "default"
+        if speaker not in self._speaker_entries:
+            raise UnknownSpeakerError(
+                f"voice {self.name!r} has no speaker {speaker!r}; its speakers: "
+                + ", ".join(self.voices()[0].speakers)
+            )
+        known = {o.name for o in OPTIONS}
+        unknown = sorted(set(config.extra) - known)
+        if unknown:
+            raise EngineError(
+                f"unknown ChatTTS option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+            )
+        p = self._sampling(config)
+        params: dict[str, Any] = {
+            "voice": speaker,
+            "speed_level": self._speed_level(config),
+            **dataclasses.asdict(p),
+            "stream": self.schedule.key,
+        }
+        if config.lang is not None:  # it decides how numbers and symbols are read
+            params["lang"] = _lang(config.lang)
+        if config.seed is not None:
+            params["seed"] = config.seed
+        return params
+
+    def _sampling(self, config: SynthesisConfig) -> SamplingParams:
+        d, x = self._defaults, config.extra
+        values: dict[str, Any] = {}
+        for option in SAMPLING_OPTIONS:
+            key = option.name
+            value = x.get(key, d.get(key))
+            if value is not None:
+                try:
+                    values[key] = option.type(value)
+                except (TypeError, ValueError):
+                    raise EngineError(f"ChatTTS option {key}: {value!r} is not a number") from None
+        if "repetition_window" in d:
+            values["repetition_window"] = int(d["repetition_window"])
+        values["greedy"] = bool(x.get("greedy", False))
+        try:
+            return SamplingParams(**values)
+        except ValueError as e:
+            raise EngineError(f"ChatTTS options: {e}") from None
+
+    def _speed_level(self, config: SynthesisConfig) -> int:
+        """``[speed_N]``, N in 0..9: ``extra['speed_level']`` or bundle default × speed factor."""
+        if "speed_level" in config.extra:
+            level = config.extra["speed_level"]
+            if not isinstance(level, int) or isinstance(level, bool) or not 0 <= level <= 9:
+                raise EngineError(f"speed_level {level!r}: an integer 0..9 ([speed_N])")
+        else:
+            level = int(float(self._defaults.get("speed", 5)) * (config.speed or 1.0) + 0.5)
+        return min(max(level, 0), 9)
+
+    def _default_seed(self, text: str, config: SynthesisConfig) -> int:
+        """The daemon passes a seed; direct callers get the one the daemon would derive."""
+        from speakd.keys import audio_key, seed_from_key
+
+        return seed_from_key(audio_key(self, text, config))
+
+
+class ChatTTSEngine(ChatTTSVoice):
+    """The loaded model: ChatTTS's GPT, Decoder and Vocos sessions and the speaker embeddings."""
 
     def __init__(
         self,
@@ -90,22 +217,9 @@ class ChatTTSEngine:
         batch_exact: bool = True,
         paced: bool = True,
     ) -> None:
-        if bundle.engine != "chattts":
-            raise BundleError(f"{bundle.path}: engine {bundle.engine!r}, expected 'chattts'")
-        m = bundle.manifest
-        try:
-            self.spec = ModelSpec.from_manifest(m["model"])
-            self._defaults = dict(m.get("defaults") or {})
-            voices = m["voices"]
-        except KeyError as e:
-            raise BundleError(f"{bundle.path / 'manifest.json'}: {e.args[0]}") from None
-        self.bundle = bundle
-        self.bundle_id = bundle.bundle_id
-        self.precision = bundle.precision
-        self.schedule = schedule or StreamSchedule()
-        self.max_chars = max_chars
+        super().__init__(bundle, schedule, max_chars)
         self.split = split or textfe.SplitPolicy()
-        self._voices = self._load_voices(voices)
+        self._voices = self._load_voices(self._speaker_entries)
         emb_text = np.load(bundle.file("emb_text.npy"), mmap_mode="r")
         emb_code = np.load(bundle.file("emb_code.npy"))
         self.prompts = PromptBuilder(
@@ -175,51 +289,9 @@ class ChatTTSEngine:
             if vec.shape != (self.spec.hidden_size,):
                 raise BundleError(f"{self.bundle.path / f}: voice {name!r} has shape {vec.shape}")
             out[name] = vec
-        if "default" not in out:
-            raise BundleError(f"{self.bundle.path / 'manifest.json'}: no 'default' voice")
         return out
 
     # --- Engine protocol ---------------------------------------------------------------------
-
-    def voices(self) -> list[VoiceInfo]:
-        langs = ",".join(LANGS)
-        return [VoiceInfo(n, langs, "ChatTTS speaker embedding") for n in sorted(self._voices)]
-
-    def default_voice(self) -> str:
-        return "default"
-
-    def normalize_text(self, text: str, lang: str | None = None) -> str:
-        if len(text) > self.max_chars:
-            raise TextTooLongError(
-                f"text is {len(text)} characters; this engine takes at most {self.max_chars} "
-                "per request (send it as several requests)"
-            )
-        return textfe.normalize(text, _lang(lang))
-
-    def audio_params(self, config: SynthesisConfig) -> dict[str, Any]:
-        voice = config.voice or self.default_voice()
-        if voice not in self._voices:
-            raise UnknownVoiceError(
-                f"unknown voice {voice!r}; this bundle has {', '.join(sorted(self._voices))}"
-            )
-        known = {o.name for o in OPTIONS}
-        unknown = sorted(set(config.extra) - known)
-        if unknown:
-            raise EngineError(
-                f"unknown ChatTTS option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
-            )
-        p = self._sampling(config)
-        params: dict[str, Any] = {
-            "voice": voice,
-            "speed_level": self._speed_level(config),
-            **dataclasses.asdict(p),
-            "stream": self.schedule.key,
-        }
-        if config.lang is not None:  # it decides how numbers and symbols are read
-            params["lang"] = _lang(config.lang)
-        if config.seed is not None:
-            params["seed"] = config.seed
-        return params
 
     def synthesize(
         self, text: str, config: SynthesisConfig, cancel: threading.Event | None = None
@@ -369,41 +441,6 @@ class ChatTTSEngine:
     @property
     def _render_step_s(self) -> float:
         return self._render_s / self._rendered_steps if self._rendered_steps else 0.0
-
-    def _sampling(self, config: SynthesisConfig) -> SamplingParams:
-        d, x = self._defaults, config.extra
-        values: dict[str, Any] = {}
-        for option in SAMPLING_OPTIONS:
-            key = option.name
-            value = x.get(key, d.get(key))
-            if value is not None:
-                try:
-                    values[key] = option.type(value)
-                except (TypeError, ValueError):
-                    raise EngineError(f"ChatTTS option {key}: {value!r} is not a number") from None
-        if "repetition_window" in d:
-            values["repetition_window"] = int(d["repetition_window"])
-        values["greedy"] = bool(x.get("greedy", False))
-        try:
-            return SamplingParams(**values)
-        except ValueError as e:
-            raise EngineError(f"ChatTTS options: {e}") from None
-
-    def _speed_level(self, config: SynthesisConfig) -> int:
-        """``[speed_N]``, N in 0..9: ``extra['speed_level']`` or bundle default × speed factor."""
-        if "speed_level" in config.extra:
-            level = config.extra["speed_level"]
-            if not isinstance(level, int) or isinstance(level, bool) or not 0 <= level <= 9:
-                raise EngineError(f"speed_level {level!r}: an integer 0..9 ([speed_N])")
-        else:
-            level = int(float(self._defaults.get("speed", 5)) * (config.speed or 1.0) + 0.5)
-        return min(max(level, 0), 9)
-
-    def _default_seed(self, text: str, config: SynthesisConfig) -> int:
-        """The daemon passes a seed; direct callers get the one the daemon would derive."""
-        from speakd.keys import audio_key, seed_from_key
-
-        return seed_from_key(audio_key(self, text, config))
 
 
 def _lang(lang: str | None) -> textfe.Lang | None:

@@ -1,0 +1,420 @@
+"""The voice library: every voice the board has, from any engine, served side by side.
+
+A voice is known from its files alone (``VoiceModel``: names, languages, speakers, bundle id,
+licence), so requests are chosen and keyed without its model in memory, and a cached clip plays
+while the voice stays unloaded. The model loads on the first synthesis that needs it (or at start,
+``voices.preload``); past ``limits.max_loaded_voices`` or ``limits.max_voice_bytes`` the least
+recently used idle voice is unloaded. A voice with a synthesis in flight never is.
+
+Where voices come from (``scan``): the ``[engine]`` voice, the embedded Piper voice (unless
+``voices.embedded = false``), and ``voices.dir``: Piper voices (``NAME.onnx`` + ``NAME.onnx.json``)
+and bundle folders (``manifest.json``; a calibrated ``NAME-int8`` sibling stands in for ``NAME``
+as ``engine.precision`` says). A voice whose files are broken is reported (``problems``) and left
+out; it never stops the others. Two voices with one name is a ``ConfigError`` naming both.
+
+Choosing (``select``) is one rule for every front-end: a request's ``voice`` by name, else its
+``lang`` through ``voices.by_lang``, else the default voice when it speaks the language, else the
+first voice that does; with neither, the default voice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import dataclasses
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from speakd.bundle import INT8_SUFFIX
+from speakd.config import Config, ConfigError, EngineConfig
+from speakd.engines import describe_engine, load_engine, load_model
+from speakd.engines.base import Engine, EngineError, SynthesisConfig, VoiceInfo, VoiceModel
+from speakd.engines.registry import KINDS, kind_of
+from speakd.errors import RequestError
+from speakd.prepare import DEFAULT_VOICE, Prepared, match_language, prepare, select_voice
+
+log = logging.getLogger(__name__)
+
+EMBEDDED = "(embedded)"
+
+
+@dataclass
+class Voice:
+    """One model in the library and its state. ``model`` is always there; ``engine`` only while
+    loaded."""
+
+    model: VoiceModel
+    source: str  # the file or folder it came from, or "(embedded)"
+    loader: Callable[[], Engine]
+    engine: Engine | None = None
+    busy: int = 0  # syntheses in flight
+    last_used: float = 0.0
+    load_s: float | None = None  # the last load's time
+    resident_bytes: int = 0  # the process's resident memory the last load added
+    loads: int = 0
+    synthesis_lock: threading.Lock = field(default_factory=threading.Lock)
+    load_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def name(self) -> str:
+        return self.model.voices()[0].name
+
+    @property
+    def licence(self) -> str:
+        return getattr(self.model, "licence", "") or "unknown"
+
+
+@dataclass(frozen=True)
+class VoiceProblem:
+    """A voice file that could not be read: named in status, doctor and the log."""
+
+    source: str
+    error: str
+
+
+class VoiceLibrary:
+    def __init__(
+        self,
+        voices: list[Voice],
+        *,
+        default: str = "",
+        by_lang: dict[str, str] | None = None,
+        max_loaded: int = 0,
+        max_bytes: int = 0,
+        problems: tuple[VoiceProblem, ...] = (),
+    ) -> None:
+        if not voices:
+            raise ConfigError("voices: no voice at all (voices.embedded = false and none found)")
+        self._voices = voices
+        self.by_name: dict[str, Voice] = {}
+        for voice in voices:
+            for info in voice.model.voices():
+                other = self.by_name.get(info.name)
+                if other is not None:
+                    raise ConfigError(
+                        f"voices: two voices named {info.name!r}: {other.source} and "
+                        f"{voice.source} (rename one file or folder)"
+                    )
+                self.by_name[info.name] = voice
+        self.by_bundle = {v.model.bundle_id: v for v in voices}
+        self.default = default or voices[0].model.default_voice()
+        if self.default not in self.by_name:
+            raise ConfigError(f"voices.default: no voice named {self.default!r} ({self.known()})")
+        self.by_lang = dict(by_lang or {})
+        for lang, name in self.by_lang.items():
+            if name not in self.by_name:
+                raise ConfigError(
+                    f"voices.by_lang.{lang}: no voice named {name!r} ({self.known()})"
+                )
+        self.max_loaded = max_loaded
+        self.max_bytes = max_bytes
+        self.problems = problems
+        self._lock = threading.Lock()
+
+    @classmethod
+    def of(cls, engine: Engine) -> VoiceLibrary:
+        """One loaded engine as a library (tests, the library API, ``speakd synth``)."""
+        return cls([Voice(engine, engine.kind, lambda: engine, engine=engine)])
+
+    # ---- choosing ---------------------------------------------------------------------------
+
+    def infos(self) -> list[VoiceInfo]:
+        """Every voice, the default first, then in the order they were found."""
+        infos = [i for v in self._voices for i in v.model.voices()]
+        return sorted(infos, key=lambda i: i.name != self.default)
+
+    def select(
+        self,
+        voice: str | None,
+        lang: str | None,
+        *,
+        strict: bool = True,
+        speaker: str | None = None,
+    ) -> tuple[Voice, str, str | None]:
+        """(the voice, its name, the language code it lists) for a request; RequestError for
+        an unknown voice, language (when ``strict``) or speaker."""
+        chosen = self._by_lang(lang) if voice in (None, "", DEFAULT_VOICE) and lang else None
+        if chosen is None:
+            name, code = select_voice(self.infos(), self.default, voice, lang, strict=strict)
+            name = self.default if name in (None, DEFAULT_VOICE) else name
+            chosen = self.by_name[name], name, code
+        if speaker not in (None, ""):
+            try:
+                chosen[0].model.audio_params(SynthesisConfig(voice=chosen[1], speaker=speaker))
+            except EngineError as e:
+                raise RequestError(getattr(e, "code", "bad_request"), str(e)) from None
+        return chosen
+
+    def _by_lang(self, lang: str) -> tuple[Voice, str, str | None] | None:
+        for wanted, name in self.by_lang.items():
+            code = match_language(self.by_name[name].model.voices()[0].languages, lang)
+            if match_language((wanted,), lang) is not None and code is not None:
+                return self.by_name[name], name, code
+        return None
+
+    def prepare(self, text: str, config: SynthesisConfig, *, strict_lang: bool = True) -> Prepared:
+        """``speakd.prepare.prepare`` against the voice the request chooses."""
+        voice, name, lang = self.select(config.voice, config.lang, strict=strict_lang)
+        config = dataclasses.replace(config, voice=name, lang=lang)
+        return prepare(voice.model, text, config, strict_lang=strict_lang)
+
+    # ---- using ------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def using(self, bundle: str) -> Iterator[Engine]:
+        """The voice's engine, loaded if it is not, held against unloading until the block ends;
+        its synthesis lock is held too unless the engine runs requests side by side."""
+        voice = self.by_bundle.get(bundle)
+        if voice is None:
+            raise EngineError(f"no voice with bundle {bundle} (removed by a reload?)")
+        with self._lock:
+            voice.busy += 1
+        try:
+            engine = self._load(voice)
+            lock = (
+                contextlib.nullcontext()
+                if getattr(engine, "concurrent_synthesis", False)
+                else voice.synthesis_lock
+            )
+            with lock:
+                yield engine
+        finally:
+            with self._lock:
+                voice.busy -= 1
+                voice.last_used = time.monotonic()
+
+    def load(self, name: str) -> Voice:
+        """Load a voice now (``voices.preload``, tests)."""
+        voice = self.by_name[name]
+        with self._lock:
+            voice.busy += 1
+        try:
+            self._load(voice)
+        finally:
+            with self._lock:
+                voice.busy -= 1
+                voice.last_used = time.monotonic()
+        return voice
+
+    def loaded_in(self, bundle: str) -> float | None:
+        """How long the voice's last load took, while it is loaded (first-request events)."""
+        voice = self.by_bundle.get(bundle)
+        return voice.load_s if voice is not None and voice.engine is not None else None
+
+    def _load(self, voice: Voice) -> Engine:
+        with voice.load_lock:
+            engine = voice.engine
+            if engine is not None:
+                return engine
+            rss0, t0 = _rss_bytes(), time.monotonic()
+            engine = voice.loader()
+            voice.load_s = time.monotonic() - t0
+            voice.resident_bytes = max(0, _rss_bytes() - rss0)
+            voice.loads += 1
+            voice.engine = engine
+            log.info(
+                "voice %s loaded in %.2f s (%s, +%.0f MB resident)",
+                voice.name,
+                voice.load_s,
+                voice.model.bundle_id,
+                voice.resident_bytes / 1e6,
+            )
+        self._evict(keep=voice)
+        return engine
+
+    def _evict(self, keep: Voice) -> None:
+        """Unload least recently used idle voices until the limits hold (or none is idle)."""
+        unloaded: list[str] = []
+        with self._lock:
+            while True:
+                loaded = [v for v in self._voices if v.engine is not None]
+                total = sum(v.resident_bytes for v in loaded)
+                over = (self.max_loaded and len(loaded) > self.max_loaded) or (
+                    self.max_bytes and total > self.max_bytes
+                )
+                idle = [v for v in loaded if v.busy == 0 and v is not keep]
+                if not over or not idle:
+                    break
+                victim = min(idle, key=lambda v: v.last_used)
+                victim.engine = None
+                unloaded.append(victim.name)
+        for name in unloaded:
+            log.info("voice %s unloaded (least recently used; limits)", name)
+        if unloaded:
+            _trim_heap()
+
+    # ---- what there is ----------------------------------------------------------------------
+
+    def listing(self) -> list[dict[str, Any]]:
+        """Every voice as ``speakd voices``, the socket, HTTP and Wyoming describe it."""
+        out = []
+        for info in self.infos():
+            voice = self.by_name[info.name]
+            model = voice.model
+            kind = KINDS.get(model.kind)
+            out.append(
+                {
+                    "name": info.name,
+                    "engine": model.kind,
+                    "made_by": kind.made_by if kind is not None else "",
+                    "url": kind.url if kind is not None else "",
+                    "language": info.language,
+                    "languages": list(info.languages),
+                    "speakers": list(info.speakers),
+                    "description": info.description,
+                    "sample_rate": model.sample_rate,
+                    "precision": model.precision,
+                    "bundle": model.bundle_id,
+                    "loaded": voice.engine is not None,
+                    "default": info.name == self.default,
+                    "licence": voice.licence,
+                    "options": [o.describe() for o in model.options],
+                }
+            )
+        return out
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "default": self.default,
+            "by_lang": self.by_lang,
+            "loaded": [v.name for v in self._voices if v.engine is not None],
+            "max_loaded": self.max_loaded,
+            "max_bytes": self.max_bytes,
+            "voices": {
+                v.name: {
+                    "engine": v.model.kind,
+                    "loaded": v.engine is not None,
+                    "busy": v.busy,
+                    "resident_bytes": v.resident_bytes if v.engine is not None else 0,
+                    "load_s": None if v.load_s is None else round(v.load_s, 3),
+                    "loads": v.loads,
+                    "source": v.source,
+                }
+                for v in self._voices
+            },
+            "problems": [dataclasses.asdict(p) for p in self.problems],
+        }
+
+    def known(self) -> str:
+        return "known: " + ", ".join(sorted(self.by_name))
+
+
+# ---- building the library from the config -------------------------------------------------
+
+
+def build_library(
+    config: Config, engine: Engine | None = None, previous: VoiceLibrary | None = None
+) -> VoiceLibrary:
+    """The voices the config names; ``engine`` is the ``[engine]`` voice when already loaded, and
+    a voice ``previous`` has loaded stays loaded (a reload). Broken voice files become
+    ``problems``; a name clash or a bad default is a ConfigError."""
+    engine_config = config.engine
+    voices: list[Voice] = []
+    problems: list[VoiceProblem] = []
+    model = engine if engine is not None else describe_engine(engine_config)
+    source = engine_config.bundle or EMBEDDED
+    voices.append(Voice(model, source, lambda: load_engine(engine_config), engine=engine))
+    if config.voices.embedded:
+        for kind in KINDS.values():
+            embedded = kind.embedded() if kind.embedded is not None else None
+            if embedded is not None and embedded.bundle_id != model.bundle_id:
+                voices.append(_voice(embedded, EMBEDDED, engine_config))
+    for source, found in scan_dir(Path(config.voices.dir), engine_config):
+        if isinstance(found, VoiceProblem):
+            problems.append(found)
+            log.error("voice %s left out: %s", found.source, found.error)
+            continue
+        if found.bundle_id in {v.model.bundle_id for v in voices}:
+            continue  # the [engine] voice or the embedded one, also in the folder
+        voices.append(_voice(found, source, engine_config))
+    for i, voice in enumerate(voices):
+        kept = previous.by_bundle.get(voice.model.bundle_id) if previous else None
+        if kept is not None and voice.engine is None and kept.engine is not None:
+            # the same model and its lock: a flight of the old library may still be running
+            voices[i] = dataclasses.replace(kept, source=voice.source, loader=voice.loader, busy=0)
+    library = VoiceLibrary(
+        voices,
+        default=config.voices.default or engine_config.voice.replace(DEFAULT_VOICE, ""),
+        by_lang=config.voices.by_lang,
+        max_loaded=config.limits.max_loaded_voices,
+        max_bytes=config.limits.max_voice_bytes,
+        problems=tuple(problems),
+    )
+    for name in config.voices.preload:
+        if name not in library.by_name:
+            raise ConfigError(f"voices.preload: no voice named {name!r} ({library.known()})")
+    return library
+
+
+def scan_dir(
+    folder: Path, engine_config: EngineConfig
+) -> Iterator[tuple[str, VoiceModel | VoiceProblem]]:
+    """Voices in ``voices.dir``, in name order: bare model files of the kinds that have them,
+    and bundle folders (a ``NAME-int8`` sibling replaces ``NAME`` unless precision is exact)."""
+    try:
+        entries = sorted(folder.iterdir())
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        yield str(folder), VoiceProblem(str(folder), f"cannot list the folder: {e.strerror}")
+        return
+    names = {p.name for p in entries}
+    suffixes = {k.model_suffix: k for k in KINDS.values() if k.model_suffix}
+    for path in entries:
+        if path.is_dir():
+            if not (path / "manifest.json").is_file():
+                continue
+            base = path.name.removesuffix(INT8_SUFFIX)
+            if engine_config.precision == "exact":
+                sibling_wins = base != path.name and base in names
+            else:
+                sibling_wins = base == path.name and f"{base}{INT8_SUFFIX}" in names
+            if sibling_wins:
+                continue
+            yield str(path), _describe(path, _bundle_kind(path))
+        elif path.suffix in suffixes:
+            yield str(path), _describe(path, suffixes[path.suffix].name)
+
+
+def _bundle_kind(path: Path) -> str:
+    import json
+
+    try:
+        return str(json.loads((path / "manifest.json").read_text(encoding="utf-8"))["engine"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""  # _describe names the problem
+
+
+def _describe(path: Path, kind: str) -> VoiceModel | VoiceProblem:
+    from speakd.bundle import BundleError
+
+    try:
+        return kind_of(kind).describe(path)
+    except (EngineError, BundleError, OSError, ValueError) as e:
+        return VoiceProblem(str(path), str(e))
+
+
+def _voice(model: VoiceModel, source: str, config: EngineConfig) -> Voice:
+    return Voice(model, source, lambda: load_model(model, config))
+
+
+# ---- memory -------------------------------------------------------------------------------
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm", encoding="ascii") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _trim_heap() -> None:
+    """Give an unloaded model's freed heap back to the system (glibc keeps it otherwise)."""
+    name = ctypes.util.find_library("c")
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(name).malloc_trim(0)

@@ -1,0 +1,206 @@
+"""The voice library: every voice of every engine side by side, chosen by one rule, loaded when
+first used and unloaded least-recently-used, with cached clips that play with the voice unloaded.
+
+Voices here: the embedded Piper voice (22 050 Hz), a tiny generated two-speaker Piper voice and
+the tiny random-weight ChatTTS bundle (24 000 Hz) — real files in a real ``voices.dir``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+
+from speakd.audio import join_chunks
+from speakd.cache.store import CacheStore
+from speakd.config import ConfigError, load_config
+from speakd.engines.base import SynthesisConfig
+from speakd.errors import RequestError
+from speakd.messages import SpeakRequest
+from speakd.resolver import Resolver
+from speakd.stream import Cancel
+from speakd.voices import VoiceLibrary, build_library
+from tests.tiny_voices import tiny_multispeaker_voice
+
+PIPER = "en_US-joe-medium"
+DUO = "xx_XX-duo-low"
+
+
+def config_for(tmp_path: Path, voices: str = "", limits: str = ""):
+    path = tmp_path / "speakd.toml"
+    path.write_text(
+        f'[voices]\ndir = "{tmp_path / "voices"}"\n{voices}\n[limits]\n{limits}\n'
+        f'[cache]\npath = "{tmp_path / "cache.db"}"\n'
+    )
+    return load_config(path)
+
+
+@pytest.fixture
+def voices_dir(tmp_path: Path, tiny_bundle: Path) -> Path:
+    folder = tmp_path / "voices"
+    folder.mkdir()
+    tiny_multispeaker_voice(folder, DUO)
+    shutil.copytree(tiny_bundle, folder / "chattts-tiny")
+    return folder
+
+
+def test_every_voice_of_every_engine_is_listed_with_its_facts(
+    tmp_path: Path, voices_dir: Path
+) -> None:
+    library = build_library(config_for(tmp_path))
+    listed = {v["name"]: v for v in library.listing()}
+    assert list(listed) == [PIPER, "chattts-tiny", DUO]  # the default first, then by folder
+    assert listed[PIPER]["default"] and listed[PIPER]["licence"] == "CC0"
+    assert listed["chattts-tiny"]["engine"] == "chattts"
+    assert listed["chattts-tiny"]["sample_rate"] == 24000
+    assert "CC BY-NC 4.0" in listed["chattts-tiny"]["licence"]
+    assert listed["chattts-tiny"]["speakers"][0] == "default"
+    assert listed[DUO]["speakers"] == ["anna", "bert"]
+    assert listed[DUO]["sample_rate"] == 22050
+    assert not any(v["loaded"] for v in listed.values())  # nothing loads until it is used
+
+
+def test_one_rule_chooses_by_name_then_language_then_default(
+    tmp_path: Path, voices_dir: Path
+) -> None:
+    library = build_library(config_for(tmp_path))
+    assert library.select(None, None)[1] == PIPER
+    assert library.select(None, "zh")[1:] == ("chattts-tiny", "zh")  # the only one speaking it
+    assert library.select(None, "en-GB")[1:] == (PIPER, "en_US")  # the default speaks it
+    assert library.select(DUO, None)[1] == DUO
+    assert library.select("default", None)[1] == PIPER
+    by_lang = build_library(config_for(tmp_path, 'by_lang = { en = "chattts-tiny" }'))
+    assert by_lang.select(None, "en")[1:] == ("chattts-tiny", "en")
+    assert by_lang.select(PIPER, "en")[1] == PIPER  # a named voice wins over by_lang
+    with pytest.raises(RequestError) as e:
+        library.select("nobody", None)
+    assert e.value.code == "unknown_voice" and DUO in str(e.value)
+    with pytest.raises(RequestError) as e:
+        library.select(DUO, None, speaker="carl")
+    assert e.value.code == "unknown_speaker" and "anna (0), bert (1)" in str(e.value)
+    with pytest.raises(RequestError) as e:
+        library.select(None, "fr")
+    assert e.value.code == "unknown_language"
+
+
+def test_each_voice_speaks_at_its_own_rate_and_speakers_differ(
+    tmp_path: Path, voices_dir: Path
+) -> None:
+    resolver = Resolver(build_library(config_for(tmp_path)))
+
+    def audio(**fields):
+        config = SynthesisConfig(**fields)
+        prepared = resolver.voices.prepare("Hello there.", config)
+        request = SpeakRequest(text="Hello there.", config=config, prepared=prepared)
+        return join_chunks(resolver.stream(request, Cancel()))
+
+    assert audio(lang="zh").sample_rate == 24000
+    assert audio(lang="en").sample_rate == 22050
+    anna, bert = audio(voice=DUO, speaker="anna"), audio(voice=DUO, speaker="1")
+    assert anna.pcm != bert.pcm
+
+
+def test_a_name_clash_is_a_config_error_naming_both_files(
+    tmp_path: Path, voices_dir: Path
+) -> None:
+    sub = tmp_path / "elsewhere"
+    sub.mkdir()
+    clash = tiny_multispeaker_voice(sub, PIPER)  # the embedded voice's name
+    shutil.copy(clash, voices_dir / clash.name)
+    shutil.copy(clash.with_suffix(".onnx.json"), voices_dir / f"{clash.name}.json")
+    with pytest.raises(ConfigError, match=rf"two voices named '{PIPER}'.*{voices_dir}"):
+        build_library(config_for(tmp_path))
+
+
+def test_a_broken_voice_is_named_and_the_others_are_served(
+    tmp_path: Path, voices_dir: Path
+) -> None:
+    (voices_dir / "broken.onnx").write_bytes(b"not a model")
+    (voices_dir / "broken.onnx.json").write_text("{not json")
+    library = build_library(config_for(tmp_path))
+    (problem,) = library.problems
+    assert problem.source.endswith("broken.onnx") and "not a Piper voice config" in problem.error
+    assert DUO in library.by_name and "chattts-tiny" in library.by_name
+    assert library.status()["problems"][0]["source"] == problem.source
+
+
+def test_least_recently_used_idle_voice_is_unloaded_never_a_busy_one(
+    tmp_path: Path, voices_dir: Path
+) -> None:
+    library = build_library(config_for(tmp_path, limits="max_loaded_voices = 1"))
+    piper, duo = library.by_name[PIPER], library.by_name[DUO]
+    library.load(PIPER)
+    library.load(DUO)
+    assert (piper.engine, duo.engine is not None) == (None, True)
+    # A voice mid-synthesis stays loaded while another loads; the limit holds again after.
+    holding, release = threading.Event(), threading.Event()
+
+    def synthesizing() -> None:
+        with library.using(duo.model.bundle_id):
+            holding.set()
+            release.wait(30)
+
+    worker = threading.Thread(target=synthesizing)
+    worker.start()
+    assert holding.wait(30)
+    library.load(PIPER)
+    assert piper.engine is not None and duo.engine is not None  # over budget, duo is busy
+    release.set()
+    worker.join(30)
+    library.load("chattts-tiny")
+    loaded = [name for name, v in library.by_name.items() if v.engine is not None]
+    assert loaded == ["chattts-tiny"]
+    assert library.status()["voices"][PIPER]["loads"] == 2
+
+
+def test_a_cached_clip_plays_with_its_voice_unloaded(tmp_path: Path, voices_dir: Path) -> None:
+    library = build_library(config_for(tmp_path, limits="max_loaded_voices = 1"))
+    store = CacheStore(tmp_path / "cache.db")
+    resolver = Resolver(library, store)
+    config = SynthesisConfig(voice=DUO)
+
+    def request() -> SpeakRequest:
+        return SpeakRequest(text="Lift doors closing.", config=config)
+
+    first = join_chunks(resolver.stream(request(), Cancel()))
+    library.load(PIPER)  # duo is unloaded to make room
+    assert library.by_name[DUO].engine is None
+    again = resolver.open(request())
+    try:
+        assert again.from_cache and join_chunks(again.chunks).pcm == first.pcm
+    finally:
+        again.release()
+    assert library.by_name[DUO].engine is None
+    resolver.close()
+
+
+def test_a_loaded_engine_alone_is_a_library() -> None:
+    from tests.tone_engine import ToneEngine
+
+    library = VoiceLibrary.of(ToneEngine())
+    assert [v["name"] for v in library.listing()] == ["low", "high"]
+    assert library.select(None, "en")[1] == "low"
+
+
+def test_voice_add_checks_a_piper_voice_and_copies_it(tmp_path: Path) -> None:
+    import json
+
+    from speakd_tools.cli import main as tools
+
+    (tmp_path / "made").mkdir()
+    made = tiny_multispeaker_voice(tmp_path / "made", DUO)
+    folder = tmp_path / "voices"
+    assert tools(["voice", "add", str(made), "--dir", str(folder)]) == 0
+    assert sorted(p.name for p in folder.iterdir()) == [f"{DUO}.onnx", f"{DUO}.onnx.json"]
+    assert tools(["voice", "add", str(made), "--dir", str(folder)]) == 1  # no silent replace
+    # A voice whose phoneme map does not fit its espeak voice is refused before it is copied.
+    config = json.loads(Path(f"{made}.json").read_text())
+    del config["phoneme_id_map"]["ð"]  # "The …": espeak makes a phoneme the map lacks
+    wrong = tmp_path / "wrong" / "xx_XX-wrong-low.onnx"
+    wrong.parent.mkdir()
+    shutil.copy(made, wrong)
+    Path(f"{wrong}.json").write_text(json.dumps(config))
+    assert tools(["voice", "add", str(wrong), "--dir", str(folder)]) == 1
+    assert not (folder / wrong.name).exists()
