@@ -14,7 +14,6 @@ import re
 import shutil
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from speakd.doctor import run_doctor
 from tests.daemon_proc import DaemonProc, start_daemon, write_config
 from tests.mosquitto import Mosquitto
 from tests.test_mqtt import make_tls_files, mqtt_toml
+from tests.waits import wait_until
 
 DAEMON = Path(__file__).resolve().parents[1] / "daemon"
 SITE = "vault"
@@ -73,11 +73,9 @@ def write_tls_config(tmp: Path, broker: Mosquitto, pki: Path, ca: str) -> Path:
 
 
 def wait_log(d: DaemonProc, needle: str, after: int = 0, timeout: float = 30) -> str:
-    deadline = time.monotonic() + timeout
-    while needle not in (text := d.log_text()[after:]):
-        assert time.monotonic() < deadline, f"{needle!r} not logged:\n{text[-3000:]}"
-        time.sleep(0.1)
-    return text
+    return wait_until(
+        lambda: text if needle in (text := d.log_text()[after:]) else "", repr(needle), timeout
+    )
 
 
 def doctor_mqtt(config: Path, d: DaemonProc) -> str:
@@ -133,7 +131,7 @@ def test_tls_with_password_rotation_and_a_wrong_ca(
         wait_log(d, "configuration reloaded", mark)
         line = doctor_mqtt(config, d)
         assert line.startswith("[FAIL]") and "TLS failed (" in line, line
-        time.sleep(1.5)
+        wait_log(d, "unreachable; retrying", mark)  # a connection attempt with it failed
         assert "MQTT: connected" not in d.log_text()[mark:]
         assert d.cli("status").returncode == 0
     finally:
