@@ -18,6 +18,7 @@ from typing import Any
 import speakd.service
 from speakd.client import Client, ClientError
 from speakd.config import load_config
+from tests.waits import wait_until
 
 
 def write_config(
@@ -86,6 +87,23 @@ class DaemonProc:
             timeout=timeout,
             env=self.env,
         )
+
+    def say(self, text: str, **fields: Any) -> list[dict[str, Any]]:
+        """A say with ``wait``: every event up to the terminal one."""
+        with self.client() as c:
+            return list(c.say({"text": text, "priority": "message", **fields}, wait=True))
+
+    def reload(self, timeout: float = 60) -> None:
+        """SIGHUP, then wait until the daemon says it reloaded (its status counts reloads)."""
+        with self.client() as c:
+            before = c.request({"op": "status"})["reloads"]
+        self.proc.send_signal(signal.SIGHUP)
+
+        def reloaded() -> bool:
+            with self.client() as c:
+                return c.request({"op": "status"})["reloads"] > before
+
+        wait_until(reloaded, timeout=timeout, what="the reload")
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 10) -> int:
         if self.proc.poll() is None:
