@@ -24,6 +24,7 @@ from speakd.frontends.http import HttpFrontend
 from tests.daemon_proc import InProcessDaemon, write_config
 from tests.http_daemon import HttpDaemon, free_port, start_http_daemon, wav_samples
 from tests.tone_engine import ToneEngine
+from tests.waits import wait_until
 
 TIMEOUT_S = 2.0  # the daemon's http.timeout_s: slow clients are cut off after it
 
@@ -167,13 +168,9 @@ def test_slow_reader_is_cut_off_and_its_stream_released(tmp_path: Path) -> None:
                 "\r\n\r\n".encode()
                 + body
             )
-            deadline = time.monotonic() + 30
-            while control.counters["streams"] == 0:  # it starts…
-                assert time.monotonic() < deadline
-                time.sleep(0.02)
-            while control.streaming:  # …and is cut off although the client never read
-                assert time.monotonic() < deadline, "the stalled stream was never released"
-                time.sleep(0.05)
+            wait_until(lambda: control.counters["streams"], "the stream to start", 30)
+            # …and it is cut off although the client never read
+            wait_until(lambda: not control.streaming, "the stalled stream's release", 30)
         labels = {"frontend": "http", "kind": "stream", "outcome": "client_gone"}
         assert metrics.registry.get_sample_value("speakd_requests_total", labels) == 1
     finally:
@@ -260,10 +257,12 @@ def test_a_reload_changes_the_token(tmp_path: Path) -> None:
         config = daemon.proc.config
         config.write_text(config.read_text().replace(daemon.token, "the-new-token"))
         daemon.proc.proc.send_signal(signal.SIGHUP)
-        deadline = time.monotonic() + 30
-        while httpx.get(f"{daemon.url}/v1/status", headers=daemon.auth).status_code != 401:
-            assert time.monotonic() < deadline, "the old token still works"
-            time.sleep(0.1)
+        status = f"{daemon.url}/v1/status"
+        wait_until(
+            lambda: httpx.get(status, headers=daemon.auth).status_code == 401,
+            "the old token to stop working",
+            30,
+        )
         new = {"Authorization": "Bearer the-new-token"}
         assert httpx.get(f"{daemon.url}/v1/status", headers=new).json()["reloads"] == 1
     finally:
