@@ -17,10 +17,11 @@ BENCHMARKS = {
     "batch": "batched ChatTTS decoding: throughput at B rows, a long text batched vs sequential",
     "cache": "precompute throughput, and a cached say → first sample at the sink (real daemon)",
     "mqtt": "MQTT say → first sample at the sink (needs a running broker)",
-    "vits": "load time and real-time factor of the VITS engine (embedded voice by default)",
+    "vits": "VITS engine: load, RTF, first audio streamed by window vs one-shot, their SNR",
     "profile": "where the ChatTTS step's time goes: node types, ORT profile, threads, machine",
     "wyoming": "Wyoming first-chunk latency, cached and new sentences, next to wyoming-piper",
     "http": "HTTP API: a cached /v1/audio/speech, p50/p99 alone and requests/s under load",
+    "voices": "many voices: RSS with 1, 2, 3 loaded, cold vs warm first audio, LRU at limit 1",
 }
 
 
