@@ -24,7 +24,7 @@ from speakd.audio import read_wav
 from speakd.config import ConfigError, MqttConfig, load_config
 from speakd.control import Control
 from speakd.frontends.mqtt import MqttFrontend, RecentIds
-from speakd.messages import Event, RequestError
+from speakd.messages import RequestError
 from speakd.mqtt.messages import decode_object
 from speakd.mqtt.topics import parse_command_topic
 from speakd.resolver import Resolver
@@ -32,7 +32,9 @@ from speakd.scheduler import Scheduler
 from speakd.sinks import NullSink
 from tests.daemon_proc import DaemonProc, InProcessDaemon, start_daemon, write_config
 from tests.mosquitto import Mosquitto, Received, Watcher
+from tests.test_scheduler import Recorder, settle
 from tests.tone_engine import ToneEngine
+from tests.waits import until
 
 LONG_TEXT = (
     "This is a long announcement for the stop test. It goes on for several sentences. "
@@ -212,7 +214,6 @@ def test_cancel_queued_then_stop_mid_speech(kitchen: DaemonProc, watcher: Watche
         since,
     )
     assert reply.json() == {"id": "next1", "status": "cancelled"}
-    time.sleep(0.5)  # well into the first sentence
     sent = watcher.publish("speakd/kitchen/stop", b"")
     reply = watcher.wait(
         "test/replies",
@@ -436,10 +437,12 @@ def test_reload_in_flight_says_finish_through_the_new_client(
         for rid, text in (("long", long_text), ("failing", "FAIL after the reload")):
             say = {"text": text, "id": rid, "priority": "message"}
             watcher.publish(f"speakd/{site}/say", json.dumps(say))
+        watcher.wait(
+            f"speakd/{site}/status",
+            lambda m: m.json()["state"] == "speaking" and m.json()["current"] == "long",
+            since,
+        )
         scheduler = d.daemon.control.scheduler
-        deadline = time.monotonic() + 10
-        while scheduler.status()["state"] != "speaking" and time.monotonic() < deadline:
-            time.sleep(0.02)
         old_client = d.daemon.mqtt
 
         config.write_text(config.read_text().replace("[mqtt]\n", "[mqtt]\nkeepalive = 20\n"))
@@ -535,8 +538,8 @@ async def test_tls_and_password_in_process(
     engine = ToneEngine()
     scheduler = Scheduler(Resolver(engine), NullSink())
     control = Control(scheduler, 1000)
-    events: list[Event] = []
-    scheduler.listeners.append(events.append)
+    rec = Recorder()
+    scheduler.listeners.append(rec)
     task = asyncio.create_task(scheduler.run())
     tls = MqttConfig(
         enabled=True,
@@ -554,18 +557,14 @@ async def test_tls_and_password_in_process(
     frontends = [MqttFrontend(control, tls)]
     try:
         await frontends[0].start()
-        async with asyncio.timeout(10):
-            while not frontends[0].connected:
-                await asyncio.sleep(0.02)
+        await until(lambda: frontends[0].connected, "the TLS connection")
         say = ["-t", "speakd/tls/say", "-m", '{"text": "one two", "id": "tls1"}', "-q", "1"]
         auth = ["--cafile", str(files["ca.crt"]), "-u", "speakd", "-P", "s3cret"]
         await asyncio.to_thread(
             subprocess.run, mosquitto_cli("mosquitto_pub", broker, *say, *auth), check=True
         )
-        async with asyncio.timeout(10):
-            while not any(e.request_id == "tls1" and e.terminal for e in events):
-                await asyncio.sleep(0.02)
-        assert [e.data.get("status") for e in events if e.terminal] == ["done"]
+        await settle(rec, "tls1")
+        assert [e.data.get("status") for e in rec.events if e.terminal] == ["done"]
 
         # A wrong password (the environment wins over the file): refused, logged, no crash.
         monkeypatch.setenv("SPEAKD_MQTT_PASSWORD", "wrong")
@@ -573,7 +572,7 @@ async def test_tls_and_password_in_process(
         frontends.append(MqttFrontend(control, bad))
         with caplog.at_level(logging.ERROR, logger="speakd.mqtt.client"):
             await frontends[1].start()
-            await asyncio.sleep(1.0)
+            await until(lambda: "refused the connection" in caplog.text, "the refusal")
         assert not frontends[1].connected
         assert "refused the connection" in caplog.text
     finally:
