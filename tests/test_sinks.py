@@ -14,9 +14,11 @@ from typing import Any
 import pytest
 
 from speakd import sinks
+from speakd.engines.base import SynthesisConfig, VoiceInfo
 from speakd.resolver import Resolver
 from speakd.scheduler import Scheduler
 from speakd.sinks import SoundDeviceSink
+from speakd.voices import Voice, VoiceLibrary
 from tests.test_scheduler import Recorder, req, settle
 from tests.tone_engine import ToneEngine
 
@@ -27,12 +29,14 @@ class FakeStream:
 
     latency = 0.1
 
-    def __init__(self, fake: FakeDevice, **_: Any) -> None:
-        self.fake = fake
+    def __init__(self, fake: FakeDevice, samplerate: int = 0, **_: Any) -> None:
+        self.fake, self.rate = fake, samplerate
+        self.drained_before_close = False
         self.wedged, self.stop_wedged = fake.wedge_next, fake.wedge_stop_next
         fake.wedge_next = fake.wedge_stop_next = False
         self.written = 0
         self.stopped = True
+        self.aborted_playing = False
         self.closed = threading.Event()
         fake.streams.append(self)
 
@@ -50,9 +54,11 @@ class FakeStream:
         self.stopped = True
 
     def abort(self) -> None:
+        self.aborted_playing = not self.stopped  # aborting a stream that still plays cuts it
         self.stopped = True
 
     def close(self) -> None:
+        self.drained_before_close = self.stopped and not self.aborted_playing
         self.closed.set()
 
 
@@ -129,3 +135,48 @@ async def test_a_stop_that_never_returns_fails_the_utterance_and_the_stream_is_r
         sched.submit(req(rec, "three", "next"))
         await settle(rec, "next")
         assert rec.final("next").data["status"] == "done" and len(device.streams) == 2
+
+
+class RateTone(ToneEngine):
+    """A tone voice at its own sample rate, under its own name."""
+
+    def __init__(self, name: str, rate: int) -> None:
+        super().__init__()
+        self.name, self.sample_rate, self.bundle_id = name, rate, f"tone-{rate}"
+
+    def voices(self) -> list[VoiceInfo]:
+        return [VoiceInfo(self.name, "en")]
+
+    def default_voice(self) -> str:
+        return self.name
+
+
+async def test_voices_at_two_rates_play_one_after_another_each_at_its_own_rate(
+    device: FakeDevice, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Piper's 22 050 Hz then ChatTTS's 24 000 Hz: the device is reopened at the new rate once the
+    first utterance has drained (no resampling, no wrong pitch, no cut tail), and kept open while
+    the rate stays."""
+    piper, chattts = RateTone("piper", 22050), RateTone("chattts", 24000)
+    library = VoiceLibrary(
+        [Voice(e, e.name, lambda e=e: e, engine=e) for e in (piper, chattts)], default="piper"
+    )
+    sink = SoundDeviceSink()
+    sched = Scheduler(Resolver(library), sink, block_ms=50)
+    task = asyncio.create_task(sched.run())
+    try:
+        rec = Recorder()
+        for rid, voice in (("a", "piper"), ("b", "chattts"), ("c", "chattts"), ("d", "piper")):
+            request = req(rec, "one two", rid)
+            request.config = SynthesisConfig(voice=voice)
+            request.prepared = library.prepare(request.text, request.config)
+            sched.submit(request)
+            await settle(rec, rid)
+            assert rec.final(rid).data["status"] == "done"
+    finally:
+        task.cancel()
+    assert [s.rate for s in device.streams] == [22050, 24000, 22050]
+    first, second, _ = device.streams
+    assert first.written == 2 * int(22050 * 0.1) * 2  # every sample of "one two" at 22 050 Hz
+    assert second.written == 2 * (2 * int(24000 * 0.1) * 2)  # b and c on one stream
+    assert first.drained_before_close and second.drained_before_close
