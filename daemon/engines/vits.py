@@ -16,7 +16,6 @@ import threading
 import time
 import unicodedata
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ from speakd.engines.base import (
 )
 from speakd.engines.noise import SEED_INPUT, make_noise_deterministic
 from speakd.engines.options import Option
+from speakd.engines.vits_split import SplitVoice, WholeVoice, voice_sessions
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,6 @@ OPTIONS = (
     Option("noise_w", float, "variation of phoneme durations (Piper's noise_w)", 0.0, 2.0),
     Option("sentence_silence", float, "seconds of silence between sentences", 0.0, 10.0),
 )
-CANCEL_POLL_S = 0.02  # how often a running inference looks at the cancel event
 
 _espeak_lock = threading.Lock()  # espeak-ng keeps global state (voice, buffers)
 _espeak: Any = None
@@ -170,11 +169,17 @@ class VitsParams:
 
 
 def session_options(threads: int) -> ort.SessionOptions:
-    """The one place speakd's VITS session is tuned: the daemon decides the thread budget."""
+    """The one place speakd's VITS sessions are tuned: the daemon decides the thread budget.
+
+    The prior, flow and decoder sessions take turns on the same cores; a pool that spins after
+    its run would take them from the next session's threads, so no pool spins (as ChatTTS's
+    Decoder and Vocos, daemon/engines/chattts/ortsession.py).
+    """
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return opts
 
 
@@ -332,11 +337,15 @@ class VitsVoice:
 
 
 class VitsEngine(VitsVoice):
-    """A loaded Piper voice. Thread-safe: ``session.run`` is, and espeak sits behind a lock."""
+    """A loaded Piper voice. Thread-safe: ``session.run`` is, and espeak sits behind a lock.
+
+    Piper's graph is split at load (``speakd.engines.vits_split``): each sentence's audio comes
+    window by window as the decoder makes it, joining into the one-shot audio.
+    """
 
     max_phonemes = 400  # per inference; longer sentences are split (``split_long``)
 
-    def __init__(self, session: ort.InferenceSession, voice: VitsVoice) -> None:
+    def __init__(self, graphs: SplitVoice | WholeVoice, voice: VitsVoice) -> None:
         super().__init__(
             voice.config,
             model_path=voice.model_path,
@@ -346,9 +355,8 @@ class VitsEngine(VitsVoice):
             licence=voice.licence,
             sentence_silence=voice.sentence_silence,
         )
-        self._session = session
-        self._seeded = SEED_INPUT in {i.name for i in session.get_inputs()}
-        self._output = session.get_outputs()[0].name
+        self.graphs = graphs
+        self._seeded = SEED_INPUT in {i.name for i in graphs.entry.get_inputs()}
 
     # -- loading ---------------------------------------------------------------------------
 
@@ -389,32 +397,32 @@ class VitsEngine(VitsVoice):
             replaced = make_noise_deterministic(model)
         except ValueError as e:
             raise EngineError(f"{model_path}: {e}") from e
+        _check_io({i.name for i in model.graph.input}, voice.config, model_path)
         try:
-            session = ort.InferenceSession(
-                model.SerializeToString(),
-                sess_options=session_options(threads),
-                providers=["CPUExecutionProvider"],
-            )
+            graphs = voice_sessions(model, session_options(threads))
         except Exception as e:  # onnxruntime raises its own Fail/InvalidGraph types
             raise EngineError(f"{model_path}: onnxruntime cannot load it: {e}") from e
-        _check_io(session, voice.config, model_path)
         log.info(
-            "vits voice %s loaded in %.2f s (%d noise nodes seeded, %d threads)",
+            "vits voice %s loaded in %.2f s (%d noise nodes seeded, %d threads, %s)",
             voice.name,
             time.monotonic() - t0,
             replaced,
             threads,
+            "streamed by window" if isinstance(graphs, SplitVoice) else "one run per sentence",
         )
-        return cls(session, voice)
+        return cls(graphs, voice)
 
     # -- the engine contract ---------------------------------------------------------------
 
     def synthesize(
         self, text: str, config: SynthesisConfig, cancel: threading.Event | None = None
     ) -> Iterator[AudioChunk]:
-        """One chunk per sentence, ``sentence_silence`` seconds of silence after all but the last.
+        """Chunks as the decoder makes them (one per window of a sentence), and a chunk of
+        ``sentence_silence`` seconds after each sentence but the last.
 
         Sentences longer than ``max_phonemes`` are split and their pieces count as sentences.
+        A ``speakd.stream.Cancel`` (it has ``add_hook``) stops the running window between two
+        kernels; a plain ``threading.Event`` is looked at between windows.
 
         Sentence ``i`` uses the seed ``derive_seed(seed, i)``, where ``seed`` is
         ``config.seed`` or, when that is None, a hash of the normalised text and the resolved
@@ -436,17 +444,28 @@ class VitsEngine(VitsVoice):
             raise EngineError(f"nothing to say: no speakable sounds in {normalized[:60]!r}")
         seed = config.seed if config.seed is not None else derive_seed(normalized, asdict(params))
         silence = np.zeros(round(params.sentence_silence * self.sample_rate), np.float32)
-        for i, phonemes in enumerate(sentences):
-            if cancel is not None and cancel.is_set():
-                log.debug("cancelled before sentence %d of %d", i + 1, len(sentences))
-                return
-            audio = self._infer(self._phoneme_ids(phonemes), params, derive_seed(seed, i), cancel)
-            if audio is None:
-                log.debug("cancelled during sentence %d of %d", i + 1, len(sentences))
-                return
-            if i < len(sentences) - 1 and silence.size:
-                audio = np.concatenate([audio, silence])
-            yield AudioChunk.from_float(audio, self.sample_rate)
+        run = ort.RunOptions()
+
+        def terminate() -> None:
+            run.terminate = True
+
+        add_hook = getattr(cancel, "add_hook", None)
+        if add_hook is not None:
+            add_hook(terminate)
+        try:
+            for i, phonemes in enumerate(sentences):
+                feeds = self._feeds(phonemes, params, derive_seed(seed, i))
+                pieces = self.graphs.render(feeds, run)
+                while (audio := self._next(pieces, cancel)) is not None:
+                    yield AudioChunk.from_float(audio, self.sample_rate)
+                if cancel is not None and cancel.is_set():
+                    log.debug("cancelled in sentence %d of %d", i + 1, len(sentences))
+                    return
+                if i < len(sentences) - 1 and silence.size:
+                    yield AudioChunk.from_float(silence, self.sample_rate)
+        finally:
+            if add_hook is not None:
+                cancel.remove_hook(terminate)  # type: ignore[union-attr]
 
     # -- stages ----------------------------------------------------------------------------
 
@@ -455,10 +474,9 @@ class VitsEngine(VitsVoice):
 
         return phonemes_to_ids(phonemes, self.config.phoneme_id_map)
 
-    def _infer(
-        self, ids: list[int], params: VitsParams, seed: int, cancel: threading.Event | None
-    ) -> np.ndarray | None:
-        """Audio for one sentence, or None when ``cancel`` aborted the run part-way."""
+    def _feeds(self, phonemes: list[str], params: VitsParams, seed: int) -> dict[str, np.ndarray]:
+        """The voice graph's inputs for one sentence."""
+        ids = self._phoneme_ids(phonemes)
         inputs = {
             "input": np.array([ids], dtype=np.int64),
             "input_lengths": np.array([len(ids)], dtype=np.int64),
@@ -471,38 +489,20 @@ class VitsEngine(VitsVoice):
             inputs["sid"] = np.array([sid], dtype=np.int64)
         if self._seeded:
             inputs[SEED_INPUT] = np.array(seed, dtype=np.int64)
-        run_options = ort.RunOptions()
-        with _terminate_on(cancel, run_options):
-            try:
-                return self._session.run([self._output], inputs, run_options)[0].reshape(-1)
-            except Exception as e:  # onnxruntime's Fail, also when terminated
-                if cancel is not None and cancel.is_set():
-                    return None
-                raise EngineError(f"vits {self.bundle_id}: inference failed: {e}") from e
+        return inputs
 
-
-@contextmanager
-def _terminate_on(cancel: threading.Event | None, run_options: ort.RunOptions) -> Iterator[None]:
-    """Abort the run between kernels once ``cancel`` is set, so a long sentence (seconds on a
-    board) neither delays stop/cancel nor keeps native code running while the daemon exits."""
-    if cancel is None:
-        yield
-        return
-    done = threading.Event()
-
-    def watch() -> None:
-        while not done.is_set():
-            if cancel.wait(CANCEL_POLL_S):
-                run_options.terminate = True
-                return
-
-    watcher = threading.Thread(target=watch, name="vits-cancel", daemon=True)
-    watcher.start()
-    try:
-        yield
-    finally:
-        done.set()
-        watcher.join()
+    def _next(
+        self, pieces: Iterator[np.ndarray], cancel: threading.Event | None
+    ) -> np.ndarray | None:
+        """The next window's samples; None at the sentence's end or once ``cancel`` is set."""
+        if cancel is not None and cancel.is_set():
+            return None
+        try:
+            return next(pieces, None)
+        except Exception as e:  # onnxruntime's Fail, also when the cancel hook terminated the run
+            if cancel is not None and cancel.is_set():
+                return None
+            raise EngineError(f"vits {self.bundle_id}: inference failed: {e}") from e
 
 
 def _model_card_licence(model_path: Path) -> str:
@@ -544,9 +544,8 @@ def _read(path: Path) -> bytes:
         raise EngineError(f"{path}: cannot read the voice file: {e.strerror}") from e
 
 
-def _check_io(session: ort.InferenceSession, config: VoiceConfig, model_path: Path) -> None:
+def _check_io(names: set[str], config: VoiceConfig, model_path: Path) -> None:
     """Refuse a graph that is not a Piper VITS voice before the first request finds out."""
-    names = {i.name for i in session.get_inputs()}
     needed = {"input", "input_lengths", "scales"} | ({"sid"} if config.num_speakers > 1 else set())
     missing = sorted(needed - names)
     if missing:

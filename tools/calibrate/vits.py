@@ -117,14 +117,15 @@ def record_feeds(engine: VitsEngine, model: Path, sentences: list[Sentence]) -> 
     graph = onnx.load(str(model), load_external_data=False).graph
     initializers = {i.name for i in graph.initializer}
     names = {i.name for i in graph.input} - initializers
-    recorder = _RecordingSession(engine._session, names)  # the engine's one session attribute
-    engine._session = recorder
+    # the session fed with the voice graph's own inputs (the prior, when the voice is split)
+    recorder = _RecordingSession(engine.graphs.entry, names)
+    engine.graphs.entry = recorder
     try:
         for s in tqdm(sentences, desc="vits calibration feeds", unit="sent"):
             for _ in engine.synthesize(s.text, SynthesisConfig(seed=EVAL_SEED)):
                 pass
     finally:
-        engine._session = recorder._session
+        engine.graphs.entry = recorder._session
     if not recorder.feeds:
         raise CalibrationError("the corpus produced no speakable sentence for the voice")
     return recorder.feeds

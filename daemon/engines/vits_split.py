@@ -1,0 +1,316 @@
+"""A Piper voice's graph in three parts, so its audio streams as the decoder makes it.
+
+Piper's VITS graph turns phoneme ids into the whole sentence's samples in one run. Split once at
+load, it becomes:
+
+* **prior**: text encoder, duration predictor, alignment and the prior noise. The attention sees
+  the whole sentence, so it runs once per sentence. Outputs the latent frames ``z_p`` and the
+  frames per phoneme id (``durations``, Piper's ``w_ceil``), which word timings build on.
+* **flow**: the reverse normalising flow, ``z_p`` → ``z``; convolutions along time only.
+* **decoder**: HiFi-GAN, ``z`` → ``hop`` samples per frame; convolutions along time only.
+
+The flow and the decoder run over overlapping windows of frames (``WindowPlan``). Each window is
+widened by its graph's receptive field (``reach``, read from the convolutions in the graph), so
+every kept sample sees exactly the frames the one-shot run gives it, and the windows join into the
+one-shot audio. What remains is rounding: onnxruntime's SGEMM blocks its sums by matrix size, so a
+short window can differ from the one-shot run in the last bits of a float (docs/vits-engine.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from fractions import Fraction
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import numpy_helper
+from onnx.utils import Extractor
+
+log = logging.getLogger(__name__)
+
+SPEAKER_INPUT = "sid"  # multi-speaker voices: the flow and the decoder are conditioned on it too
+# Ops that act on each time step alone (per element, or across channels at one step).
+_LOCAL_OPS = {
+    "Add",
+    "Sub",
+    "Mul",
+    "Div",
+    "Neg",
+    "Exp",
+    "Sqrt",
+    "Pow",
+    "Tanh",
+    "Sigmoid",
+    "Relu",
+    "LeakyRelu",
+    "Erf",
+    "Cast",
+    "Identity",
+    "QuantizeLinear",  # static quantization: constant scales
+    "DequantizeLinear",
+}
+_CHANNEL_OPS = {"Split", "Slice", "Concat"}  # allowed when they cut or join along channels (axis 1)
+_SHAPE_OPS = {"Shape", "ConstantOfShape"}  # their outputs carry no samples
+
+
+@dataclass(frozen=True)
+class Reach:
+    """How many input frames an output sample looks back (``left``) and ahead (``right``), and
+    how many output samples each input frame becomes (``hop``)."""
+
+    left: int
+    right: int
+    hop: int
+
+
+def reach(graph: onnx.GraphProto, source: str) -> Reach:
+    """The receptive field of ``graph``'s output in frames of its input ``source`` ([1, C, T]).
+
+    Walks the nodes in order, carrying for each tensor that depends on ``source`` how far it
+    reaches back and ahead (in source frames) and its time resolution: convolutions add their
+    reach, transposed convolutions multiply the resolution, per-step ops take the widest of their
+    inputs. Raises ValueError on any op that could mix time steps in another way (attention,
+    pooling, a slice along time, dynamic quantization's whole-tensor scale): such a graph cannot be
+    windowed exactly.
+    """
+    constants = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+    span: dict[str, tuple[Fraction, Fraction, int]] = {source: (Fraction(0), Fraction(0), 1)}
+    outputs = {o.name for o in graph.output}
+    for node in graph.node:
+        ins = [span[i] for i in node.input if i in span]
+        if not ins or node.op_type in _SHAPE_OPS:
+            continue
+        rates = {rate for _, _, rate in ins}
+        if len(rates) != 1:
+            raise ValueError(f"node {node.name!r} joins tensors of different time resolutions")
+        left, right, rate = max(s[0] for s in ins), max(s[1] for s in ins), rates.pop()
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        if node.op_type == "Conv":
+            k, d, (pad_l, pad_r) = _conv_shape(node, attrs)
+            if attrs.get("strides", [1]) != [1] or pad_l + pad_r != d * (k - 1):
+                raise ValueError(f"node {node.name!r}: a Conv that changes the length")
+            left += Fraction(pad_l, rate)
+            right += Fraction(d * (k - 1) - pad_l, rate)
+        elif node.op_type == "ConvTranspose":
+            k, d, (pad_l, pad_r) = _conv_shape(node, attrs)
+            (stride,) = attrs.get("strides", [1])
+            if d != 1 or k - pad_l - pad_r != stride or any(attrs.get("output_padding", [])):
+                raise ValueError(f"node {node.name!r}: a ConvTranspose that is not an upsampler")
+            rate *= stride
+            left += Fraction(k - 1 - pad_l, rate)
+            right += Fraction(pad_l, rate)
+        elif node.op_type in _CHANNEL_OPS:
+            if _axes(node, attrs, constants) != [1]:
+                raise ValueError(f"node {node.name!r}: {node.op_type} along time")
+        elif node.op_type == "Unsqueeze" and set(node.output) <= outputs:
+            pass  # the output's extra axis: the graph ends here
+        elif node.op_type not in _LOCAL_OPS:
+            raise ValueError(f"node {node.name!r}: {node.op_type} may mix time steps")
+        for out in node.output:
+            span[out] = (left, right, rate)
+    (out,) = outputs
+    if out not in span:
+        raise ValueError(f"output {out!r} does not depend on {source!r}")
+    left, right, rate = span[out]
+    return Reach(math.ceil(left), math.ceil(right), rate)
+
+
+def _conv_shape(node: onnx.NodeProto, attrs: dict) -> tuple[int, int, list[int]]:
+    if attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
+        raise ValueError(f"node {node.name!r}: auto_pad is not supported")
+    (k,) = attrs["kernel_shape"]
+    (d,) = attrs.get("dilations", [1])
+    return k, d, list(attrs.get("pads", [0, 0]))
+
+
+def _axes(node: onnx.NodeProto, attrs: dict, constants: dict[str, np.ndarray]) -> list[int]:
+    if node.op_type != "Slice":
+        return [int(attrs.get("axis", 0))]
+    if len(node.input) < 4 or node.input[3] not in constants:
+        return []  # default or computed axes: not provably channels
+    return [int(a) for a in constants[node.input[3]].reshape(-1)]
+
+
+@dataclass(frozen=True)
+class WindowPlan:
+    """Output windows in frames: a small first one (first audio soon), then each ``growth``
+    times the last, up to ``largest``. Larger windows recompute less overlap but grow the
+    decoder's arena further (docs/vits-engine.md has the figures)."""
+
+    first: int = 32
+    growth: int = 2
+    largest: int = 256
+
+    @classmethod
+    def one_shot(cls) -> WindowPlan:
+        """One window over the whole sentence: the unsplit graph's computation."""
+        return cls(first=sys.maxsize, growth=1, largest=sys.maxsize)
+
+    def windows(self, frames: int) -> Iterator[tuple[int, int]]:
+        """[start, end) per window; a remainder shorter than ``first`` joins the window before
+        it (each window costs the decoder's overlap again, and a sentence under ``2·first``
+        frames is one window)."""
+        start, size = 0, self.first
+        while start < frames:
+            end = min(frames, start + size)
+            if frames - end < self.first:
+                end = frames
+            yield start, end
+            start, size = end, min(self.largest, size * self.growth)
+
+
+@dataclass(frozen=True)
+class Latents:
+    """One sentence after the prior: what the flow and decoder turn into audio."""
+
+    z_p: np.ndarray  # (1, channels, frames)
+    durations: np.ndarray  # frames per phoneme id (Piper's w_ceil), for word timings
+
+
+@dataclass(frozen=True)
+class Joints:
+    """The tensors where the three graphs meet."""
+
+    z_p: str  # the prior's output, the flow's input
+    durations: str  # the prior's other output
+    mask: str  # the flow's y_mask input: ones for one unpadded sentence
+    z: str  # the decoder's input (the flow's output · y_mask)
+
+
+@dataclass(frozen=True)
+class VoiceParts:
+    prior: onnx.ModelProto
+    flow: onnx.ModelProto
+    decoder: onnx.ModelProto
+    joints: Joints
+
+
+def split_voice(model: onnx.ModelProto) -> VoiceParts:
+    """Cut Piper's graph where VITS's ``infer`` hands tensors between its modules.
+
+    Found by the module scopes torch's exporter writes into node names (``/flow/…``, ``/dec/…``)
+    and Piper's ``infer``: the flow's first node reads ``z_p``; its last node's output is
+    multiplied by ``y_mask`` and fed to the decoder; ``w_ceil`` is the one top-level ``Ceil``.
+    Raises ValueError when the graph does not look like that.
+    """
+    nodes = list(model.graph.node)
+    flow = [n for n in nodes if n.name.startswith("/flow/")]
+    ceil = [n for n in nodes if n.op_type == "Ceil" and n.name.count("/") == 1]
+    if not flow or len(ceil) != 1:
+        raise ValueError("not Piper's VITS export (no /flow/ nodes or no single top-level Ceil)")
+    z_p, flow_out = flow[0].input[0], flow[-1].output[0]
+    masking = [n for n in nodes if n.op_type == "Mul" and flow_out in n.input]
+    if len(masking) != 1:
+        raise ValueError(f"no single y_mask product of the flow's output {flow_out!r}")
+    (mask,) = [i for i in masking[0].input if i != flow_out]
+    z = masking[0].output[0]
+    inputs = [i.name for i in model.graph.input]
+    speaker = [SPEAKER_INPUT] if SPEAKER_INPUT in inputs else []
+    extractor = Extractor(model)
+    return VoiceParts(
+        prior=extractor.extract_model(inputs, [z_p, ceil[0].output[0]]),
+        flow=extractor.extract_model([z_p, mask, *speaker], [flow_out]),
+        decoder=extractor.extract_model([z, *speaker], [o.name for o in model.graph.output]),
+        joints=Joints(z_p=z_p, durations=ceil[0].output[0], mask=mask, z=z),
+    )
+
+
+def voice_sessions(model: onnx.ModelProto, options: ort.SessionOptions) -> SplitVoice | WholeVoice:
+    """The voice split for streaming, or whole when its graph cannot be split or windowed (or
+    onnxruntime refuses a part: a voice that loads whole never fails for its split)."""
+    try:
+        return SplitVoice(split_voice(model), options)
+    except Exception as e:  # ValueError from split_voice/reach, onnxruntime's own on a part
+        log.warning("vits graph runs whole, one run per sentence: %s", e)
+        return WholeVoice(_session(model, options))
+
+
+class WholeVoice:
+    """The unsplit graph, one run per sentence: a voice whose graph ``split_voice`` or ``reach``
+    refuses (not Piper's export, or ops that mix time steps)."""
+
+    def __init__(self, session: ort.InferenceSession) -> None:
+        self.entry = session  # the session fed with the voice's own inputs
+        self._output = session.get_outputs()[0].name
+
+    def render(self, feeds: dict[str, np.ndarray], run: ort.RunOptions) -> Iterator[np.ndarray]:
+        yield self.entry.run([self._output], feeds, run)[0].reshape(-1)
+
+
+class SplitVoice:
+    """Prior, flow and decoder sessions; ``render`` yields a sentence's audio window by window."""
+
+    def __init__(
+        self, parts: VoiceParts, options: ort.SessionOptions, plan: WindowPlan | None = None
+    ) -> None:
+        self.joints = parts.joints
+        self.flow_reach = reach(parts.flow.graph, self.joints.z_p)
+        self.decoder_reach = reach(parts.decoder.graph, self.joints.z)
+        if self.flow_reach.hop != 1:
+            raise ValueError(f"the flow changes the frame rate ({self.flow_reach.hop})")
+        self.plan = plan or WindowPlan()
+        self.entry = _session(parts.prior, options)  # the session fed with the voice's own inputs
+        self._flow = _session(parts.flow, options)
+        self._decoder = _session(parts.decoder, options)
+        self._flow_out = self._flow.get_outputs()[0].name
+        self._decoder_out = self._decoder.get_outputs()[0].name
+
+    def render(self, feeds: dict[str, np.ndarray], run: ort.RunOptions) -> Iterator[np.ndarray]:
+        latents = self.prior(feeds, run)
+        speaker = {k: v for k, v in feeds.items() if k == SPEAKER_INPUT}
+        yield from self.audio(latents, speaker, run)
+
+    def prior(self, feeds: dict[str, np.ndarray], run: ort.RunOptions) -> Latents:
+        z_p, durations = self.entry.run([self.joints.z_p, self.joints.durations], feeds, run)
+        return Latents(z_p, durations.reshape(-1))
+
+    def audio(
+        self, latents: Latents, speaker: dict[str, np.ndarray], run: ort.RunOptions
+    ) -> Iterator[np.ndarray]:
+        """The samples of each window of ``plan``; z is made by the flow just ahead of need and
+        kept, so no frame goes through the flow twice except in its overlap."""
+        z_p = latents.z_p
+        frames = z_p.shape[2]
+        z = np.empty_like(z_p)
+        made = 0  # z is final on frames [0, made)
+        dec, hop = self.decoder_reach, self.decoder_reach.hop
+        for start, end in self.plan.windows(frames):
+            lo, hi = max(0, start - dec.left), min(frames, end + dec.right)
+            if made < hi:
+                z[:, :, made:hi] = self._run_flow(z_p, made, hi, speaker, run)
+                made = hi
+            feeds = {self.joints.z: np.ascontiguousarray(z[:, :, lo:hi]), **speaker}
+            audio = self._decoder.run([self._decoder_out], feeds, run)[0].reshape(-1)
+            if audio.size != (hi - lo) * hop:
+                raise ValueError(f"the decoder made {audio.size} samples for {hi - lo} frames")
+            yield audio[(start - lo) * hop : (end - lo) * hop]
+
+    def _run_flow(
+        self,
+        z_p: np.ndarray,
+        start: int,
+        end: int,
+        speaker: dict[str, np.ndarray],
+        run: ort.RunOptions,
+    ) -> np.ndarray:
+        """z on frames [start, end), from z_p widened by the flow's reach."""
+        flow = self.flow_reach
+        lo, hi = max(0, start - flow.left), min(z_p.shape[2], end + flow.right)
+        feeds = {
+            self.joints.z_p: np.ascontiguousarray(z_p[:, :, lo:hi]),
+            self.joints.mask: np.ones((1, 1, hi - lo), np.float32),
+            **speaker,
+        }
+        out = self._flow.run([self._flow_out], feeds, run)[0]
+        return out[:, :, start - lo : end - lo]
+
+
+def _session(model: onnx.ModelProto, options: ort.SessionOptions) -> ort.InferenceSession:
+    return ort.InferenceSession(
+        model.SerializeToString(), sess_options=options, providers=["CPUExecutionProvider"]
+    )

@@ -1,0 +1,273 @@
+"""The embedded Piper voice split into prior, flow and decoder, streamed window by window.
+
+Real onnxruntime sessions on the real voice: the windows join into the one-shot audio, the first
+chunk comes from one decoder run, cancellation reaches the next window (and, through
+``speakd.stream.Cancel``'s hook, the running one). Small generated graphs pin down ``reach``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from speakd.audio import join_chunks
+from speakd.engines.base import SynthesisConfig
+from speakd.engines.vits import VitsEngine
+from speakd.engines.vits_split import Reach, SplitVoice, WholeVoice, WindowPlan, reach
+from speakd.stream import Cancel
+from speakd_tools.bench.vits import LONG_SENTENCE
+from speakd_tools.calibrate.metrics import snr_db
+from tests.tiny_voices import tiny_multispeaker_voice
+from tests.waits import wait_until
+
+LONG = LONG_SENTENCE  # 60 words in one sentence: some 18 s of audio, 9 windows
+
+
+@pytest.fixture(scope="module")
+def engine() -> VitsEngine:
+    return VitsEngine.embedded(threads=2)
+
+
+@pytest.fixture(scope="module")
+def voice(engine: VitsEngine) -> SplitVoice:
+    assert isinstance(engine.graphs, SplitVoice)
+    return engine.graphs
+
+
+def synth(engine: VitsEngine, text: str = LONG, cancel: threading.Event | None = None) -> list:
+    return list(engine.synthesize(text, SynthesisConfig(seed=3), cancel))
+
+
+class planned:
+    """``voice.plan`` set for the block (the engine fixture is shared by the module)."""
+
+    def __init__(self, voice: SplitVoice, plan: WindowPlan) -> None:
+        self.voice, self.plan, self.saved = voice, plan, voice.plan
+
+    def __enter__(self) -> None:
+        self.voice.plan = self.plan
+
+    def __exit__(self, *exc: object) -> None:
+        self.voice.plan = self.saved
+
+
+# -- the split and its windows ------------------------------------------------------------------
+
+
+def test_reach_is_read_from_the_voice_graph(voice: SplitVoice) -> None:
+    # flow: 4 coupling layers × 4 convolutions of kernel 5; decoder: HiFi-GAN 8·8·4 = 256 hop
+    assert voice.flow_reach == Reach(32, 32, 1)
+    assert voice.decoder_reach == Reach(12, 11, 256)
+
+
+def test_decoder_reach_bounds_what_one_frame_changes(voice: SplitVoice) -> None:
+    """Change one frame of z: only samples within the decoder's reach of it move, and they do
+    move nearly that far (the reach is not a loose bound)."""
+    rng = np.random.default_rng(1)
+    z = rng.standard_normal((1, 192, 80)).astype(np.float32)
+    bumped = z.copy()
+    bumped[:, :, 40] += 1.0
+    name, out = voice.joints.z, voice._decoder_out
+    a, b = (voice._decoder.run([out], {name: x})[0].reshape(-1) for x in (z, bumped))
+    moved = np.nonzero(a != b)[0]
+    r = voice.decoder_reach
+    assert (40 - r.right) * r.hop <= moved[0] < (40 - r.right + 2) * r.hop
+    assert (40 + r.left - 1) * r.hop <= moved[-1] < (40 + r.left + 1) * r.hop
+
+
+def test_windows_grow_from_a_small_first_one() -> None:
+    plan = WindowPlan(first=32, growth=2, largest=256)
+    assert list(plan.windows(1000)) == [
+        (0, 32),
+        (32, 96),
+        (96, 224),
+        (224, 480),
+        (480, 736),
+        (736, 1000),  # 8 frames left: not a window of their own
+    ]
+    assert list(plan.windows(20)) == [(0, 20)]
+    assert list(plan.windows(63)) == [(0, 63)]
+    assert list(plan.windows(64)) == [(0, 32), (32, 64)]
+    assert list(WindowPlan.one_shot().windows(5000)) == [(0, 5000)]
+
+
+def test_streamed_audio_joins_into_the_one_shot_audio(
+    engine: VitsEngine, voice: SplitVoice
+) -> None:
+    streamed = synth(engine)
+    with planned(voice, WindowPlan.one_shot()):
+        (one_shot,) = synth(engine)
+    hop, plan = voice.decoder_reach.hop, voice.plan
+    assert len(streamed) > 8
+    assert streamed[0].frames == plan.first * hop
+    assert streamed[1].frames == plan.first * plan.growth * hop
+    joined = join_chunks(streamed).samples()
+    ref = one_shot.samples()
+    assert joined.shape == ref.shape
+    # The same frames reach every kept sample; only float rounding of differently sized GEMMs
+    # differs, by at most one 16-bit step on a rare sample.
+    assert np.abs(joined.astype(np.int32) - ref).max() <= 1
+    assert snr_db(ref, joined) > 90
+    assert join_chunks(synth(engine)).pcm == join_chunks(streamed).pcm  # deterministic
+
+
+def test_noise_stays_seeded_through_the_split(engine: VitsEngine) -> None:
+    text = "The door is open."
+    first = join_chunks(engine.synthesize(text, SynthesisConfig(seed=7))).pcm
+    assert join_chunks(engine.synthesize(text, SynthesisConfig(seed=7))).pcm == first
+    assert join_chunks(engine.synthesize(text, SynthesisConfig(seed=8))).pcm != first
+
+
+def test_prior_gives_frames_per_phoneme_id(engine: VitsEngine, voice: SplitVoice) -> None:
+    from speakd.engines.vits import phonemize
+
+    (phonemes,) = phonemize("en-us", "Open the door.", None)
+    feeds = engine._feeds(phonemes, engine._resolve(SynthesisConfig()), seed=1)
+    import onnxruntime as ort
+
+    latents = voice.prior(feeds, ort.RunOptions())
+    assert latents.durations.shape == (len(feeds["input"][0]),)
+    assert latents.durations.min() >= 0 and latents.durations.max() > 3
+    assert latents.durations.sum() == latents.z_p.shape[2]
+
+
+class CountingSession:
+    """The decoder session, counting its runs."""
+
+    def __init__(self, session) -> None:
+        self.session, self.runs = session, 0
+
+    def run(self, *args, **kw):
+        self.runs += 1
+        return self.session.run(*args, **kw)
+
+
+def test_first_chunk_comes_from_one_decoder_run(engine: VitsEngine, voice: SplitVoice) -> None:
+    counting = CountingSession(voice._decoder)
+    voice._decoder = counting
+    try:
+        stream = engine.synthesize(LONG, SynthesisConfig(seed=3))
+        first = next(stream)
+        assert counting.runs == 1
+        rest = list(stream)
+    finally:
+        voice._decoder = counting.session
+    assert counting.runs == 1 + len(rest) > 8
+    assert first.frames * 10 < sum(c.frames for c in rest)
+
+
+def test_the_cached_clip_is_the_streamed_audio(engine: VitsEngine, tmp_path) -> None:
+    """The resolver stores the chunks a reader streamed; a hit gives those bytes whole, and
+    ``speakd synth``'s path (the engine's chunks joined) gives them too."""
+    from speakd.cache.store import CacheStore
+    from speakd.messages import SpeakRequest
+    from speakd.resolver import Resolver
+
+    resolver = Resolver(engine, CacheStore(tmp_path / "cache.db"))
+    request = SpeakRequest(LONG, config=SynthesisConfig(seed=3))
+    streamed = list(resolver.stream(request, Cancel()))
+    wait_until(lambda: resolver.counters["stored"] == 1)
+    (hit,) = resolver.stream(request, Cancel())
+    assert resolver.counters["hits"] == 1 and len(streamed) > 8
+    assert hit.pcm == join_chunks(streamed).pcm == join_chunks(synth(engine)).pcm
+
+
+# -- cancellation ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", [Cancel, threading.Event])
+def test_cancel_stops_at_the_next_window(engine: VitsEngine, kind: type) -> None:
+    cancel = kind()
+    stream = engine.synthesize(LONG, SynthesisConfig(seed=3), cancel)
+    first = next(stream)
+    cancel.set()
+    assert list(stream) == []
+    assert first.frames > 0
+    if isinstance(cancel, Cancel):
+        assert cancel._hooks == []  # the engine's hook left with the synthesis
+
+
+def test_cancel_hook_stops_the_running_window(engine: VitsEngine, voice: SplitVoice) -> None:
+    """One window over a ~14 s sentence: only the hook's RunOptions.terminate can end it early."""
+    with planned(voice, WindowPlan.one_shot()):
+        t0 = time.monotonic()
+        synth(engine)
+        whole = time.monotonic() - t0
+        cancel = Cancel()
+        set_at: list[float] = []
+
+        def stop() -> None:
+            set_at.append(time.monotonic())
+            cancel.set()
+
+        timer = threading.Timer(whole * 0.3, stop)
+        timer.start()
+        chunks = synth(engine, cancel=cancel)
+        ended = time.monotonic()
+        timer.join()
+    assert chunks == []
+    assert ended - set_at[0] < whole * 0.5  # the run stopped; it did not finish its window
+
+
+# -- graphs that are not split, and reach on generated graphs --------------------------------------
+
+
+def test_a_graph_that_cannot_be_split_runs_whole(tmp_path) -> None:
+    engine = VitsEngine.load(tiny_multispeaker_voice(tmp_path), threads=1)
+    assert isinstance(engine.graphs, WholeVoice)
+    chunks = list(engine.synthesize("Hi there.", SynthesisConfig(seed=1)))
+    assert len(chunks) == 1 and chunks[0].frames > 0
+
+
+def conv_graph(*nodes: onnx.NodeProto, inits: list | None = None) -> onnx.GraphProto:
+    return helper.make_graph(
+        list(nodes),
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, None])],
+        [helper.make_tensor_value_info(nodes[-1].output[0], TensorProto.FLOAT, None)],
+        initializer=inits or [],
+    )
+
+
+def conv(name: str, src: str, k: int, d: int = 1, pads: tuple[int, int] | None = None):
+    pad = (d * (k - 1) // 2,) * 2 if pads is None else pads
+    return helper.make_node(
+        "Conv", [src, "w"], [name], kernel_shape=[k], dilations=[d], pads=list(pad), name=name
+    )
+
+
+def test_reach_adds_convolutions_and_takes_the_widest_branch() -> None:
+    graph = conv_graph(
+        conv("a", "x", 3),  # ±1
+        helper.make_node("LeakyRelu", ["a"], ["b"]),
+        conv("c", "b", 5, d=3),  # ±6
+        conv("e", "b", 3),  # ±1: the narrower branch
+        helper.make_node("Add", ["c", "e"], ["f"]),
+        helper.make_node(
+            "ConvTranspose", ["f", "w"], ["y"], kernel_shape=[16], strides=[8], pads=[4, 4]
+        ),
+    )
+    # ConvTranspose k16 s8 p4: 11/8 frame back, 4/8 ahead
+    assert reach(graph, "x") == Reach(left=9, right=8, hop=8)
+    assert reach(conv_graph(conv("y", "x", 7, pads=(6, 0))), "x") == Reach(6, 0, 1)  # causal
+
+
+@pytest.mark.parametrize(
+    "node",
+    [
+        helper.make_node("ReduceMean", ["x"], ["y"], axes=[2]),
+        helper.make_node("Softmax", ["x"], ["y"], axis=2),
+        helper.make_node("Concat", ["x", "x"], ["y"], axis=2),
+        helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[3], strides=[2], pads=[1, 1]),
+        helper.make_node("DynamicQuantizeLinear", ["x"], ["y", "s", "z"]),
+    ],
+    ids=lambda n: n.op_type,
+)
+def test_reach_refuses_ops_that_mix_time_steps(node: onnx.NodeProto) -> None:
+    with pytest.raises(ValueError, match=r"time|length"):
+        reach(conv_graph(node), "x")
