@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,7 @@ from speakd.prepare import prepare, select_voice
 from speakd.resolver import Resolver
 from speakd.stream import AudioStream, Cancel
 from tests.tone_engine import ToneEngine
+from tests.waits import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -110,32 +112,49 @@ def test_one_synthesis_many_readers_and_the_last_one_out_cancels() -> None:
     stream = Resolver(slow).open(SpeakRequest(" ".join(["w"] * 100)))
     next(stream.read(Cancel()))
     stream.release()
-    deadline = time.monotonic() + 5
-    while not stream.done:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    wait_until(lambda: stream.done, "the orphaned synthesis to stop", timeout=5)
     assert stream.cancel.is_set() and len(stream.chunks) < 20
+
+
+class HookedCancel(Cancel):
+    """Says when a reader has hooked itself on: it blocks on the stream right after."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hooked = threading.Event()
+
+    def add_hook(self, hook: Callable[[], None]) -> None:
+        super().add_hook(hook)
+        self.hooked.set()
 
 
 async def test_async_reader_is_woken_by_the_producer_and_a_cancel_wakes_a_thread() -> None:
     stream = AudioStream("k")
     chunk = ToneEngine().synthesize("x", SynthesisConfig()).__next__()
 
+    taken = asyncio.Event()
+
     async def produce() -> None:
+        # each put comes from another thread while the reader waits: it only yields the loop
+        # (to this task) once it has taken the last chunk and is waiting for the next
         for _ in range(3):
-            await asyncio.sleep(0.05)
             await asyncio.to_thread(stream.put, chunk)
+            await taken.wait()
+            taken.clear()
         await asyncio.to_thread(stream.finish)
 
     producer = asyncio.create_task(produce())
-    seen = [c async for c in stream.aread()]
+    seen = []
+    async for c in stream.aread():
+        seen.append(c)
+        taken.set()
     await producer
     assert seen == [chunk] * 3
     # a blocked thread reader returns at once when its Cancel is set (no polling interval)
-    idle, cancel, out = AudioStream("idle"), Cancel(), []
+    idle, cancel, out = AudioStream("idle"), HookedCancel(), []
     reader = threading.Thread(target=lambda: out.extend(idle.read(cancel)))
     reader.start()
-    await asyncio.sleep(0.1)
+    assert await asyncio.to_thread(cancel.hooked.wait, 5)  # the reader is about to block
     t0 = time.monotonic()
     cancel.set()
     await asyncio.to_thread(reader.join, 5)
