@@ -192,6 +192,25 @@ def test_cancel_stops_at_the_next_window(engine: VitsEngine, kind: type) -> None
         assert cancel._hooks == []  # the engine's hook left with the synthesis
 
 
+def test_no_thread_watches_the_cancel(engine: VitsEngine, voice: SplitVoice) -> None:
+    """While a window runs, the Python threads are the ones there were before: the cancel
+    reaches onnxruntime through the hook, not through a thread polling the event."""
+    before = {t.ident for t in threading.enumerate()}
+    during: list[set] = []
+
+    class Watching(CountingSession):
+        def run(self, *args, **kw):
+            during.append({t.ident for t in threading.enumerate()})
+            return super().run(*args, **kw)
+
+    voice._decoder = Watching(voice._decoder)
+    try:
+        synth(engine, "Turn the lights off, please.", cancel=Cancel())
+    finally:
+        voice._decoder = voice._decoder.session
+    assert during and all(ids <= before for ids in during)  # no thread came
+
+
 def test_cancel_hook_stops_the_running_window(engine: VitsEngine, voice: SplitVoice) -> None:
     """One window over a ~14 s sentence: only the hook's RunOptions.terminate can end it early."""
     with planned(voice, WindowPlan.one_shot()):
