@@ -41,6 +41,7 @@ from speakd.config import ConfigError, load_config
 from tests.daemon_proc import DaemonProc, InProcessDaemon, start_daemon, write_config
 from tests.tiny_voices import tiny_multispeaker_voice
 from tests.tone_engine import ToneEngine
+from tests.waits import until
 
 HA_DESCRIBE_TIMEOUT_S = 1.0  # Home Assistant gives up on a describe after this
 MAX_TEXT_CHARS = 300
@@ -422,9 +423,9 @@ async def test_a_client_leaving_mid_synthesis_cancels_it(
     async with unix(sock) as client:
         await client.write_event(Synthesize(words(200, "gone")).event())  # 10 s of compute
         await read_until(client, "audio-chunk")
-    deadline = time.monotonic() + 5  # an uncancelled synthesis would be stored after 10 s
-    while d.status()["source"]["cache"]["not_stored"] == before and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
+    await until(  # an uncancelled synthesis would be stored after 10 s
+        lambda: d.status()["source"]["cache"]["not_stored"] != before, "the dropped synthesis", 5
+    )
     state = d.status()
     assert state["source"]["cache"]["not_stored"] == before + 1  # cancelled, never stored
     assert state["streams"]["active"] == 0 and state["source"]["cache"]["inflight"] == 0
@@ -436,9 +437,7 @@ async def test_more_streams_than_max_streams_is_busy(tone: tuple[InProcessDaemon
     async with unix(sock) as a, unix(sock) as b, unix(sock) as c:
         for client, tag in ((a, "busya"), (b, "busyb")):  # (b waits for the engine behind a)
             await client.write_event(Synthesize(words(60, tag)).event())
-        deadline = time.monotonic() + 5
-        while d.status()["streams"]["active"] < 2 and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
+        await until(lambda: d.status()["streams"]["active"] >= 2, "two active streams", 5)
         assert error_of(await synthesize(c, words(5, "busyc"))) == "busy"
         await read_until(a, "audio-stop")
         assert audio_of(await synthesize(c, words(5, "busyc")))  # a stream is free again
