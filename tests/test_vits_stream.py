@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -241,6 +242,109 @@ def test_a_graph_that_cannot_be_split_runs_whole(tmp_path) -> None:
     assert isinstance(engine.graphs, WholeVoice)
     chunks = list(engine.synthesize("Hi there.", SynthesisConfig(seed=1)))
     assert len(chunks) == 1 and chunks[0].frames > 0
+
+
+def piper_shaped_voice(tmp_path) -> Path:
+    """A two-speaker graph cut like Piper's export: a prior (ids → z_p of 3 frames per id, with
+    seeded-able noise, and a top-level ``/Ceil``), a ``/flow/`` and a ``/dec/`` conditioned on the
+    speaker embedding, joined by ``z · y_mask``; 2 samples per frame."""
+    c = 4  # channels
+    rng = np.random.default_rng(0)
+
+    def init(name: str, value: np.ndarray) -> onnx.TensorProto:
+        return onnx.numpy_helper.from_array(np.asarray(value), name)
+
+    def node(op: str, ins: list[str], out: str, **attrs) -> onnx.NodeProto:
+        return helper.make_node(op, ins, [out], name=out, **attrs)
+
+    nodes = [
+        node("Cast", ["input"], "/enc_p/ids", to=TensorProto.FLOAT),
+        node("Unsqueeze", ["/enc_p/ids", "axis1"], "/enc_p/ids3"),
+        node("Tile", ["/enc_p/ids3", "repeats"], "/enc_p/m"),  # [1, c, 3N]
+        node("Mul", ["/enc_p/m", "tenth"], "/enc_p/m_p"),
+        node("RandomNormalLike", ["/enc_p/m_p"], "/noise", dtype=1),
+        node("Slice", ["scales", "zero", "one"], "/noise_scale"),
+        node("Mul", ["/noise", "/noise_scale"], "/scaled"),
+        node("Add", ["/enc_p/m_p", "/scaled"], "/z_p"),
+        node("Mul", ["/enc_p/ids3", "zerof"], "/zeros"),
+        node("Add", ["/zeros", "three"], "/w"),
+        node("Ceil", ["/w"], "/Ceil"),
+        node("ReduceMean", ["/z_p"], "/mean", axes=[1], keepdims=1),
+        node("Mul", ["/mean", "zerof"], "/mask0"),
+        node("Add", ["/mask0", "onef"], "/y_mask"),
+        node("Gather", ["emb_g", "sid"], "/emb_g"),
+        node("Unsqueeze", ["/emb_g", "axis2"], "/g"),
+        node("Conv", ["/z_p", "w_flow"], "/flow/conv", kernel_shape=[3], pads=[1, 1]),
+        node("Add", ["/flow/conv", "/g"], "/flow/cond"),
+        node("Mul", ["/flow/cond", "/y_mask"], "/flow/masked"),
+        node("Tanh", ["/flow/masked"], "/flow/out"),
+        node("Mul", ["/flow/out", "/y_mask"], "/z"),
+        node("Conv", ["/z", "w_pre"], "/dec/conv_pre", kernel_shape=[5], pads=[2, 2]),
+        node("Add", ["/dec/conv_pre", "/g"], "/dec/cond"),
+        node(
+            "ConvTranspose",
+            ["/dec/cond", "w_up"],
+            "/dec/up",
+            kernel_shape=[4],
+            strides=[2],
+            pads=[1, 1],
+        ),
+        node("Tanh", ["/dec/up"], "/dec/tanh"),
+        node("Unsqueeze", ["/dec/tanh", "axis1"], "output"),
+    ]
+    inits = [
+        init("axis1", np.array([1])),
+        init("axis2", np.array([2])),
+        init("repeats", np.array([1, c, 3])),
+        init("zero", np.array([0])),
+        init("one", np.array([1])),
+        init("tenth", np.float32(0.01)),
+        init("zerof", np.float32(0)),
+        init("onef", np.float32(1)),
+        init("three", np.float32(2.5)),
+        init("emb_g", rng.standard_normal((2, c)).astype(np.float32)),
+        init("w_flow", 0.3 * rng.standard_normal((c, c, 3)).astype(np.float32)),
+        init("w_pre", 0.3 * rng.standard_normal((c, c, 5)).astype(np.float32)),
+        init("w_up", 0.3 * rng.standard_normal((c, 1, 4)).astype(np.float32)),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "piper_shaped",
+        [
+            helper.make_tensor_value_info("input", TensorProto.INT64, [1, None]),
+            helper.make_tensor_value_info("input_lengths", TensorProto.INT64, [1]),
+            helper.make_tensor_value_info("scales", TensorProto.FLOAT, [3]),
+            helper.make_tensor_value_info("sid", TensorProto.INT64, [1]),
+        ],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 1, 1, None])],
+        initializer=inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    path = tiny_multispeaker_voice(tmp_path, name="xx_XX-shaped-low")  # its JSON, two speakers
+    onnx.save(model, path)
+    return path
+
+
+def test_a_multi_speaker_voice_is_split_with_its_speaker(tmp_path) -> None:
+    engine = VitsEngine.load(piper_shaped_voice(tmp_path), threads=1)
+    voice = engine.graphs
+    assert isinstance(voice, SplitVoice)
+    assert (voice.flow_reach, voice.decoder_reach) == (Reach(1, 1, 1), Reach(3, 3, 2))
+
+    def audio(speaker: str, plan: WindowPlan) -> tuple[int, bytes]:
+        with planned(voice, plan):
+            config = SynthesisConfig(speaker=speaker, seed=1)
+            chunks = list(engine.synthesize(LONG, config))
+        return len(chunks), join_chunks(chunks).pcm
+
+    (n, anna), (_, anna_whole) = audio("anna", WindowPlan()), audio("anna", WindowPlan.one_shot())
+    bert = audio("bert", WindowPlan())[1]
+    assert n > 8 and len(anna) == len(anna_whole) == len(bert)
+    ref, got = (np.frombuffer(a, "<i2").astype(np.int32) for a in (anna_whole, anna))
+    assert np.abs(ref - got).max() <= 1
+    assert anna != bert
 
 
 def conv_graph(*nodes: onnx.NodeProto, inits: list | None = None) -> onnx.GraphProto:

@@ -208,16 +208,27 @@ def split_voice(model: onnx.ModelProto) -> VoiceParts:
     if len(masking) != 1:
         raise ValueError(f"no single y_mask product of the flow's output {flow_out!r}")
     (mask,) = [i for i in masking[0].input if i != flow_out]
-    z = masking[0].output[0]
+    joints = Joints(z_p=z_p, durations=ceil[0].output[0], mask=mask, z=masking[0].output[0])
+    _declare(model, [joints.z_p, joints.durations, joints.mask, joints.z, flow_out])
     inputs = [i.name for i in model.graph.input]
     speaker = [SPEAKER_INPUT] if SPEAKER_INPUT in inputs else []
     extractor = Extractor(model)
     return VoiceParts(
-        prior=extractor.extract_model(inputs, [z_p, ceil[0].output[0]]),
+        prior=extractor.extract_model(inputs, [z_p, joints.durations]),
         flow=extractor.extract_model([z_p, mask, *speaker], [flow_out]),
-        decoder=extractor.extract_model([z, *speaker], [o.name for o in model.graph.output]),
-        joints=Joints(z_p=z_p, durations=ceil[0].output[0], mask=mask, z=z),
+        decoder=extractor.extract_model([joints.z, *speaker], [o.name for o in model.graph.output]),
+        joints=joints,
     )
+
+
+def _declare(model: onnx.ModelProto, names: list[str]) -> None:
+    """Give the cut tensors the value_info the extracted graphs need for their inputs and
+    outputs (torch's export writes it; a graph without it gets it from shape inference)."""
+    known = {v.name for v in model.graph.value_info}
+    missing = [n for n in names if n not in known]
+    if missing:
+        inferred = onnx.shape_inference.infer_shapes(model).graph.value_info
+        model.graph.value_info.extend(v for v in inferred if v.name in missing)
 
 
 def voice_sessions(model: onnx.ModelProto, options: ort.SessionOptions) -> SplitVoice | WholeVoice:
