@@ -27,12 +27,16 @@ def plan(frames: int, window: int, context: int) -> list[tuple[int, int, int]]:
     frames. A window keeps its centre, ``context`` frames in from each edge, except at the
     sentence's own ends: the first window starts at frame 0 and the last one ends at the last
     frame, because the graph's convolutions pad a *sentence* edge with zeros at every layer
-    (after biases), which a zero-padded input cannot imitate. Only a sentence shorter than one
-    window is padded (the conversion report's ``windowing`` figure shows what that costs)."""
+    (after biases), which zeros in the input cannot imitate. A sentence shorter than a window
+    runs twice, once at the window's start and once at its end (zeros fill the rest), and keeps
+    the half next to the real edge of each run."""
     if window <= 2 * context:
         raise ValueError(f"window {window} leaves no frame after 2 × {context} of context")
-    if frames <= window:
+    if frames == window:
         return [(0, 0, frames)]
+    if frames < window:
+        half = (frames + 1) // 2
+        return [(0, 0, half), (frames - window, half, frames)]
     out, start, keep = [], 0, 0
     while start + window < frames:
         end = start + window - context
@@ -43,11 +47,13 @@ def plan(frames: int, window: int, context: int) -> list[tuple[int, int, int]]:
 
 
 def windows(x: np.ndarray, cuts: list[tuple[int, int, int]], window: int) -> np.ndarray:
-    """[1, C, T] → [N, C, window], one per cut (zeros past the end of a short sentence)."""
+    """[1, C, T] → [N, C, window], one per cut; zeros where a window reaches past the sentence
+    (a short sentence's windows start before frame 0 or end after its last frame)."""
     out = np.zeros((len(cuts), x.shape[1], window), np.float32)
+    frames = x.shape[-1]
     for k, (start, _, _) in enumerate(cuts):
-        part = x[0, :, start : start + window]
-        out[k, :, : part.shape[-1]] = part
+        lo, hi = max(start, 0), min(start + window, frames)
+        out[k, :, lo - start : hi - start] = x[0, :, lo:hi]
     return out
 
 
