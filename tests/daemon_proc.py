@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -128,18 +127,23 @@ def start_daemon(
         env=full_env,
     )
     daemon = DaemonProc(config, socket_path, proc, log, full_env)
-    deadline = time.monotonic() + ready_timeout
-    while time.monotonic() < deadline:
+
+    def answers() -> bool:
         if proc.poll() is not None:
             raise RuntimeError(f"speakd exited with {proc.returncode}:\n{daemon.log_text()}")
         try:
             with daemon.client(timeout=5) as c:
                 c.request({"op": "status"})
-            return daemon
+            return True
         except (ClientError, OSError):
-            time.sleep(0.1)
-    daemon.stop(signal.SIGKILL)
-    raise RuntimeError(f"speakd did not become ready:\n{daemon.log_text()}")
+            return False
+
+    try:
+        wait_until(answers, "speakd to answer status", ready_timeout)
+    except AssertionError:
+        daemon.stop(signal.SIGKILL)
+        raise RuntimeError(f"speakd did not become ready:\n{daemon.log_text()}") from None
+    return daemon
 
 
 class InProcessDaemon:
@@ -158,14 +162,15 @@ class InProcessDaemon:
 
     def start(self) -> InProcessDaemon:
         self.thread.start()
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
+
+        def ready() -> bool:
             assert self.thread.is_alive(), "the daemon died while starting"
             with contextlib.suppress(ClientError, OSError), self.client() as c:
-                if c.request({"op": "status"})["fallback_ready"]:  # made in the background
-                    return self
-            time.sleep(0.1)
-        raise RuntimeError("in-process daemon did not become ready")
+                return c.request({"op": "status"})["fallback_ready"]  # made in the background
+            return False
+
+        wait_until(ready, "the in-process daemon and its fallback prompt", 120)
+        return self
 
     def client(self) -> Client:
         return Client(self.config.socket.path, timeout=60)
