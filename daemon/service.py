@@ -57,7 +57,6 @@ MEMORY_CHECK_S = 5.0  # how often limits.max_rss_mb is checked
 class Daemon:
     config: Config
     config_path: Path | None = None
-    engine: Engine | None = None
     guard: Guard | None = None
     control: Control | None = None
     mqtt: MqttFrontend | None = None
@@ -74,8 +73,9 @@ class Daemon:
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
-        self.engine = await _load_engine(self.config.engine)
-        library = await self._library(self.config, self.engine)
+        # The [engine] voice loads before READY; the library holds it from here on (no other
+        # reference, so an unloaded voice frees its model).
+        library = await self._library(self.config, await _load_engine(self.config.engine))
         self.guard = make_guard(self.config.engine)
         scheduler = self._make_scheduler(library)
         self._prepare_fallback(scheduler, self.config.engine.fallback_text)
@@ -125,7 +125,7 @@ class Daemon:
 
     @staticmethod
     async def _library(
-        config: Config, engine: Engine, previous: VoiceLibrary | None = None
+        config: Config, engine: Engine | None, previous: VoiceLibrary | None = None
     ) -> VoiceLibrary:
         """The voices the config names (the folder is read on a worker thread), voices still
         loaded in ``previous`` kept loaded, ``voices.preload`` loaded."""
@@ -294,10 +294,13 @@ class Daemon:
                 notify("READY=1", f"STATUS=reload failed: {e}")
 
     async def _reload(self) -> None:
-        assert self.control is not None and self.engine is not None
+        assert self.control is not None
         new = load_config(self.config_path)
-        engine, guard = self.engine, self.guard
-        if _model_key(new.engine) != _model_key(self.config.engine):
+        guard = self.guard
+        new_model = _model_key(new.engine) != _model_key(self.config.engine)
+        # the [engine] voice as it is now (None when unloaded: it is described again)
+        engine = self.control.library.primary.engine
+        if new_model:
             engine = await _load_engine(new.engine)
         if new.engine != self.config.engine:  # a new model, or new watchdog/breaker settings
             guard = make_guard(new.engine)
@@ -329,14 +332,11 @@ class Daemon:
         )
         old_resolver, scheduler.resolver = scheduler.resolver, resolver
         await asyncio.to_thread(old_resolver.close)
-        if (
-            engine is not self.engine
-            or new.engine.fallback_text != self.config.engine.fallback_text
-        ):
+        if new_model or new.engine.fallback_text != self.config.engine.fallback_text:
             self._prepare_fallback(scheduler, new.engine.fallback_text)
         scheduler.max_queue = new.limits.max_queue
         scheduler.block_ms, scheduler.volume = new.audio.block_ms, new.audio.volume
-        self.config, self.engine, self.guard = new, engine, guard
+        self.config, self.guard = new, guard
         self.control.max_text_chars = new.limits.max_text_chars
         self.control.max_streams = new.limits.max_streams
         self.control.reloads += 1

@@ -20,11 +20,8 @@ first voice that does; with neither, the default voice.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import dataclasses
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -38,6 +35,7 @@ from speakd.engines import describe_engine, load_engine, load_model
 from speakd.engines.base import Engine, EngineError, SynthesisConfig, VoiceInfo, VoiceModel
 from speakd.engines.registry import KINDS, kind_of
 from speakd.errors import RequestError
+from speakd.memory import rss_bytes, trim_heap
 from speakd.prepare import DEFAULT_VOICE, Prepared, match_language, prepare, select_voice
 
 log = logging.getLogger(__name__)
@@ -93,6 +91,7 @@ class VoiceLibrary:
         if not voices:
             raise ConfigError("voices: no voice at all (voices.embedded = false and none found)")
         self._voices = voices
+        self.primary = voices[0]  # the [engine] voice
         self.by_name: dict[str, Voice] = {}
         for voice in voices:
             for info in voice.model.voices():
@@ -213,10 +212,10 @@ class VoiceLibrary:
             engine = voice.engine
             if engine is not None:
                 return engine
-            rss0, t0 = _rss_bytes(), time.monotonic()
+            rss0, t0 = rss_bytes(), time.monotonic()
             engine = voice.loader()
             voice.load_s = time.monotonic() - t0
-            voice.resident_bytes = max(0, _rss_bytes() - rss0)
+            voice.resident_bytes = max(0, rss_bytes() - rss0)
             voice.loads += 1
             voice.engine = engine
             log.info(
@@ -248,7 +247,7 @@ class VoiceLibrary:
         for name in unloaded:
             log.info("voice %s unloaded (least recently used; limits)", name)
         if unloaded:
-            _trim_heap()
+            trim_heap()
 
     # ---- what there is ----------------------------------------------------------------------
 
@@ -318,7 +317,10 @@ def build_library(
     engine_config = config.engine
     voices: list[Voice] = []
     problems: list[VoiceProblem] = []
-    model = engine if engine is not None else describe_engine(engine_config)
+    model = describe_engine(engine_config)
+    if engine is not None and engine.bundle_id != model.bundle_id:
+        model = engine  # an engine made some other way (the library API, tests): its own model
+    # (else the description, not the engine: an unloaded [engine] voice frees its model)
     source = engine_config.bundle or EMBEDDED
     voices.append(Voice(model, source, lambda: load_engine(engine_config), engine=engine))
     if config.voices.embedded:
@@ -403,18 +405,3 @@ def _describe(path: Path, kind: str) -> VoiceModel | VoiceProblem:
 
 def _voice(model: VoiceModel, source: str, config: EngineConfig) -> Voice:
     return Voice(model, source, lambda: load_model(model, config))
-
-
-# ---- memory -------------------------------------------------------------------------------
-
-
-def _rss_bytes() -> int:
-    with open("/proc/self/statm", encoding="ascii") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def _trim_heap() -> None:
-    """Give an unloaded model's freed heap back to the system (glibc keeps it otherwise)."""
-    name = ctypes.util.find_library("c")
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(name).malloc_trim(0)

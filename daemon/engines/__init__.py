@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from speakd.bundle import INT8_SUFFIX
 from speakd.engines.base import Engine, EngineError, VoiceModel
 from speakd.engines.registry import kind_of
+from speakd.memory import trim_heap
 
 if TYPE_CHECKING:
     from speakd.config import EngineConfig
@@ -54,6 +55,7 @@ def load_model(voice: VoiceModel, config: EngineConfig) -> Engine:
     """A voice's model in memory; raises BundleError/EngineError with a clear message."""
     t0 = time.monotonic()
     engine = kind_of(voice.kind).load(voice, config)
+    trim_heap()  # the load's transient copies of the graph
     log.info(
         "engine %s loaded in %.2f s: bundle %s, precision %s, %d Hz",
         engine.kind,
