@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import socket
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ import httpx
 import numpy as np
 
 from tests.daemon_proc import DaemonProc, start_daemon, write_config
+from tests.waits import wait_until
 
 TOKEN = "test-token-0123456789"
 
@@ -71,14 +71,17 @@ def start_http_daemon(
     port = free_port()
     section = f'[http]\nlisten = "127.0.0.1:{port}"\ntoken = "{token}"\n{http}\n'
     proc = start_daemon(write_config(tmp_path, extra + "\n" + section, **config), env)
-    deadline = time.monotonic() + 10  # the socket answers a moment before the HTTP port listens
-    while True:
+
+    def listens() -> bool:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
+            return True
         except OSError:
-            if time.monotonic() > deadline:
-                proc.stop()
-                raise RuntimeError(f"no HTTP on port {port}:\n{proc.log_text()}") from None
-            time.sleep(0.05)
+            return False
+
+    try:  # the socket answers a moment before the HTTP port listens
+        wait_until(listens, f"HTTP on port {port}", 10)
+    except AssertionError:
+        proc.stop()
+        raise RuntimeError(f"no HTTP on port {port}:\n{proc.log_text()}") from None
     return HttpDaemon(proc, f"http://127.0.0.1:{port}", port, token)
