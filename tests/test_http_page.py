@@ -17,6 +17,7 @@ from speakd.audio import read_wav
 from speakd.encode import ENCODER_DELAY
 from tests.cdp import Page, chromium
 from tests.http_daemon import start_http_daemon
+from tests.tiny_voices import tiny_multispeaker_voice
 
 
 async def play(page: Page, text: str, fmt: str) -> tuple[str, float]:
@@ -36,6 +37,8 @@ async def play(page: Page, text: str, fmt: str) -> tuple[str, float]:
 
 
 async def test_the_page_loads_voices_says_plays_and_shows_status(tmp_path: Path) -> None:
+    (tmp_path / "daemon" / "voices").mkdir(parents=True)
+    tiny_multispeaker_voice(tmp_path / "daemon" / "voices", "xx_XX-duo-low")
     d = start_http_daemon(tmp_path / "daemon")
     try:
         async with chromium(tmp_path / "chromium") as page:
@@ -48,13 +51,43 @@ async def test_the_page_loads_voices_says_plays_and_shows_status(tmp_path: Path)
                 f"const t = document.getElementById('token'); t.value = {json.dumps(d.token)};"
                 "t.dispatchEvent(new Event('change'))"
             )
-            assert await page.wait_for("document.body.dataset.voices") == "1"
+            assert await page.wait_for("document.body.dataset.voices") == "2"
             voice = await page.evaluate("document.getElementById('voice').value")
             assert voice == "en_US-joe-medium"
+            menu = await page.evaluate(
+                "[...document.getElementById('voice').options].map(o => o.textContent)"
+            )
+            assert menu == [
+                "en_US-joe-medium (vits; en_US; CC0)",
+                "xx_XX-duo-low (vits; en_US; unknown)",  # no MODEL_CARD beside it
+            ]
             options = await page.evaluate(
                 "[...document.querySelectorAll('#options input')].map(i => i.id)"
             )
             assert "opt-noise_scale" in options
+            speakers = "document.getElementById('speaker')"
+            assert await page.evaluate(f"{speakers}.parentElement.hidden") is True
+            # A multi-speaker voice shows its speakers; the board says it with the one chosen.
+            await page.evaluate(
+                "const v = document.getElementById('voice'); v.value = 'xx_XX-duo-low';"
+                "v.dispatchEvent(new Event('change'));"
+                f"{speakers}.value = 'bert';"
+                "document.getElementById('text').value = 'Bert speaks.';"
+                "document.getElementById('say').click()"
+            )
+            assert await page.evaluate(f"[...{speakers}.options].map(o => o.value)") == [
+                "anna",
+                "bert",
+            ]
+            said = await page.wait_for("document.body.dataset.said", timeout=60)
+            assert said.split()[1] == "done"
+            bert = read_wav(d.proc.config.parent / "wav" / f"{said.split()[0]}.wav")
+            assert bert.sample_rate == 22050
+            assert float(bert.samples().mean()) / 32767 == pytest.approx(0.2, abs=0.01)  # sid 1
+            await page.evaluate(
+                "const w = document.getElementById('voice'); w.value = 'en_US-joe-medium';"
+                "w.dispatchEvent(new Event('change')); delete document.body.dataset.said"
+            )
 
             # On the board: the daemon's WAV sink gets the request the page names.
             await page.evaluate(

@@ -5,6 +5,7 @@
 const $ = (id) => document.getElementById(id);
 const TOKEN_KEY = "speakd-token";
 let options = [];
+let voices = new Map();
 let notes = 0;
 
 function headers(json) {
@@ -60,15 +61,28 @@ function option(select, value, label, selected) {
 
 async function loadVoices() {
   const info = await (await api("v1/audio/voices")).json();
+  voices = new Map(info.voices.map((v) => [v.id, v]));
   const voice = $("voice");
   voice.replaceChildren();
   for (const v of info.voices) {
-    option(voice, v.id, v.id + (v.language ? " (" + v.language + ")" : ""), v.id === info.default);
+    const langs = (v.languages || []).join(", ");
+    option(voice, v.id, `${v.id} (${v.engine}; ${langs}; ${v.licence})`, v.id === info.default);
   }
   const format = $("format");
   format.replaceChildren();
   for (const f of info.formats) option(format, f, f, f === "wav");
-  options = info.options;
+  showVoice();
+  document.body.dataset.voices = String(info.voices.length);
+}
+
+// The chosen voice's speakers (a multi-speaker Piper voice, ChatTTS's embeddings) and options.
+function showVoice() {
+  const v = voices.get($("voice").value) || { speakers: [], options: [] };
+  const speaker = $("speaker");
+  speaker.replaceChildren();
+  for (const s of v.speakers) option(speaker, s, s, false);
+  speaker.parentElement.hidden = v.speakers.length === 0;
+  options = v.options;
   const box = $("options");
   box.replaceChildren();
   for (const o of options) {
@@ -87,7 +101,6 @@ async function loadVoices() {
     label.append(o.name + " ", input);
     box.append(label);
   }
-  document.body.dataset.voices = String(info.voices.length);
 }
 
 function params() {
@@ -107,6 +120,7 @@ function request() {
   return {
     text: $("text").value,
     voice: $("voice").value || null,
+    speaker: $("speaker").parentElement.hidden ? null : $("speaker").value,
     speed: Number($("speed").value) || 1,
     params: params(),
   };
@@ -135,7 +149,8 @@ function wavOf(pcm, rate) {
 async function play() {
   const r = request();
   const response = await api("v1/audio/speech", {
-    model: "speakd", input: r.text, voice: r.voice, speed: r.speed, params: r.params,
+    model: "speakd", input: r.text, voice: r.voice, speaker: r.speaker, speed: r.speed,
+    params: r.params,
     response_format: $("format").value,
   });
   let blob = await response.blob();
@@ -229,6 +244,7 @@ document.addEventListener("DOMContentLoaded", () => {
     localStorage.setItem(TOKEN_KEY, $("token").value.trim());
     guarded(loadVoices)();
   });
+  $("voice").addEventListener("change", showVoice);
   $("play").addEventListener("click", guarded(play));
   $("say").addEventListener("click", guarded(say));
   $("stop").addEventListener("click", guarded(stop));
