@@ -21,6 +21,7 @@ from speakd.resolver import Resolver
 from speakd.scheduler import Scheduler
 from speakd.sinks import NullSink, Sink, WavSink
 from tests.tone_engine import ToneEngine
+from tests.waits import wait_until
 
 
 class SsipServer:
@@ -96,13 +97,11 @@ class SsipServer:
         return self.call(self.control.status)
 
     def wait_idle(self, timeout: float = 10.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def idle() -> bool:
             s = self.status()
-            if s["state"] == "idle" and not s["queue_length"]:
-                return
-            time.sleep(0.01)
-        raise AssertionError(f"server not idle after {timeout} s: {self.status()}")
+            return s["state"] == "idle" and not s["queue_length"]
+
+        wait_until(idle, "the server to go idle", timeout)
 
 
 def wav_server(path: Path, wav_dir: Path, **kw: Any) -> SsipServer:

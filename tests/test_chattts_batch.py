@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import logging
 import threading
-import time
 import tracemalloc
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from speakd.engines.chattts.vocoder import Vocoder
 from speakd.messages import SpeakRequest
 from speakd.resolver import Resolver
 from speakd_tools.precompute import Prompt, synthesize_batch
+from tests.waits import wait_until
 
 TEXTS = [
     "Hello world, the kitchen lights are on.",
@@ -440,9 +440,7 @@ def test_concurrent_cache_misses_share_steps_and_cancel_alone(
         for i, ref in enumerate(refs):
             got = join_chunks(out[i])
             assert ref is not None and got is not None and got.pcm == ref.pcm
-        deadline = time.monotonic() + 10
-        while source.status()["cache"]["stored"] < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: source.status()["cache"]["stored"] >= 2, "two stored clips")
         status = source.status()["cache"]
         assert status["stored"] == 2 and status["synth"] == 3
 
