@@ -25,6 +25,8 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
+from tests.waits import wait_until
+
 MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
 
 
@@ -67,15 +69,21 @@ class Mosquitto:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.STDOUT,
         )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
+        proc = self.proc
+
+        def running() -> bool:
+            if proc.poll() is not None:
                 raise RuntimeError(f"mosquitto exited:\n{self.log_text()[offset:]}")
-            if " running" in self.log_text()[offset:]:
-                return self
-            time.sleep(0.02)
-        self.stop()
-        raise RuntimeError(f"mosquitto did not start on port {self.port}:\n{self.log_text()}")
+            return " running" in self.log_text()[offset:]
+
+        try:
+            wait_until(running, f"mosquitto on port {self.port}", timeout)
+        except AssertionError:
+            self.stop()
+            raise RuntimeError(
+                f"mosquitto did not start on port {self.port}:\n{self.log_text()}"
+            ) from None
+        return self
 
     def stop(self) -> None:
         """SIGTERM: mosquitto writes its persistence file, then exits."""
