@@ -276,8 +276,12 @@ class WyomingConfig:
 
     uri: str = ""  # empty = off; "tcp://0.0.0.0:10200" or "unix:///run/speakd/wyoming.sock"
     zeroconf: str = ""  # empty = off; else the name Home Assistant's discovery shows (tcp only)
+    # A streamed text that stops right after ".", "!" or "?" is spoken after this long without
+    # more text (an LLM pausing after a sentence); 0 = wait for the next chunk or the end.
+    sentence_hold_ms: int = 150
 
     def validate(self) -> None:
+        _range("wyoming.sentence_hold_ms", self.sentence_hold_ms, 0, 10_000)
         if self.zeroconf and not self.uri.startswith("tcp://"):
             raise ConfigError("wyoming.zeroconf: discovery needs a tcp:// wyoming.uri")
         if not self.uri:

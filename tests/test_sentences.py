@@ -70,3 +70,14 @@ def test_any_chunking_gives_the_same_sentences_and_loses_no_word(
     sentences = [s for piece in fed for s in piece] + rest
     assert sentences == whole[0] + whole_rest
     assert re.findall(r"\w+", " ".join(sentences)) == re.findall(r"\w+", text)
+
+
+def test_a_cjk_stop_ends_its_sentence_at_once_a_latin_one_is_held() -> None:
+    splitter = SentenceSplitter(5000)
+    assert splitter.feed("你好。") == ["你好。"]  # nothing after 。 can change it
+    assert splitter.feed("It is 3.") == [] and splitter.held()  # may still become 3.5
+    assert splitter.feed("5 degrees.") == [] and splitter.held()
+    assert splitter.release() == ["It is 3.5 degrees."] and not splitter.held()
+    assert splitter.feed("Dr.") == [] and not splitter.held()  # an abbreviation ends nothing
+    assert splitter.release() == []
+    assert splitter.feed(" Who? ") == ["Dr. Who?"]

@@ -415,6 +415,28 @@ async def test_a_text_stream_ends_with_synthesize_stopped_whatever_fails(
         assert error_of(events) == "unknown_voice"
 
 
+async def test_a_sentence_that_stops_at_its_mark_is_spoken_after_the_hold(
+    tone: tuple[InProcessDaemon, Path],
+) -> None:
+    """An LLM pausing after "Hello there." : spoken after wyoming.sentence_hold_ms (150 ms), not
+    when the next chunk or the end arrives; "3." is not spoken while more may follow."""
+    _, sock = tone
+    async with unix(sock) as client:
+        await client.write_event(SynthesizeStart().event())
+        await client.write_event(SynthesizeChunk("Hello there.").event())
+        first = await read_until(client, "audio-stop")  # the stream is still open
+        assert audio_of(first) and error_of(first) is None
+        await client.write_event(SynthesizeChunk("It is 3.").event())
+        await client.write_event(SynthesizeChunk("5 degrees").event())
+        await client.write_event(SynthesizeStop().event())
+        events = await read_until(client, "synthesize-stopped")
+        assert [e.type for e in events if e.type != "audio-chunk"] == [
+            "audio-start",
+            "audio-stop",
+            "synthesize-stopped",
+        ]  # "It is 3.5 degrees" in one piece
+
+
 async def test_a_client_leaving_mid_synthesis_cancels_it(
     tone: tuple[InProcessDaemon, Path],
 ) -> None:

@@ -2,10 +2,13 @@
 
 Each complete sentence becomes its own request, so the first is spoken while the rest is still
 being written. A sentence ends at ``.``, ``!``, ``?`` or ``…`` (with any closing quotes or brackets)
-followed by white space, at a CJK full stop, or at a line break. The character after the mark must
-have arrived before the mark counts: ``3.`` may still become ``3.5``. A period after a common
-abbreviation (``Dr.``, ``e.g.``), an initial (``J.``) or a list number at the start (``2.``) does
-not end a sentence, and a piece with no letter or digit in it (``...``) is kept for the next one.
+followed by white space, at a CJK full stop (at once: nothing after it can change it), or at a line
+break. After a Latin mark the next character must have arrived before the mark counts (``3.`` may
+still become ``3.5``); a text that stops right after one is ``held``, and the front-end that fed it
+``release``s it after a short hold when no more text came (an LLM pausing after a sentence). A
+period after a common abbreviation (``Dr.``, ``e.g.``), an initial (``J.``) or a list number at the
+start (``2.``) does not end a sentence, and a piece with no letter or digit in it (``...``) is kept
+for the next one.
 
 The engine splits a request's text into sentences again (``daemon/engines/chattts/text.py``
 ``split_sentences`` for ChatTTS, Piper's own for VITS); this module only decides what can be sent
@@ -21,10 +24,11 @@ _CLOSERS = "\"'”’»)]}」』）"
 _CLOSER = f"[{re.escape(_CLOSERS)}]*"
 _END = re.compile(
     rf"[.!?…]+{_CLOSER}(?=\s)"  # Latin: the mark, then white space must have arrived
-    rf"|[。！？]+{_CLOSER}(?=.)"  # CJK: no space follows, but the closers must have arrived
+    rf"|[。！？]+{_CLOSER}"  # CJK: no space follows, and nothing after it changes it
     r"|\n",
     re.S,
 )
+_HELD = re.compile(rf"[.!?…]+{_CLOSER}$")  # a Latin end waiting for what comes after it
 _SPEAKABLE = re.compile(r"\w")
 _LIST_NUMBER = re.compile(r"\d{1,3}")
 ABBREVIATIONS = frozenset(
@@ -58,6 +62,19 @@ class SentenceSplitter:
             *done, self._buffer = _cut(self._buffer, self.max_chars, keep_tail=True)
             out.extend(done)
         return out
+
+    def held(self) -> bool:
+        """The text so far ends in a sentence mark that only waits for the next character."""
+        m = _HELD.search(self._buffer)
+        return (
+            m is not None
+            and _ends_sentence(self._buffer[: m.start()], m.group())
+            and _SPEAKABLE.search(self._buffer) is not None
+        )
+
+    def release(self) -> list[str]:
+        """A held end taken as the end, as if white space had come after it."""
+        return self.feed(" ") if self.held() else []
 
     def finish(self) -> list[str]:
         """What is left when the text ends (its last sentence may lack a stop)."""

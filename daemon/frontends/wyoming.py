@@ -154,6 +154,7 @@ class _TextStream:
     splitter: SentenceSplitter
     failed: bool = False
     sentences: int = 0
+    hold: asyncio.TimerHandle | None = None  # a held sentence end, spoken when it runs out
 
 
 @dataclass
@@ -263,9 +264,15 @@ class WyomingHandler(AsyncEventHandler):
             chunk = _parse(SynthesizeChunk.from_event, event).text
             if not isinstance(chunk, str):
                 raise RequestError("bad_text", "synthesize-chunk text must be a string")
+            self._hold(text)
             self._sentences(text, text.splitter.feed(chunk))
+            if text.splitter.held() and self.frontend.config.sentence_hold_ms:
+                text.hold = asyncio.get_running_loop().call_later(
+                    self.frontend.config.sentence_hold_ms / 1000, self._release, text
+                )
         elif SynthesizeStop.is_type(kind):
             text = self._open_text(kind)
+            self._hold(text)
             self._sentences(text, text.splitter.finish(), STOPPED)
             self._text = None
             log.info("%s: text stream ended (%d sentences)", self.client, text.sentences)
@@ -288,6 +295,19 @@ class WyomingHandler(AsyncEventHandler):
         except RequestError:
             self._text.failed = True
             raise
+
+    @staticmethod
+    def _hold(text: _TextStream) -> None:
+        """More text came (or its end): a held sentence end waits no longer for the timer."""
+        if text.hold is not None:
+            text.hold.cancel()
+            text.hold = None
+
+    def _release(self, text: _TextStream) -> None:
+        """``wyoming.sentence_hold_ms`` passed with no more text: the held sentence is spoken."""
+        text.hold = None
+        if self._text is text:
+            self._sentences(text, text.splitter.release())
 
     def _open_text(self, kind: str) -> _TextStream:
         if self._text is None:
