@@ -114,6 +114,13 @@ class VoicesConfig:
 
 
 @dataclass(frozen=True)
+class LexiconConfig:
+    """Pronunciation lexicons, one TOML file per language (docs/ssml.md, "Lexicons")."""
+
+    files: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
 class AudioConfig:
     sink: str = "sounddevice"  # "sounddevice" | "wav" | "null"
     device: str = ""  # sounddevice device name or index; empty = system default
@@ -358,6 +365,7 @@ def _loopback(host: str) -> bool:
 class Config:
     engine: EngineConfig = field(default_factory=EngineConfig)
     voices: VoicesConfig = field(default_factory=VoicesConfig)
+    lexicon: LexiconConfig = field(default_factory=LexiconConfig)
     audio: AudioConfig = field(default_factory=AudioConfig)
     socket: SocketConfig = field(default_factory=SocketConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)

@@ -19,6 +19,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from speakd.engines.base import SynthesisConfig
 from speakd.errors import RequestError
+from speakd.markup.lexicon import Lexicon
+from speakd.markup.plan import prepare_request
+from speakd.markup.ssml import is_ssml
 from speakd.messages import Event, EventCallback, Priority, SpeakRequest, validate_text
 from speakd.scheduler import Scheduler
 from speakd.stream import AudioStream
@@ -30,6 +33,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_ID_CHARS = 128
+FORMATS = ("text", "ssml")
 
 
 class Observer(Protocol):
@@ -55,6 +59,7 @@ class Control:
     streaming: int = 0  # callers reading audio back right now
     counters: dict[str, int] = field(default_factory=lambda: {"streams": 0, "streams_refused": 0})
     observer: Observer | None = None
+    lexicon: Lexicon = field(default_factory=Lexicon)  # [lexicon] files; a reload replaces it
 
     def build_request(
         self,
@@ -66,9 +71,13 @@ class Control:
         strict_lang: bool = True,
     ) -> SpeakRequest:
         """Validate a request's fields (every front-end maps onto these names) and prepare it:
-        ``text``, ``id``, ``voice``, ``speaker``, ``lang``, ``priority``, ``speed``, ``volume``,
-        ``seed``, ``params`` (the engine's options), ``cache_only``."""
+        ``text``, ``format`` (``text`` or ``ssml``; a text whose root is ``<speak>`` is SSML
+        either way), ``id``, ``voice``, ``speaker``, ``lang``, ``priority``, ``speed``,
+        ``volume``, ``seed``, ``params`` (the engine's options), ``cache_only``."""
         text = validate_text(fields.get("text"), self.max_text_chars)
+        text_format = fields.get("format") or "text"
+        if text_format not in FORMATS:
+            raise RequestError("bad_field", f"format must be one of {', '.join(FORMATS)}")
         voice, lang = _string(fields, "voice"), _string(fields, "lang")
         speaker = fields.get("speaker")
         if isinstance(speaker, int) and not isinstance(speaker, bool):
@@ -87,7 +96,14 @@ class Control:
             lang=lang,
             extra=fields.get("params") or {},
         )
-        prepared = self.library.prepare(text, config, strict_lang=strict_lang)
+        prepared = prepare_request(
+            self.library,
+            text,
+            config,
+            ssml=text_format == "ssml" or is_ssml(text),
+            lexicon=self.lexicon,
+            strict_lang=strict_lang,
+        )
         request = SpeakRequest(
             text=text,
             priority=Priority.parse(fields.get("priority")),
@@ -248,6 +264,10 @@ class Control:
             "streams": {"active": self.streaming, "max": self.max_streams, **self.counters},
             "uptime_s": round(time.monotonic() - self.started, 1),
             "reloads": self.reloads,
+            "lexicon": {  # what a reload read: the digest changes when an entry does
+                lex.lang: {"file": lex.path, "digest": lex.digest[:16]}
+                for lex in self.lexicon.languages
+            },
         }
 
 

@@ -24,7 +24,9 @@ DEFAULT_VOICE = "default"
 @dataclass(frozen=True)
 class Prepared:
     """A request ready for the cache or the engine. ``config`` has the voice resolved and the seed
-    pinned; ``params`` is what the engine says changes the audio (stored beside each clip)."""
+    pinned; ``params`` is what the engine says changes the audio (stored beside each clip).
+    Marked-up text (SSML, ``speakd.markup.plan``) has ``parts``: its audio is composed of them
+    (``speakd.compose``), and ``key`` hashes them."""
 
     text: str
     normalized: str
@@ -32,6 +34,28 @@ class Prepared:
     key: str
     bundle: str
     params: dict[str, Any]
+    parts: tuple[Part, ...] = ()
+
+
+@dataclass(frozen=True)
+class Speech:
+    """A run of marked-up text, prepared like plain text, and its ``<prosody volume>``."""
+
+    prepared: Prepared
+    volume: float = 1.0
+
+
+@dataclass(frozen=True)
+class Silence:
+    ms: int
+
+
+@dataclass(frozen=True)
+class Marker:
+    name: str
+
+
+Part = Speech | Silence | Marker
 
 
 def prepare(

@@ -35,6 +35,7 @@ from typing import Any
 from speakd.audio import AudioChunk, join_chunks
 from speakd.breaker import CircuitBreaker, Guard
 from speakd.cache.store import CacheError, CacheStore, Clip
+from speakd.compose import compose
 from speakd.config import CacheConfig
 from speakd.engines.base import Engine, EngineError
 from speakd.messages import SpeakRequest
@@ -120,7 +121,9 @@ class Resolver:
         """The request as prepared by its front-end, or anew when its voice is gone since (a
         reload replaced the model)."""
         prepared = request.prepared
-        if prepared is None or prepared.bundle not in self.voices.by_bundle:
+        if prepared is None or (
+            not prepared.parts and prepared.bundle not in self.voices.by_bundle
+        ):
             prepared = self.voices.prepare(request.text, request.config)
         return prepared
 
@@ -129,6 +132,11 @@ class Resolver:
         calls ``release`` (``stream`` does both). Raises NotCachedError for a ``cache_only``
         miss and RequestError for a request the engine cannot take."""
         prepared = self.prepare(request)
+        if prepared.parts:
+            return self._compose(prepared, request.cache_only)
+        return self._open(prepared, request.cache_only)
+
+    def _open(self, prepared: Prepared, cache_only: bool) -> AudioStream:
         clip = self._lookup(prepared.key)
         if clip is not None:
             stale = clip.expired(time.time())
@@ -141,10 +149,32 @@ class Resolver:
                     self._writer.submit(self._touch, clip.key)
                 return AudioStream.complete(clip.key, clip.chunk()).attach()
         self._count("misses")
-        if request.cache_only:
+        if cache_only:
             self._count("not_cached")
-            raise NotCachedError(f"{request.text[:60]!r} is not in the cache (cache_only)")
+            raise NotCachedError(f"{prepared.text[:60]!r} is not in the cache (cache_only)")
         return self._join(prepared)
+
+    def _compose(self, prepared: Prepared, cache_only: bool) -> AudioStream:
+        """Marked-up text: its parts' streams, each a hit or a shared synthesis as above, composed
+        on a thread of its own into one stream (``speakd.compose``) at its first voice's rate."""
+        voice = (
+            self.voices.by_bundle.get(prepared.bundle) or self.voices.by_name[self.voices.default]
+        )
+        stream = AudioStream(prepared.key).attach()
+        thread = threading.Thread(  # in the caller's context: logs name its request
+            target=contextvars.copy_context().run,
+            args=(
+                compose,
+                stream,
+                prepared.parts,
+                voice.model.sample_rate,
+                lambda part: self._open(part, cache_only),
+            ),
+            name=f"speakd-compose-{prepared.key[:8]}",
+            daemon=True,
+        )
+        thread.start()
+        return stream
 
     def stream(self, request: SpeakRequest, cancel: threading.Event) -> Iterator[AudioChunk]:
         """Open, read to the end (or ``cancel``), release: for callers that read in one go."""

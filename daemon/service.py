@@ -34,6 +34,7 @@ from speakd.frontends.mqtt import MqttFrontend
 from speakd.frontends.ssip import SsipFrontend
 from speakd.frontends.unixserver import AccessPolicy, start_unix_server
 from speakd.frontends.wyoming import WyomingFrontend
+from speakd.markup.lexicon import Lexicon, LexiconError
 from speakd.messages import SpeakRequest
 from speakd.metrics import Metrics
 from speakd.notify import listen_fds, notify, watchdog_interval
@@ -81,6 +82,7 @@ class Daemon:
         self._prepare_fallback(scheduler, self.config.engine.fallback_text)
         limits = self.config.limits
         self.control = Control(scheduler, limits.max_text_chars, limits.max_streams)
+        self.control.lexicon = _lexicon(self.config)
         self.metrics = Metrics(self.control)
         self.guard.on_synthesis = self.metrics.synthesis
         self._tasks.append(asyncio.create_task(scheduler.run(), name="scheduler"))
@@ -296,6 +298,7 @@ class Daemon:
     async def _reload(self) -> None:
         assert self.control is not None
         new = load_config(self.config_path)
+        lexicon = _lexicon(new)  # read again: an edited file applies from now on
         guard = self.guard
         new_model = _model_key(new.engine) != _model_key(self.config.engine)
         # the [engine] voice as it is now (None when unloaded: it is described again)
@@ -339,6 +342,7 @@ class Daemon:
         self.config, self.guard = new, guard
         self.control.max_text_chars = new.limits.max_text_chars
         self.control.max_streams = new.limits.max_streams
+        self.control.lexicon = lexicon
         self.control.reloads += 1
         if mqtt is not None:
             await self._start_mqtt(mqtt)
@@ -387,6 +391,13 @@ _GUARD_KEYS = ("fallback_text", "hang_timeout_s", "max_rtf", "breaker_failures",
 def _model_key(config: EngineConfig) -> tuple[Any, ...]:
     """The [engine] keys that need the model loaded again (the rest only re-wrap it)."""
     return tuple(getattr(config, f.name) for f in fields(config) if f.name not in _GUARD_KEYS)
+
+
+def _lexicon(config: Config) -> Lexicon:
+    try:
+        return Lexicon.load(config.lexicon.files)
+    except LexiconError as e:
+        raise ConfigError(f"lexicon.files: {e}") from None
 
 
 def make_guard(config: EngineConfig) -> Guard:

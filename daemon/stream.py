@@ -78,6 +78,7 @@ class AudioStream:
         self.hang_timeout_s = hang_timeout_s
         self.detached = detached
         self.chunks: list[AudioChunk] = []
+        self.marks: list[tuple[int, str]] = []  # (index of the chunk a mark precedes, its name)
         self.done = False
         self.error: BaseException | None = None
         self.cancel = Cancel()  # the producer's: set when the last reader leaves
@@ -121,6 +122,12 @@ class AudioStream:
             self._cond.notify_all()
         self._wake()
 
+    def mark(self, name: str) -> None:
+        """A mark at this point of the audio, before the next chunk put (``speakd.compose``)."""
+        with self._cond:
+            if not self.done:
+                self.marks.append((len(self.chunks), name))
+
     def finish(self, error: BaseException | None = None) -> bool:
         """End the stream (with ``error``, or cleanly); False when it had ended already."""
         with self._cond:
@@ -136,6 +143,11 @@ class AudioStream:
     @property
     def duration(self) -> float:
         return sum(c.duration for c in self.chunks)
+
+    def marks_before(self, index: int) -> list[str]:
+        """The marks a reader passes before chunk ``index`` (``len(chunks)``: at the end)."""
+        with self._cond:
+            return [name for i, name in self.marks if i == index]
 
     # ---- readers ----------------------------------------------------------------------------
 

@@ -1,5 +1,5 @@
 """Pronunciation lexicons (speakd.markup.lexicon): whole words, the case rule, phrases, phonemes,
-languages, the digest the audio key takes, and files it refuses."""
+languages, the digest of the entries, and files it refuses."""
 
 from __future__ import annotations
 
@@ -124,12 +124,18 @@ def test_segments_are_rewritten_in_their_own_language(lexicon: Lexicon) -> None:
     ]
 
 
-# ---- the digest in the audio key ------------------------------------------------------------
+# ---- the digest status shows ----------------------------------------------------------------
+
+
+def _digest(lexicon: Lexicon, lang: str) -> str:
+    lex = lexicon.for_lang(lang)
+    assert lex is not None
+    return lex.digest
 
 
 def test_the_digest_follows_the_entries_not_the_file(tmp_path: Path) -> None:
-    def digest(text: str) -> str | None:
-        return Lexicon.load([write(tmp_path, "en.toml", text)]).digest("en-GB")
+    def digest(text: str) -> str:
+        return _digest(Lexicon.load([write(tmp_path, "en.toml", text)]), "en-GB")
 
     base = digest(EN)
     assert base is not None and len(base) == 64
@@ -142,13 +148,13 @@ def test_the_digest_follows_the_entries_not_the_file(tmp_path: Path) -> None:
 def test_the_digest_ignores_the_order_of_entries(tmp_path: Path) -> None:
     a = Lexicon.load([write(tmp_path, "a.toml", 'lang="en"\n[replace]\na="x"\nb="y"\n')])
     b = Lexicon.load([write(tmp_path, "b.toml", 'lang="en"\n[replace]\nb="y"\na="x"\n')])
-    assert a.digest("en") == b.digest("en")
+    assert _digest(a, "en") == _digest(b, "en")
 
 
-def test_no_lexicon_for_a_language_gives_no_digest(lexicon: Lexicon) -> None:
-    assert lexicon.digest("de") is None and lexicon.digest(None) is None
-    assert Lexicon().digest("en") is None
-    assert lexicon.digest("en") != lexicon.digest("zh")
+def test_a_language_without_a_file_has_no_lexicon(lexicon: Lexicon) -> None:
+    assert lexicon.for_lang("de") is None and lexicon.for_lang(None) is None
+    assert Lexicon().for_lang("en") is None
+    assert _digest(lexicon, "en") != _digest(lexicon, "zh")
 
 
 def test_loading_again_picks_up_an_edit(tmp_path: Path) -> None:
@@ -156,7 +162,7 @@ def test_loading_again_picks_up_an_edit(tmp_path: Path) -> None:
     before = Lexicon.load([path])
     path.write_text(EN.replace('"engine x"', '"engine ex"'), encoding="utf-8")
     after = Lexicon.load([path])
-    assert said(after, "nginx") == "engine ex" and after.digest("en") != before.digest("en")
+    assert said(after, "nginx") == "engine ex" and _digest(after, "en") != _digest(before, "en")
 
 
 # ---- files it refuses ---------------------------------------------------------------------------

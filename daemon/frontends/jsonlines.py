@@ -20,6 +20,11 @@ A ``synth`` is answered with ``audio`` events, base64 PCM with its format, then 
      "data":"…"}
     {"event":"finished","id":"r…","status":"done","duration_s":1.32,"cached":true}
 
+Text in SSML (``"format": "ssml"``, or a text whose root is ``<speak>``: docs/ssml.md) is
+synthesised the same way; each ``<mark>`` is a ``mark`` event, ahead of the audio that follows
+it, with its offset in samples from the start: ``{"event":"mark","id":"r…","name":"m",
+"sample":26460}``.
+
 A client that half-closes after its requests (``printf … | socat -t 30``) still gets every event
 until those requests end (socat's default ``-t 0.5`` would hang up before they do). A malformed
 line gets an ``error`` event and the connection stays usable; a line over
@@ -37,6 +42,7 @@ from typing import Any
 from speakd.control import Control
 from speakd.frontends.unixserver import peer_of
 from speakd.messages import Event, RequestError, dump_json, error_data, parse_json
+from speakd.stream import AudioStream
 
 log = logging.getLogger(__name__)
 
@@ -186,7 +192,10 @@ class JsonLinesFrontend:
         rid = request.id
         try:
             async with self.control.stream(request) as stream:
+                index = frames = 0
                 async for chunk in stream.aread():
+                    _send_marks(conn, rid, stream, index, frames)
+                    index, frames = index + 1, frames + chunk.frames
                     fmt = {
                         "encoding": "s16le",
                         "rate": chunk.sample_rate,
@@ -197,6 +206,7 @@ class JsonLinesFrontend:
                         data = base64.b64encode(chunk.pcm[i : i + AUDIO_EVENT_BYTES]).decode()
                         conn.send({"event": "audio", "id": rid, "format": fmt, "data": data})
                         await conn.writer.drain()
+                _send_marks(conn, rid, stream, index, frames)
                 conn.send(
                     {
                         "event": "finished",
@@ -210,6 +220,12 @@ class JsonLinesFrontend:
             log.info("request %s: the client left; its synthesis is released", rid)
         except Exception as e:  # RequestError (busy), engine failures: the caller hears why
             conn.send({"event": "error", "id": rid, **error_data(e)})
+
+
+def _send_marks(conn: _Connection, rid: str, stream: AudioStream, index: int, frames: int) -> None:
+    """The SSML marks before chunk ``index``, at their offset in samples from the audio's start."""
+    for name in stream.marks_before(index):
+        conn.send({"event": "mark", "id": rid, "name": name, "sample": frames})
 
 
 def _error(request_id: str | None, code: str, message: str) -> dict[str, Any]:

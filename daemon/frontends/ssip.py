@@ -9,10 +9,11 @@ applied to each SPEAK: PRIORITY → the scheduler's priority, RATE −100..100 �
 (2^(rate/50)), VOLUME −100..100 → gain 0..1 (speechd's default 100 = speakd's normal gain),
 SYNTHESIS_VOICE → the voice when speakd knows it (else the default voice, as speechd's modules
 fall back), LANGUAGE → a voice of that language when the default voice is of another one,
-SSML_MODE on → tags stripped, SPELLING on → letters spoken one by one. PITCH, PITCH_RANGE,
-PUNCTUATION, CAP_LET_RECOGN, VOICE_TYPE and OUTPUT_MODULE are accepted, stored and reported by
-GET, but change nothing. Events 701–705 go out (when the client turned them on with ``SET SELF
-NOTIFICATION``) only between complete replies. Framing rules live in ``ssip_parser``.
+SSML_MODE on → the text is SSML (docs/ssml.md; a fragment without ``<speak>`` is wrapped in
+one), SPELLING on → letters spoken one by one. PITCH, PITCH_RANGE, PUNCTUATION, CAP_LET_RECOGN,
+VOICE_TYPE and OUTPUT_MODULE are accepted, stored and reported by GET, but change nothing.
+Events 701–705 go out (when the client turned them on with ``SET SELF NOTIFICATION``) only
+between complete replies. Framing rules live in ``ssip_parser``.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from speakd.frontends.ssip_settings import (
     volume_to_gain,
 )
 from speakd.frontends.unixserver import peer_of
+from speakd.markup.ssml import is_ssml
 from speakd.messages import Event, EventType, Priority, RequestError
 from speakd.prepare import match_language
 
@@ -333,10 +335,14 @@ class SsipFrontend:
         if text is None:
             return ERR_INVALID_ENCODING
         settings = conn.settings
-        if settings.ssml_mode:
-            text = strip_ssml(text)
+        if settings.ssml_mode and settings.spelling:
+            text = strip_ssml(text)  # spelled letter by letter: the markup has no say
         if settings.spelling:
-            text = " ".join(c for c in text if not c.isspace())
+            return self._queue(conn, " ".join(c for c in text if not c.isspace()))
+        if settings.ssml_mode:
+            if not strip_ssml(text):
+                return self._queue(conn, "")  # tags only: nothing to say
+            return self._queue(conn, text if is_ssml(text) else f"<speak>{text}</speak>", ssml=True)
         return self._queue(conn, text)
 
     def _event_message(self, conn: Connection, words: list[str], line: str) -> bytes:
@@ -351,7 +357,7 @@ class SsipFrontend:
             return self._queue(conn, param.replace("_", " "))
         return self._queue(conn, param if param != "space" else "space")
 
-    def _queue(self, conn: Connection, text: str) -> bytes:
+    def _queue(self, conn: Connection, text: str, *, ssml: bool = False) -> bytes:
         """Hand one message to the scheduler; reply 225 with its id (or the error)."""
         msg = Message(next(self._msg_ids), conn.client_id, conn)
         if not text.strip():
@@ -362,6 +368,7 @@ class SsipFrontend:
             return reply(225, OK_QUEUED, str(msg.msg_id))
         fields: dict[str, Any] = {
             "text": text,
+            "format": "ssml" if ssml else None,
             "id": f"ssip-{msg.msg_id}",
             "priority": conn.settings.priority.name.lower(),
             "voice": self._voice(conn.settings),

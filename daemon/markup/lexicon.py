@@ -7,24 +7,26 @@ lang = "en"                  # applies to en, en-GB, en_US…; "en-gb" would app
 "nginx" = "engine x"
 "SQL" = "sequel"
 
-[phonemes]                   # word or phrase → IPA, said as written by Piper voices
+[phonemes]                   # word or phrase → IPA
 "Nguyen" = "ŋwiən"
 ```
 
 The rules (docs/ssml.md, "Lexicons"):
 
-* **whole words**: an entry matches only where it is not part of a longer word — the character
-  before and after it is not a letter or digit. Chinese and Japanese have no spaces, so an edge
-  that is a CJK character matches anywhere;
+* **whole words**: where an entry begins or ends with a letter or digit, the character next to
+  it must not be one. Chinese and Japanese have no spaces, so an edge that is a CJK character
+  matches anywhere;
 * **case**: an entry written in lower case matches any case ("nginx" matches "NGINX"); an entry
   with a capital matches exactly that spelling ("US" does not match "us");
 * the longest entry wins where several match at one place, whitespace inside a phrase matches
   any run of whitespace, and what a replacement says is not looked up again;
-* an engine without phoneme input (ChatTTS) says a ``[phonemes]`` word as written.
+* a ``[phonemes]`` entry becomes a phoneme segment (said as the word while no engine takes
+  phoneme input).
 
-``digest(lang)`` hashes a language's entries (not the file's bytes: comments and order do not
-count); it goes into the audio key, so a changed lexicon changes the key and a prompt pack made
-with the same lexicon on a workstation still hits.
+The lexicon is applied before a request is prepared (``speakd.markup.plan``), so the audio key is
+that of the text as said: an edited entry changes the key of the texts it applies to, and of no
+other. ``digest(lang)`` hashes a language's entries (not the file's bytes: comments and order do
+not count), for ``speakd status`` to show what a reload read.
 """
 
 from __future__ import annotations
@@ -191,12 +193,6 @@ class Lexicon:
         code = _code(lang)
         by_code = {lex.lang: lex for lex in self.languages}
         return by_code.get(code) or by_code.get(code.split("-")[0])
-
-    def digest(self, lang: str | None) -> str | None:
-        """What the audio key takes from the lexicon: None when none applies to ``lang``, so
-        keys without a lexicon are as they were."""
-        lex = self.for_lang(lang)
-        return lex.digest if lex is not None else None
 
     def apply(self, text: str, lang: str | None, style: Style = _PLAIN) -> list[Text | Phonemes]:
         """``text`` with the entries of ``lang``'s lexicon applied: runs of text, and phonemes

@@ -28,6 +28,12 @@ _TIME = re.compile(r"(\d{1,2})[:.](\d{2})(?::(\d{2}))?\s*(?:([ap])\.?\s?m\.?)?",
 _DATE_FORMATS = frozenset({"ymd", "mdy", "dmy", "ym", "my", "md", "dm", "y", "m", "d"})
 
 
+def guess_language(text: str) -> Lang:
+    """zh when CJK characters outnumber English words (ChatTTS's rule, docs/chattts.md)."""
+    cjk = len(re.findall(r"[\u4e00-\u9fff]", text))
+    return "zh" if cjk > len(re.findall(r"[A-Za-z]+", text)) else "en"
+
+
 def language(lang: str | None) -> Lang | None:
     """The reading language for a language code: ``zh`` for any Chinese, ``en`` for English."""
     base = (lang or "").replace("_", "-").split("-")[0].lower()

@@ -17,6 +17,7 @@ from typing import Any
 from speakd.keys import canonical_json
 
 _SPACE = re.compile(r"\s+")
+_SPACE_BEFORE_PUNCTUATION = re.compile(r"\s+(?=[.,!?;:…。，、！？；：])")
 
 
 @dataclass(frozen=True)
@@ -109,12 +110,14 @@ def speakable(text: str) -> bool:
 
 
 def tidy(segments: Iterable[Segment]) -> list[Segment]:
-    """Whitespace collapsed, runs with nothing to say dropped, neighbours of one style and
-    adjacent breaks joined: one canonical list for every equivalent way of writing it."""
+    """Whitespace collapsed (none before punctuation), runs with nothing to say dropped,
+    neighbours of one style and adjacent breaks joined: one canonical list for every equivalent
+    way of writing it."""
     out: list[Segment] = []
     for seg in segments:
         if isinstance(seg, Text):
-            seg = replace(seg, text=_SPACE.sub(" ", seg.text).strip())
+            text = _SPACE_BEFORE_PUNCTUATION.sub("", _SPACE.sub(" ", seg.text)).strip()
+            seg = replace(seg, text=text)
             if not speakable(seg.text):
                 continue
         elif isinstance(seg, Phonemes):

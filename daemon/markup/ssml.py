@@ -87,7 +87,7 @@ def parse_ssml(document: str, lang: str | None = None) -> list[Segment]:
     root, positions = _parse_xml(document)
     if _local(root.tag) != "speak":
         raise SsmlError(f"the root element is <{root.tag}>, not <speak>", *positions[root])
-    walk = _Walk(positions, lang or _guess_lang("".join(root.itertext())))
+    walk = _Walk(positions, lang or sayas.guess_language("".join(root.itertext())))
     walk.element(root, Style())
     segments = tidy(walk.out)
     if not segments:
@@ -149,12 +149,6 @@ def _local(tag: str) -> str:
     if tag.startswith(f"{{{SSML_NS}}}"):
         return tag[len(SSML_NS) + 2 :]
     return "" if tag.startswith("{") else tag
-
-
-def _guess_lang(text: str) -> str:
-    """zh when CJK characters outnumber English words (ChatTTS's rule, docs/chattts.md)."""
-    cjk = len(re.findall(r"[\u4e00-\u9fff]", text))
-    return "zh" if cjk > len(re.findall(r"[A-Za-z]+", text)) else "en"
 
 
 # ---- the walk --------------------------------------------------------------------------------

@@ -1,0 +1,71 @@
+"""A marked-up request's audio: the streams of its parts in order, with silences and marks.
+
+SSML (``speakd.markup``) makes a request of several parts: runs of text, each prepared and keyed
+on its own (``speakd.markup.plan``), silences and marks. ``compose`` produces the
+request's one ``AudioStream``: it opens each text part's own stream — a cache hit, or a synthesis
+shared with every other reader of that key — and copies its chunks in, scaled by the part's volume
+and resampled to the request's rate; a silence is zeros; a mark is noted before the chunk it
+precedes (``AudioStream.marks``). Only the parts are cached, so the same sentence in other markup
+shares its clip, and a mark's sample offset is exact whichever parts were cached.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import soxr
+
+from speakd.audio import AudioChunk, scale_volume
+from speakd.prepare import Marker, Part, Prepared, Silence
+from speakd.stream import AudioStream
+
+OpenPart = Callable[[Prepared], AudioStream]
+
+
+def compose(out: AudioStream, parts: Sequence[Part], sample_rate: int, open_part: OpenPart) -> None:
+    """Fill ``out`` from ``parts`` (on a thread of its own): ``open_part`` returns a text part's
+    stream with a reader attached. Ends ``out`` cleanly, with the first part's error, or early
+    when ``out`` is cancelled (its last reader left)."""
+    out.begin()
+    cached = True
+    try:
+        for part in parts:
+            if out.cancel.is_set():
+                break
+            if isinstance(part, Marker):
+                out.mark(part.name)
+            elif isinstance(part, Silence):
+                frames = part.ms * sample_rate // 1000
+                out.put(AudioChunk(bytes(2 * frames), sample_rate))
+            else:
+                cached &= _copy(out, open_part(part.prepared), part.volume, sample_rate)
+    except Exception as e:  # a part's failure is the request's
+        out.finish(e)
+        return
+    out.from_cache = cached
+    out.finish()
+
+
+def _copy(out: AudioStream, stream: AudioStream, volume: float, sample_rate: int) -> bool:
+    """A part's chunks into ``out``; whether they came from the cache."""
+    resampler: soxr.ResampleStream | None = None
+    try:
+        for chunk in stream.read(out.cancel):
+            if chunk.sample_rate != sample_rate and resampler is None:
+                resampler = soxr.ResampleStream(chunk.sample_rate, sample_rate, 1, dtype="int16")
+            if resampler is not None:
+                chunk = _resampled(resampler, chunk, sample_rate)
+            out.put(scale_volume(chunk, volume))
+        if resampler is not None:
+            tail = resampler.resample_chunk(np.zeros(0, dtype="<i2"), last=True)
+            out.put(scale_volume(AudioChunk(tail.astype("<i2").tobytes(), sample_rate), volume))
+        return stream.from_cache
+    finally:
+        stream.release()
+
+
+def _resampled(resampler: soxr.ResampleStream, chunk: AudioChunk, rate: int) -> AudioChunk:
+    """A voice of another rate than the request's first (a ``<voice>`` switch), at its rate."""
+    pcm = resampler.resample_chunk(chunk.samples(), last=False)
+    return AudioChunk(pcm.astype("<i2").tobytes(), rate)

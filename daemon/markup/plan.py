@@ -1,0 +1,147 @@
+"""Segments → the parts a request's audio is composed of (``speakd.compose``), and their key.
+
+Neighbouring text and phonemes of one voice, language and prosody are one part, prepared and
+keyed like any plain request (so the same sentence in other markup, or sent as plain text, shares
+its clip). No engine takes phoneme input yet, so phonemes are said as the word they stand for.
+A break is a silence, a mark a marker; an ``<audio>`` clip is said by its content for now. The
+request's key hashes the parts' keys, silences and marks in order: equal markup gives an equal
+key, and any change of a part, a pause or a mark changes it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
+
+from speakd.engines.base import SynthesisConfig
+from speakd.keys import canonical_json
+from speakd.markup.lexicon import Lexicon
+from speakd.markup.sayas import guess_language
+from speakd.markup.segments import Audio, Break, Mark, Phonemes, Segment, Style, Text, canonical
+from speakd.markup.ssml import parse_ssml
+from speakd.prepare import Marker, Part, Prepared, Silence, Speech
+
+if TYPE_CHECKING:
+    from speakd.voices import VoiceLibrary
+
+PLAN_VERSION = 1
+SPEED_RANGE = (0.25, 4.0)
+NO_LEXICON = Lexicon()
+
+PrepareText = Callable[[str, SynthesisConfig], Prepared]
+
+
+def prepare_request(
+    library: VoiceLibrary,
+    text: str,
+    config: SynthesisConfig,
+    *,
+    ssml: bool = False,
+    lexicon: Lexicon = NO_LEXICON,
+    strict_lang: bool = True,
+) -> Prepared:
+    """What a request means with its markup and the lexicon: SSML is parsed (``bad_ssml``), the
+    lexicon applied to each run of text in its language. Plain text whose lexicon entries only
+    replace words stays plain text (its whitespace and line breaks kept), and markup that comes
+    down to one run of plain text (``<speak>Hello</speak>``) is prepared as that text, with its
+    key; anything else has parts."""
+    voice, name, lang = library.select(
+        config.voice, config.lang, strict=strict_lang, speaker=config.speaker
+    )
+    spoken = next(i for i in voice.model.voices() if i.name == name).languages
+    lang = lang or _text_lang(spoken, text)
+    if ssml:
+        segments: list[Segment] = lexicon.apply_segments(parse_ssml(text, config.lang), lang)
+    else:
+        pieces = lexicon.apply(text, lang)
+        if all(isinstance(p, Text) for p in pieces):
+            said = "".join(p.text for p in pieces)
+            return library.prepare(said, config, strict_lang=strict_lang)
+        segments = list(pieces)
+    parts = plan(segments, config, lambda t, c: library.prepare(t, c, strict_lang=strict_lang))
+    speech = [p.prepared for p in parts if isinstance(p, Speech)]
+    if len(parts) == 1 and speech and parts[0] == Speech(speech[0]):
+        return speech[0]
+    first = speech[0] if speech else None
+    return Prepared(
+        text,
+        canonical(segments),
+        first.config if first else config,
+        plan_key(parts),
+        first.bundle if first else voice.model.bundle_id,
+        first.params if first else {},
+        tuple(parts),
+    )
+
+
+def _text_lang(spoken: tuple[str, ...], text: str) -> str | None:
+    """The language of a text for a voice that speaks ``spoken``: its one language, or of
+    several the one the text looks like (CJK or not), else the first."""
+    if len(spoken) <= 1:
+        return spoken[0] if spoken else None
+    looks = guess_language(text)
+    return next((code for code in spoken if code.lower().startswith(looks)), spoken[0])
+
+
+def plan(
+    segments: Iterable[Segment], config: SynthesisConfig, prepare_text: PrepareText
+) -> list[Part]:
+    """The parts of ``segments`` for a request of ``config``; ``prepare_text`` prepares one run
+    of text (RequestError for a voice or language that does not exist)."""
+    parts: list[Part] = []
+    run: list[Text | Phonemes] = []
+
+    def flush() -> None:
+        if run:
+            style = run[0].style
+            text = " ".join(" ".join(seg.text for seg in run).split())
+            if text:
+                parts.append(Speech(prepare_text(text, _config(config, style)), style.volume))
+            run.clear()
+
+    for seg in _flat(segments):
+        if isinstance(seg, Text | Phonemes):
+            if run and run[0].style != seg.style:
+                flush()
+            run.append(seg)
+            continue
+        flush()
+        parts.append(Silence(seg.ms) if isinstance(seg, Break) else Marker(seg.name))
+    flush()
+    return parts
+
+
+def plan_key(parts: Iterable[Part]) -> str:
+    """The request's audio key: its parts' keys and volumes, silences and marks, in order."""
+    material = [
+        {"key": p.prepared.key, "volume": p.volume}
+        if isinstance(p, Speech)
+        else {"silence": p.ms}
+        if isinstance(p, Silence)
+        else {"mark": p.name}
+        for p in parts
+    ]
+    return hashlib.sha256(
+        canonical_json({"v": PLAN_VERSION, "parts": material}).encode()
+    ).hexdigest()
+
+
+def _flat(segments: Iterable[Segment]) -> Iterable[Text | Phonemes | Break | Mark]:
+    """Clips by name are not played yet: an ``<audio>`` is its content."""
+    for seg in segments:
+        if isinstance(seg, Audio):
+            yield from _flat(seg.alt)
+        else:
+            yield seg
+
+
+def _config(config: SynthesisConfig, style: Style) -> SynthesisConfig:
+    speed = (config.speed or 1.0) * style.rate
+    return dataclasses.replace(
+        config,
+        voice=style.voice or config.voice,
+        lang=style.lang or config.lang,
+        speed=None if speed == 1.0 else min(max(speed, SPEED_RANGE[0]), SPEED_RANGE[1]),
+    )

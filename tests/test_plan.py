@@ -1,0 +1,143 @@
+"""Segments → parts and the request's key (speakd.markup.plan), prepared against a real engine
+protocol (the tone engine) through the voice library, as the daemon prepares requests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from speakd.engines.base import SynthesisConfig
+from speakd.markup.lexicon import Lexicon
+from speakd.markup.plan import plan, plan_key, prepare_request
+from speakd.markup.ssml import parse_ssml
+from speakd.messages import RequestError
+from speakd.prepare import Marker, Part, Prepared, Silence, Speech
+from speakd.voices import VoiceLibrary
+from tests.tone_engine import ToneEngine
+
+LIBRARY = VoiceLibrary.of(ToneEngine())
+
+
+def prepare_text(text: str, config: SynthesisConfig) -> Prepared:
+    return LIBRARY.prepare(text, config)
+
+
+def parts_of(document: str, config: SynthesisConfig | None = None) -> list[Part]:
+    return plan(parse_ssml(document), config or SynthesisConfig(), prepare_text)
+
+
+def key_of(document: str) -> str:
+    return plan_key(parts_of(document))
+
+
+def speech(parts: list[Part]) -> list[Speech]:
+    return [p for p in parts if isinstance(p, Speech)]
+
+
+def test_the_issue_example_is_speech_a_silence_speech_and_a_marker() -> None:
+    parts = parts_of('<speak>Door <break time="700ms"/> open<mark name="m"/>.</speak>')
+    assert [type(p) for p in parts] == [Speech, Silence, Speech, Marker]
+    assert parts[1] == Silence(700) and parts[3] == Marker("m")
+    door, open_ = speech(parts)
+    # each run of text is keyed as the same text sent plain: they share one clip
+    assert door.prepared.key == prepare_text("Door", SynthesisConfig()).key
+    assert open_.prepared.key == prepare_text("open", SynthesisConfig()).key
+
+
+def test_prosody_and_voice_become_each_parts_config_and_volume() -> None:
+    parts = speech(
+        parts_of(
+            '<speak>a <prosody rate="slow" volume="-6dB">b</prosody> <voice name="high">c</voice>'
+            "</speak>",
+            SynthesisConfig(speed=2.0),
+        )
+    )
+    assert [p.prepared.config.speed for p in parts] == [2.0, 1.5, 2.0]
+    assert [p.prepared.config.voice for p in parts] == ["low", "low", "high"]
+    assert [p.volume for p in parts] == [1.0, 0.501, 1.0]
+
+
+def test_a_voice_that_does_not_exist_is_refused() -> None:
+    with pytest.raises(RequestError) as info:
+        parts_of('<speak><voice name="nobody">x</voice></speak>')
+    assert info.value.code == "unknown_voice"
+
+
+def test_phonemes_are_said_as_their_word() -> None:
+    [part] = speech(parts_of('<speak>say <phoneme ph="təˈmɑːtoʊ">tomato</phoneme> now</speak>'))
+    assert part.prepared.text == "say tomato now"
+
+
+def test_equal_markup_has_one_key_and_any_change_changes_it() -> None:
+    base = key_of('<speak>Hello <break time="500ms"/> world<mark name="m"/></speak>')
+    assert key_of('<speak>Hello<break time="0.5s"/>world <mark name="m"/> </speak>') == base
+    for other in (
+        '<speak>Hello <break time="600ms"/> world<mark name="m"/></speak>',
+        '<speak>Hello <break time="500ms"/> world<mark name="n"/></speak>',
+        '<speak>Hello <break time="500ms"/> world</speak>',
+        '<speak>Hello <break time="500ms"/> <prosody volume="loud">world</prosody>'
+        '<mark name="m"/></speak>',
+        '<speak>Hello <break time="500ms"/> <voice name="high">world</voice><mark name="m"/>'
+        "</speak>",
+    ):
+        assert key_of(other) != base, other
+
+
+def test_audio_is_its_content_for_now() -> None:
+    [part] = speech(parts_of('<speak><audio src="ding">ding dong</audio></speak>'))
+    assert part.prepared.text == "ding dong"
+
+
+# ---- a whole request -------------------------------------------------------------------------
+
+
+def lexicon(tmp_path: Path) -> Lexicon:
+    path = tmp_path / "en.toml"
+    path.write_text('lang = "en"\n[replace]\n"nginx" = "engine x"\n', encoding="utf-8")
+    return Lexicon.load([path])
+
+
+def test_plain_text_is_prepared_as_it_always_was() -> None:
+    text = "Line one\nline two"  # a line break ends a sentence for some engines: kept
+    assert prepare_request(LIBRARY, text, SynthesisConfig()) == prepare_text(
+        text, SynthesisConfig()
+    )
+
+
+def test_a_lexicon_rewrites_plain_text_and_so_its_key(tmp_path: Path) -> None:
+    prepared = prepare_request(
+        LIBRARY, "run nginx\nnow", SynthesisConfig(), lexicon=lexicon(tmp_path)
+    )
+    assert prepared.text == "run engine x\nnow" and not prepared.parts
+    assert prepared.key == prepare_text("run engine x\nnow", SynthesisConfig()).key
+    assert prepared.key != prepare_text("run nginx\nnow", SynthesisConfig()).key
+
+
+def test_markup_that_is_one_run_of_text_is_that_text() -> None:
+    prepared = prepare_request(LIBRARY, "<speak><s>Hello</s></speak>", SynthesisConfig(), ssml=True)
+    assert prepared == prepare_text("Hello.", SynthesisConfig())
+
+
+def test_markup_with_a_break_has_parts_and_their_key(tmp_path: Path) -> None:
+    doc = '<speak>nginx <break time="250ms"/> up<mark name="m"/></speak>'
+    prepared = prepare_request(
+        LIBRARY, doc, SynthesisConfig(), ssml=True, lexicon=lexicon(tmp_path)
+    )
+    assert [type(p) for p in prepared.parts] == [Speech, Silence, Speech, Marker]
+    assert prepared.parts[0].prepared.text == "engine x"  # type: ignore[union-attr]
+    assert prepared.key == plan_key(prepared.parts)
+    assert prepared.bundle == ToneEngine.bundle_id
+
+
+def test_markup_of_breaks_only_is_a_request_of_the_default_voice() -> None:
+    prepared = prepare_request(
+        LIBRARY, '<speak><break time="1s"/></speak>', SynthesisConfig(), ssml=True
+    )
+    assert prepared.parts == (Silence(1000),) and prepared.bundle == ToneEngine.bundle_id
+
+
+def test_bad_markup_is_bad_ssml() -> None:
+    with pytest.raises(RequestError) as info:
+        prepare_request(LIBRARY, "<speak>open", SynthesisConfig(), ssml=True)
+    assert info.value.code == "bad_ssml"

@@ -1,0 +1,165 @@
+"""SSML and lexicons end to end: a real ``speakd serve`` with the embedded Piper voice, driven over
+its JSON socket (``synth``: audio, marks, errors), a reload that picks up a lexicon edit, and
+SSIP's ``SSML_MODE`` on the in-process SSIP server (tone engine, WAV sink)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from speakd.audio import read_wav
+from tests.daemon_proc import DaemonProc, start_daemon, write_config
+from tests.ssip_harness import SsipClient, wav_server
+
+RATE = 22050  # the embedded voice's
+LEXICON = 'lang = "en"\n[replace]\n"nginx" = "engine x"\n'
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory):
+    tmp = tmp_path_factory.mktemp("ssml")
+    lexicon = tmp / "en.toml"
+    lexicon.write_text(LEXICON, encoding="utf-8")
+    d = start_daemon(write_config(tmp, f'[lexicon]\nfiles = ["{lexicon}"]'))
+    yield d
+    assert d.stop() == 0, d.log_text()
+
+
+def synth(d: DaemonProc, **fields: Any) -> tuple[np.ndarray, list[dict[str, Any]]]:
+    """A socket ``synth``: its PCM and every event but the audio ones."""
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(60)
+        s.connect(d.socket)
+        s.sendall(json.dumps({"op": "synth", "id": "s", **fields}).encode() + b"\n")
+        pcm, events = [], []
+        for line in s.makefile("rb"):
+            event = json.loads(line)
+            if event["event"] == "audio":
+                assert event["format"]["rate"] == RATE
+                pcm.append(np.frombuffer(base64.b64decode(event["data"]), dtype="<i2"))
+            else:
+                events.append(event)
+            if event["event"] in ("finished", "error"):
+                break
+    return (np.concatenate(pcm) if pcm else np.zeros(0, dtype="<i2")), events
+
+
+def longest_zero_run(pcm: np.ndarray) -> int:
+    runs = np.diff(np.flatnonzero(np.concatenate([[1], pcm != 0, [1]]))) - 1
+    return int(runs.max())
+
+
+def test_a_break_is_silence_and_a_mark_is_its_sample_offset(daemon: DaemonProc) -> None:
+    """The issue's example. Its parts are the plain texts' own clips: the audio is exactly
+    "Door", 700 ms of zeros, "open", "Floor twelve.", and the mark sits before the last;
+    equivalent markup plays the same."""
+    pcm, events = synth(
+        daemon,
+        text='<speak>Door <break time="700ms"/> open<mark name="m"/> '
+        'Floor <say-as interpret-as="cardinal">12</say-as>.</speak>',
+    )
+    door, _ = synth(daemon, text="Door")
+    open_, _ = synth(daemon, text="open")
+    floor, _ = synth(daemon, text="Floor twelve.")
+    gap = np.zeros(700 * RATE // 1000, dtype="<i2")
+    assert np.array_equal(pcm, np.concatenate([door, gap, open_, floor]))
+    assert longest_zero_run(pcm) >= 0.65 * RATE
+    mark, finished = events
+    assert mark == {
+        "event": "mark",
+        "id": "s",
+        "name": "m",
+        "sample": len(door) + len(gap) + len(open_),
+    }
+    assert finished["event"] == "finished" and finished["status"] == "done"
+    assert finished["cached"] is False  # its parts were synthesised (and stored) then
+    equivalent = (
+        '<speak>Door<break time="0.7s"/>open<mark name="m"/>Floor '
+        '<say-as interpret-as="cardinal">12</say-as>.</speak>'
+    )
+    again, events = synth(daemon, text=equivalent, format="ssml")
+    assert np.array_equal(again, pcm) and events[0] == mark
+
+
+def test_markup_of_one_run_of_text_is_that_text(daemon: DaemonProc) -> None:
+    plain, _ = synth(daemon, text="Mind the gap.")
+    marked, events = synth(daemon, text="<speak><s>Mind the gap</s></speak>")
+    assert np.array_equal(marked, plain) and [e["event"] for e in events] == ["finished"]
+
+
+@pytest.mark.parametrize(
+    ("fields", "says"),
+    [
+        ({"text": "<speak>\n  <p>open</speak>"}, "mismatched tag (line 2, column 12)"),
+        ({"text": "Door open", "format": "ssml"}, "(line 1, column 1)"),
+        ({"text": '<speak>a<break time="forever"/></speak>'}, "<break>: time"),
+    ],
+)
+def test_a_document_it_cannot_read_is_bad_ssml_with_its_place(
+    daemon: DaemonProc, fields: dict[str, Any], says: str
+) -> None:
+    _, [error] = synth(daemon, **fields)
+    assert error["event"] == "error" and error["code"] == "bad_ssml", error
+    assert says in error["message"]
+
+
+def test_a_billion_laughs_is_refused_and_the_daemon_keeps_serving(daemon: DaemonProc) -> None:
+    laughs = '<!DOCTYPE speak [<!ENTITY a "aaaaaaaaaa">' + "".join(
+        f'<!ENTITY {"b" * i}a "{("&" + "b" * (i - 1) + "a;") * 10}">' for i in range(1, 10)
+    )
+    _, [error] = synth(daemon, text=laughs + "]><speak>&bbbbbbbbba;</speak>")
+    assert error["code"] == "bad_ssml" and "entity declarations are not allowed" in error["message"]
+    pcm, _ = synth(daemon, text="Still here.")
+    assert len(pcm) > 0
+
+
+def test_a_bad_format_is_a_bad_field(daemon: DaemonProc) -> None:
+    _, [error] = synth(daemon, text="hi", format="html")
+    assert error["code"] == "bad_field"
+
+
+def test_the_lexicon_changes_what_is_said_and_a_reload_applies_an_edit(
+    daemon: DaemonProc,
+) -> None:
+    said, _ = synth(daemon, text="I run nginx.")
+    meant, _ = synth(daemon, text="I run engine x.")
+    assert np.array_equal(said, meant)  # one text as said, one key
+    with daemon.client() as c:
+        before = c.request({"op": "status"})["lexicon"]["en"]
+    lexicon = Path(before["file"])
+    lexicon.write_text(LEXICON.replace("engine x", "engine ex"), encoding="utf-8")
+    daemon.reload()
+    with daemon.client() as c:
+        after = c.request({"op": "status"})["lexicon"]["en"]
+    assert after["digest"] != before["digest"]
+    edited, _ = synth(daemon, text="I run nginx.")
+    expected, _ = synth(daemon, text="I run engine ex.")
+    assert np.array_equal(edited, expected) and not np.array_equal(edited, said)
+
+
+# ---- SSIP ----------------------------------------------------------------------------------------
+
+
+def test_ssip_ssml_mode_reads_the_markup(tmp_path: Path) -> None:
+    with (
+        wav_server(tmp_path / "ssip.sock", tmp_path / "wav") as server,
+        SsipClient(server.path) as c,
+    ):
+        assert c.code("SET SELF SSML_MODE on") == 219
+        assert c.code("SET SELF PRIORITY message") == 202  # queued, not the newest text wins
+        door = c.speak('<speak>Door <break time="700ms"/> open</speak>')
+        c.speak('a fragment <sub alias="without">sans</sub> speak')  # read as if in <speak>
+        server.wait_idle()
+        assert c.command("SPEAK") == ["230 OK RECEIVING DATA"]
+        c.send(b"<speak>\r\n<p>open</speak>\r\n.\r\n")
+        [refused] = c.reply()
+        assert refused.startswith("400 ERR not XML: mismatched tag (line 2, column")
+    assert server.engine.calls == ["Door", "open", "a fragment without speak"]
+    audio = read_wav(tmp_path / "wav" / f"ssip-{door}.wav")
+    assert longest_zero_run(audio.samples()) >= 0.7 * audio.sample_rate - 1
