@@ -28,12 +28,11 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
 
 import cn2an
 from num2words import num2words
 
-Lang = Literal["zh", "en"]
+from speakd.markup.sayas import Lang, cardinal, digits
 
 WORD_TAGS = frozenset({"[uv_break]", "[laugh]", "[lbreak]"})
 _TAG = re.compile(r"(\[[A-Za-z0-9_]+\])")
@@ -133,28 +132,6 @@ _ABBREVIATIONS = {
 # --- number words -------------------------------------------------------------------------------
 
 
-def _digits(s: str, lang: Lang) -> str:
-    if lang == "zh":
-        return cn2an.an2cn(s, "direct")
-    return " ".join(num2words(int(d)) for d in s)
-
-
-def _cardinal(s: str, lang: Lang) -> str:
-    """Integer or decimal string → words; decimals digit by digit after the point."""
-    neg = s.startswith("-")
-    s = s.lstrip("-")
-    whole, _, frac = s.partition(".")
-    if lang == "zh":
-        words = cn2an.an2cn(whole or "0", "low")
-        if frac:
-            words += "点" + cn2an.an2cn(frac, "direct")
-        return ("负" if neg else "") + words
-    words = num2words(int(whole or "0"))
-    if frac:
-        words += " point " + _digits(frac, "en")
-    return ("minus " if neg else "") + words
-
-
 def _is_one(s: str) -> bool:
     return s.lstrip("-") in ("1", "1.0")
 
@@ -173,7 +150,7 @@ def _date(m: re.Match[str], lang: Lang) -> str:
     if not (1 <= mo <= 12 and 1 <= d <= 31):
         return m.group(0).replace("-", " ").replace("/", " ")
     if lang == "zh":
-        return f"{_digits(y, 'zh')}年{cn2an.an2cn(str(mo))}月{cn2an.an2cn(str(d))}日"
+        return f"{digits(y, 'zh')}年{cn2an.an2cn(str(mo))}月{cn2an.an2cn(str(d))}日"
     return f"{_MONTHS[mo - 1]} {num2words(d, to='ordinal')} {num2words(int(y), to='year')}"
 
 
@@ -204,66 +181,66 @@ def _currency(m: re.Match[str], lang: Lang) -> str:
     one, many, cents, zh = _CURRENCY[sym]
     if lang == "zh":
         scale_zh = {"k": "千", "thousand": "千", "million": "百万", "billion": "十亿"}
-        return _cardinal(amount, "zh") + (scale_zh.get(scale.lower(), "") if scale else "") + zh
+        return cardinal(amount, "zh") + (scale_zh.get(scale.lower(), "") if scale else "") + zh
     if scale:
-        return f"{_cardinal(amount, 'en')} {scale.replace('k', 'thousand')} {many}"
+        return f"{cardinal(amount, 'en')} {scale.replace('k', 'thousand')} {many}"
     whole, _, frac = amount.partition(".")
     out = f"{num2words(int(whole))} {one if whole == '1' else many}"
     if frac and cents and int(frac[:2].ljust(2, "0")):
         out += f" and {num2words(int(frac[:2].ljust(2, '0')))} {cents}"
     elif frac:
-        out = f"{_cardinal(amount, 'en')} {many}"
+        out = f"{cardinal(amount, 'en')} {many}"
     return out
 
 
 def _percent(m: re.Match[str], lang: Lang) -> str:
     n = m.group(1)
     if lang == "zh":
-        return ("负" if n.startswith("-") else "") + "百分之" + _cardinal(n.lstrip("-"), "zh")
-    return f"{_cardinal(n, 'en')} percent"
+        return ("负" if n.startswith("-") else "") + "百分之" + cardinal(n.lstrip("-"), "zh")
+    return f"{cardinal(n, 'en')} percent"
 
 
 def _unit(m: re.Match[str], lang: Lang) -> str:
     n, unit = m.group(1), m.group(2)
     one, many, zh = _UNITS[unit]
     if lang == "zh":
-        return _cardinal(n, "zh") + zh
-    return f"{_cardinal(n, 'en')} {one if _is_one(n) else many}"
+        return cardinal(n, "zh") + zh
+    return f"{cardinal(n, 'en')} {one if _is_one(n) else many}"
 
 
 def _ordinal(m: re.Match[str], lang: Lang) -> str:
-    return num2words(int(m.group(1)), to="ordinal") if lang == "en" else _cardinal(m.group(1), lang)
+    return num2words(int(m.group(1)), to="ordinal") if lang == "en" else cardinal(m.group(1), lang)
 
 
 def _year_zh(m: re.Match[str], lang: Lang) -> str:
     if lang == "zh":
-        return _digits(m.group(1), "zh") + "年"
+        return digits(m.group(1), "zh") + "年"
     return f"the year {num2words(int(m.group(1)), to='year')}"
 
 
 def _year_en(m: re.Match[str], lang: Lang) -> str:
-    year = _digits(m.group(2), "zh") if lang == "zh" else num2words(int(m.group(2)), to="year")
+    year = digits(m.group(2), "zh") if lang == "zh" else num2words(int(m.group(2)), to="year")
     return f"{m.group(1)}{year}"
 
 
 def _range(m: re.Match[str], lang: Lang) -> str:
-    a, b = _cardinal(m.group(1), lang), _cardinal(m.group(2), lang)
+    a, b = cardinal(m.group(1), lang), cardinal(m.group(2), lang)
     return f"{a}到{b}" if lang == "zh" else f"{a} to {b}"
 
 
 def _fraction(m: re.Match[str], lang: Lang) -> str:
     a, b = m.group(1), m.group(2)
     if lang == "zh":
-        return f"{_cardinal(b, 'zh')}分之{_cardinal(a, 'zh')}"
-    return f"{_cardinal(a, 'en')} over {_cardinal(b, 'en')}"
+        return f"{cardinal(b, 'zh')}分之{cardinal(a, 'zh')}"
+    return f"{cardinal(a, 'en')} over {cardinal(b, 'en')}"
 
 
 def _number(m: re.Match[str], lang: Lang) -> str:
     s = m.group(0).replace(",", "")
     whole = s.lstrip("-").partition(".")[0]
     if (len(whole) > 1 and whole.startswith("0")) or len(whole) >= 10:
-        return _digits(whole, lang)  # codes, phone numbers: digit by digit
-    return _cardinal(s, lang)
+        return digits(whole, lang)  # codes, phone numbers: digit by digit
+    return cardinal(s, lang)
 
 
 Handler = Callable[[re.Match[str], Lang], str]
