@@ -334,7 +334,7 @@ def test_ready_status_and_watchdog_in_order(notified: tuple[DaemonProc, NotifySo
     assert any(line.startswith("STATUS=loading vits model") for line in before)
     assert "WATCHDOG=1" not in before  # nothing pings before READY
     status = notify.texts(ready + 1, ready + 2)[0]  # the same datagram as READY=1
-    assert status.startswith("STATUS=idle; vits en_US-joe-medium")
+    assert status.startswith("STATUS=idle; 1 voices (1 loaded), default en_US-joe-medium")
     assert status.endswith(f"on {d.socket}")
     pings = notify.wait_until(
         lambda: p if len(p := notify.pings(ready)) >= 6 else None, "6 pings", ready, 30
