@@ -37,10 +37,12 @@ FORMATS = ("text", "ssml")
 
 
 class Observer(Protocol):
-    """Hears of every request played or streamed back, whichever front-end made it
+    """Hears of every request played, streamed back or refused, whichever front-end made it
     (``speakd.metrics``); the outcome of a played one comes with the scheduler's events."""
 
     def said(self, request: SpeakRequest) -> None: ...
+
+    def refused(self, origin: str, code: str) -> None: ...
 
     def stream_opened(self, request: SpeakRequest, stream: AudioStream) -> None: ...
 
@@ -61,7 +63,21 @@ class Control:
     observer: Observer | None = None
     lexicon: Lexicon = field(default_factory=Lexicon)  # [lexicon] files; a reload replaces it
 
-    def build_request(
+    def build_request(self, fields: dict[str, Any], *, origin: str, **kw: Any) -> SpeakRequest:
+        """Validate a request's fields and prepare it (``_build``); a refusal is counted."""
+        try:
+            return self._build(fields, origin=origin, **kw)
+        except RequestError as e:
+            self.refused(origin, e.code)
+            raise
+
+    def refused(self, origin: str, code: str) -> None:
+        """Tell the observer of a request turned away with error ``code``. Front-ends call this
+        for what they refuse themselves before ``build_request`` (a line that is not JSON)."""
+        if self.observer is not None:
+            self.observer.refused(origin, code)
+
+    def _build(
         self,
         fields: dict[str, Any],
         *,

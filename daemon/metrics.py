@@ -2,8 +2,9 @@
 
 Fed from three places, so no front-end counts anything itself and a new one is counted for free:
 
-- ``Control`` tells ``said`` (a request handed to the queue) and ``stream_opened`` /
-  ``stream_closed`` (audio handed back: socket ``synth``, HTTP speech, Wyoming) —
+- ``Control`` tells ``said`` (a request handed to the queue), ``stream_opened`` /
+  ``stream_closed`` (audio handed back: socket ``synth``, HTTP speech, Wyoming) and ``refused``
+  (turned away before either: a bad field, an unknown voice, a line that is not JSON) —
   ``speakd.control``'s ``observer``;
 - the scheduler's ``listeners`` carry every played request's events: ``started`` gives the
   first-audio latency, the terminal ``finished``/``error`` the outcome;
@@ -62,8 +63,9 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter(
             "speakd_requests",
-            "Requests by front-end, kind (say: played on the board; stream: audio handed back) "
-            "and outcome (a finished status, an error code, or client_gone)",
+            "Requests by front-end, kind (say: played on the board; stream: audio handed back; "
+            "refused: turned away before either) and outcome (a finished status, an error code, "
+            "or client_gone)",
             ["frontend", "kind", "outcome"],
             registry=self.registry,
         )
@@ -108,6 +110,11 @@ class Metrics:
             frontend = self._said.pop(event.request_id, "other")
             outcome = event.data.get("status") or event.data.get("code") or "error"
             self.requests.labels(frontend, "say", outcome).inc()
+
+    # ---- turned away: Control.build_request, or a front-end before it -----------------------
+
+    def refused(self, origin: str, code: str) -> None:
+        self.requests.labels(frontend_of(origin), "refused", code).inc()
 
     # ---- handing audio back: Control.stream -------------------------------------------------
 

@@ -9,9 +9,10 @@ them into its exceptions) and carry the same codes as the JSON socket
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,6 +109,17 @@ def ok(body: dict[str, Any], status: int = 200) -> web.Response:
 def _dumps(obj: Any) -> str:
     # a lone surrogate echoed from a client's "\ud800" cannot be UTF-8: keep it escaped
     return json.dumps(obj, ensure_ascii=True, separators=(",", ":"))
+
+
+@contextlib.contextmanager
+def refusals(request: web.Request) -> Iterator[None]:
+    """Around what a speaking handler checks before ``Control.build_request`` (which counts its
+    own refusals): a ``RequestError`` raised inside is counted as refused, then answered."""
+    try:
+        yield
+    except RequestError as e:
+        state(request).control.refused(origin(request), e.code)
+        raise
 
 
 async def read_json(request: web.Request) -> dict[str, Any]:

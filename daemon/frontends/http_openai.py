@@ -31,7 +31,7 @@ from speakd.encode import (
     encoder,
 )
 from speakd.errors import RequestError
-from speakd.frontends.http_base import client_key, ok, origin, read_json, state
+from speakd.frontends.http_base import client_key, ok, origin, read_json, refusals, state
 from speakd.logcontext import request_context
 from speakd.stream import AudioStream
 
@@ -85,11 +85,11 @@ def response_format(body: dict[str, Any]) -> str:
 
 async def speech(request: web.Request) -> web.StreamResponse:
     st = state(request)
-    body = await read_json(request)
-    fmt = response_format(body)
-    speak = st.control.build_request(
-        speech_fields(body, st.control), origin=origin(request), client=client_key()
-    )
+    with refusals(request):
+        body = await read_json(request)
+        fmt = response_format(body)
+        fields = speech_fields(body, st.control)
+    speak = st.control.build_request(fields, origin=origin(request), client=client_key())
     sent: list[web.StreamResponse] = []  # the streamed response, once its headers are out
     with request_context(speak.id, speak.config.voice or "default"):
         try:

@@ -14,7 +14,15 @@ from typing import Any
 
 from aiohttp import web
 
-from speakd.frontends.http_base import client_key, error_response, ok, origin, read_json, state
+from speakd.frontends.http_base import (
+    client_key,
+    error_response,
+    ok,
+    origin,
+    read_json,
+    refusals,
+    state,
+)
 from speakd.messages import Event, EventType, RequestError
 
 
@@ -29,10 +37,11 @@ def routes() -> list[web.RouteDef]:
 
 async def say(request: web.Request) -> web.Response:
     st = state(request)
-    body = await read_json(request)
-    wait = body.get("wait", False)
-    if not isinstance(wait, bool):
-        raise RequestError("bad_field", "wait must be true or false")
+    with refusals(request):
+        body = await read_json(request)
+        wait = body.get("wait", False)
+        if not isinstance(wait, bool):
+            raise RequestError("bad_field", "wait must be true or false")
     events: list[dict[str, Any]] = []
     ended: asyncio.Future[Event] = asyncio.get_running_loop().create_future()
 

@@ -99,6 +99,7 @@ class JsonLinesFrontend:
                 try:
                     raw = await reader.readline()
                 except ValueError:  # asyncio's LimitOverrunError for an endless line
+                    self.control.refused(origin, "line_too_long")
                     conn.send(
                         _error(None, "line_too_long", f"line exceeds {self.max_line_bytes} bytes")
                     )
@@ -113,6 +114,7 @@ class JsonLinesFrontend:
                 try:
                     text = raw.decode("utf-8")
                 except UnicodeDecodeError:
+                    self.control.refused(origin, "bad_encoding")
                     conn.send(_error(None, "bad_encoding", "request is not valid UTF-8"))
                     break
                 self._dispatch(text, conn, origin, client)
@@ -127,11 +129,11 @@ class JsonLinesFrontend:
     def _dispatch(self, text: str, conn: _Connection, origin: str, client: str) -> None:
         try:
             msg = parse_json(text)
+            if not isinstance(msg, dict):
+                raise RequestError("bad_request", "a request must be a JSON object")
         except RequestError as e:
+            self.control.refused(origin, e.code)
             conn.send(_error(None, e.code, str(e)))
-            return
-        if not isinstance(msg, dict):
-            conn.send(_error(None, "bad_request", "a request must be a JSON object"))
             return
         op = msg.get("op", "say")
         raw_id = msg.get("id")
@@ -158,6 +160,7 @@ class JsonLinesFrontend:
                     "options": self.control.options(),
                 }
             else:
+                self.control.refused(origin, "unknown_op")
                 raise RequestError("unknown_op", f"unknown op {op!r} ({', '.join(OPS)})")
         except RequestError as e:
             reply = _error(request_id, e.code, str(e))

@@ -258,6 +258,7 @@ class MqttFrontend:
         try:
             obj = decode_object(msg.payload, self.config.max_payload_bytes)
         except RequestError as e:
+            self.control.refused(f"mqtt:{msg.topic}", e.code)
             # Unreadable, so we cannot tell whose it is: report it under our own site.
             origin = self._origin(msg, None, site or self.config.site_id, None)
             self._say_failed(origin, None, e)

@@ -109,6 +109,11 @@ class Connection:
             self.write(data)
 
 
+def _origin(conn: Connection) -> str:
+    """What a message is logged and counted under: its client's name, else its number."""
+    return f"ssip:{conn.settings.client_name or conn.client_id}"
+
+
 def client_key(client_id: int) -> str:
     return f"ssip:{client_id}"
 
@@ -327,12 +332,14 @@ class SsipFrontend:
 
     def _speak(self, conn: Connection, body: SpeakBody) -> bytes:
         if body.overflow:
+            self.control.refused(_origin(conn), "text_too_long")
             return reply(400, f"ERR TEXT TOO LONG (limit {self.control.max_text_chars} characters)")
         data = body.data()
         if not data:
             return reply(227, "OK MESSAGE CANCELED")
         text = decode_text(data)
         if text is None:
+            self.control.refused(_origin(conn), "bad_encoding")
             return ERR_INVALID_ENCODING
         settings = conn.settings
         if settings.ssml_mode and settings.spelling:
@@ -376,11 +383,10 @@ class SsipFrontend:
             "speed": rate_to_speed(conn.settings.rate),
             "volume": volume_to_gain(conn.settings.volume),
         }
-        origin = f"ssip:{conn.settings.client_name or conn.client_id}"
         try:
             request = self.control.build_request(
                 {k: v for k, v in fields.items() if v is not None},
-                origin=origin,
+                origin=_origin(conn),
                 client=conn.key,
                 on_event=lambda ev: self._on_event(msg, ev),
                 strict_lang=False,  # speechd speaks a language it lacks in the default voice

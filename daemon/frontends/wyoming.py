@@ -195,6 +195,7 @@ class WyomingHandler(AsyncEventHandler):
                     event = await read_event(self.reader, self.frontend.max_event_bytes)
                 except WireError as e:
                     log.info("%s: %s", self.client, e)
+                    self.control.refused(self.origin, e.code)
                     await self._error(e)
                     if e.fatal:
                         await self._swallow_input()
@@ -239,7 +240,8 @@ class WyomingHandler(AsyncEventHandler):
     async def handle_event(self, event: Event) -> bool:
         try:
             await self._dispatch(event)
-        except RequestError as e:
+        except RequestError as e:  # refused here, before any request was built
+            self.control.refused(self.origin, e.code)
             await self._error(e)
         return True
 
@@ -255,6 +257,7 @@ class WyomingHandler(AsyncEventHandler):
                 synthesize = _parse(Synthesize.from_event, event)
                 self._enqueue(_Say(synthesize.text, _voice_fields(synthesize.voice)))
             except RequestError as e:  # answered as a failed synthesis is (see _speak)
+                self.control.refused(self.origin, e.code)
                 await self._error(e)
                 await self.write_event(AudioStop().event())
         elif SynthesizeStart.is_type(kind):
