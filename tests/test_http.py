@@ -134,7 +134,9 @@ def test_openai_sdk_streaming_response_pcm_is_24khz(d: HttpDaemon, sdk: openai.O
             assert response.headers["x-sample-rate"] == "24000"
             assert response.headers["content-type"] == "audio/pcm"
             bodies.append(b"".join(response.iter_bytes(4096)))
-    assert bodies[0] == bodies[1]
+    miss, hit = (np.frombuffer(body, "<i2").astype(int) for body in bodies)
+    # the miss is resampled window by window as VITS decodes, the hit (one stored clip) at once
+    assert len(miss) == len(hit) and np.abs(miss - hit).max() <= 2  # rounding at chunk edges
     assert 2.0 < len(bodies[0]) / 2 / 24000 < 6.0
 
 
