@@ -78,6 +78,7 @@ class EventType(enum.StrEnum):
     ERROR = "error"  # terminal
     PAUSED = "paused"  # playback held mid-utterance by a pause (SSIP PAUSE)
     RESUMED = "resumed"
+    MARK = "mark"  # playback reached an SSML <mark>: its name and offset in samples
 
 
 @dataclass(frozen=True)

@@ -56,16 +56,19 @@ class Playback:
     rest: AudioChunk | None = None  # the unplayed part of the chunk that was playing at the pause
     on_sink: bool = False  # begun on the sink and not drained yet
     played: float = 0.0  # seconds of audio played
+    samples: int = 0  # samples played: where a mark is
     t0: float = field(default_factory=time.monotonic)
 
-    def items(self, cancel: threading.Event) -> Iterator[AudioChunk]:
-        """What is left to play: the parked rest first, then the stream."""
+    def items(self, cancel: threading.Event) -> Iterator[tuple[AudioChunk, list[str]]]:
+        """What is left to play, each chunk with the SSML marks just before it: the parked rest
+        first (its marks were passed before the pause), then the stream."""
         if self.rest is not None:
             rest, self.rest = self.rest, None
-            yield rest
+            yield rest, []
         for chunk in self.stream.read(cancel, start=self.position):
+            marks = self.stream.marks_before(self.position)
             self.position += 1
-            yield chunk
+            yield chunk, marks
 
 
 @dataclass(eq=False)
@@ -361,11 +364,13 @@ class Scheduler:
         items = playback.items(job.cancel)
         while True:
             try:
-                chunk = next(items, None)
+                item = next(items, None)
             except Exception as e:
                 return "error", self._synthesis_failed(job, playback, sink, e)
-            if chunk is None:
+            if item is None:
                 break
+            chunk, marks = item
+            self._marks(job, playback, marks)  # the audio before them is on the sink
             written = self._write(job, playback, sink, chunk)
             if written < len(chunk.pcm) and not job.cancel.is_set():  # paused between blocks
                 playback.rest = AudioChunk(chunk.pcm[written:], chunk.sample_rate, chunk.channels)
@@ -377,6 +382,7 @@ class Scheduler:
             )
             return job.cancel_status, None
         self._drain_sink(playback, sink)
+        self._marks(job, playback, playback.stream.marks_before(playback.position))
         log.info(
             "request %s finished: %.2f s audio in %.2f s",
             job.id,
@@ -384,6 +390,12 @@ class Scheduler:
             time.monotonic() - playback.t0,
         )
         return "done", None
+
+    def _marks(self, job: Job, playback: Playback, names: list[str]) -> None:
+        for name in names:
+            self._emit_threadsafe(
+                job.request, EventType.MARK, {"name": name, "sample": playback.samples}
+            )
 
     def _synthesis_failed(
         self, job: Job, playback: Playback, sink: Sink, e: Exception
@@ -438,6 +450,7 @@ class Scheduler:
                 log.info("request %s started after %.1f ms", job.id, latency * 1000)
             sink.write(block)
             written += len(block)
+            playback.samples += len(block) // chunk.sample_width
             playback.played += len(block) / chunk.sample_width / chunk.sample_rate
         return written
 

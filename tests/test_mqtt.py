@@ -298,6 +298,25 @@ def test_qos1_duplicates_are_spoken_once(kitchen: DaemonProc, watcher: Watcher) 
     assert replies == ["queued", "duplicate", "done"]
 
 
+def test_ssml_marks_are_replies_as_playback_reaches_them(
+    kitchen: DaemonProc, watcher: Watcher
+) -> None:
+    since = watcher.mark()
+    ssml = '<speak><mark name="a"/>Door <break time="200ms"/>open<mark name="b"/></speak>'
+    watcher.publish(
+        "speakd/kitchen/say",
+        json.dumps({"text": ssml, "id": "marks1"}),
+        response_topic="test/marks",
+        correlation=b"marks1",
+    )
+    watcher.wait("test/marks", lambda m: m.json()["status"] == "done", since)
+    replies = [m.json() for m in watcher.matching("test/marks", since=since)]
+    assert [r["status"] for r in replies] == ["queued", "mark", "mark", "done"]
+    played = read_wav(wav_dir(kitchen) / "marks1.wav").samples()
+    assert replies[1] == {"id": "marks1", "status": "mark", "name": "a", "sample": 0}
+    assert replies[2] == {"id": "marks1", "status": "mark", "name": "b", "sample": len(played)}
+
+
 def test_mosquitto_rr_request_response_with_correlation_data(
     kitchen: DaemonProc, broker: Mosquitto
 ) -> None:

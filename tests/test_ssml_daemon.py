@@ -10,11 +10,13 @@ import socket
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 
 from speakd.audio import read_wav
-from tests.daemon_proc import DaemonProc, start_daemon, write_config
+from tests.daemon_proc import DaemonProc
+from tests.http_daemon import HttpDaemon, start_http_daemon, wav_samples
 from tests.ssip_harness import SsipClient, wav_server
 
 RATE = 22050  # the embedded voice's
@@ -22,13 +24,18 @@ LEXICON = 'lang = "en"\n[replace]\n"nginx" = "engine x"\n'
 
 
 @pytest.fixture(scope="module")
-def daemon(tmp_path_factory: pytest.TempPathFactory):
+def served(tmp_path_factory: pytest.TempPathFactory):
     tmp = tmp_path_factory.mktemp("ssml")
     lexicon = tmp / "en.toml"
     lexicon.write_text(LEXICON, encoding="utf-8")
-    d = start_daemon(write_config(tmp, f'[lexicon]\nfiles = ["{lexicon}"]'))
+    d = start_http_daemon(tmp, f'[lexicon]\nfiles = ["{lexicon}"]')
     yield d
-    assert d.stop() == 0, d.log_text()
+    assert d.stop() == 0, d.proc.log_text()
+
+
+@pytest.fixture
+def daemon(served: HttpDaemon) -> DaemonProc:
+    return served.proc
 
 
 def synth(d: DaemonProc, **fields: Any) -> tuple[np.ndarray, list[dict[str, Any]]]:
@@ -85,6 +92,42 @@ def test_a_break_is_silence_and_a_mark_is_its_sample_offset(daemon: DaemonProc) 
     )
     again, events = synth(daemon, text=equivalent, format="ssml")
     assert np.array_equal(again, pcm) and events[0] == mark
+
+
+def test_a_played_say_reports_each_mark_as_playback_reaches_it(daemon: DaemonProc) -> None:
+    door, _ = synth(daemon, text="Door")
+    events = daemon.say(
+        '<speak><mark name="start"/>Door <break time="300ms"/><mark name="gap-end"/>open'
+        '<mark name="end"/></speak>',
+        id="marks",
+    )
+    kinds = [e["event"] for e in events]
+    assert kinds == ["queued", "mark", "started", "mark", "mark", "finished"], events
+    marks = {e["name"]: e["sample"] for e in events if e["event"] == "mark"}
+    assert marks["start"] == 0 and marks["gap-end"] == len(door) + 300 * RATE // 1000
+    played = read_wav(daemon.config.parent / "wav" / "marks.wav").samples()
+    assert marks["end"] == len(played)
+
+
+def test_http_say_and_speech_read_ssml(served: HttpDaemon) -> None:
+    ssml = '<speak>Door <break time="200ms"/> open<mark name="m"/></speak>'
+    said = httpx.post(
+        f"{served.url}/v1/say",
+        json={"text": ssml, "format": "ssml", "wait": True, "id": "h1"},
+        headers=served.auth,
+        timeout=60,
+    ).json()
+    assert [e["event"] for e in said["events"]] == ["queued", "started", "mark", "finished"]
+    fetched = httpx.post(
+        f"{served.url}/v1/audio/speech",
+        json={"model": "tts-1", "input": ssml, "voice": "alloy", "response_format": "wav"},
+        headers=served.auth,
+        timeout=60,
+    )
+    pcm, rate = wav_samples(fetched.content)
+    composed, _ = synth(served.proc, text=ssml)
+    assert rate == RATE and np.array_equal(pcm, composed)
+    assert said["events"][2]["sample"] == len(composed)
 
 
 def test_markup_of_one_run_of_text_is_that_text(daemon: DaemonProc) -> None:

@@ -23,7 +23,7 @@ A ``synth`` is answered with ``audio`` events, base64 PCM with its format, then 
 Text in SSML (``"format": "ssml"``, or a text whose root is ``<speak>``: docs/ssml.md) is
 synthesised the same way; each ``<mark>`` is a ``mark`` event, ahead of the audio that follows
 it, with its offset in samples from the start: ``{"event":"mark","id":"r…","name":"m",
-"sample":26460}``.
+"sample":26460}`` (a waiting ``say`` gets it when playback reaches the mark).
 
 A client that half-closes after its requests (``printf … | socat -t 30``) still gets every event
 until those requests end (socat's default ``-t 0.5`` would hang up before they do). A malformed
