@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import socket
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -206,3 +207,48 @@ def test_ssip_ssml_mode_reads_the_markup(tmp_path: Path) -> None:
     assert server.engine.calls == ["Door", "open", "a fragment without speak"]
     audio = read_wav(tmp_path / "wav" / f"ssip-{door}.wav")
     assert longest_zero_run(audio.samples()) >= 0.7 * audio.sample_rate - 1
+
+
+SPEECHD = Path("/usr/bin/python3")  # Debian's, where python3-speechd (libspeechd's client) lives
+SPEECHD_CLIENT = r"""
+import json, sys, threading
+import speechd
+
+marks, done = [], threading.Event()
+
+
+def heard(kind, index_mark=None):
+    if kind == speechd.CallbackType.INDEX_MARK:
+        marks.append(index_mark)
+    elif kind in (speechd.CallbackType.END, speechd.CallbackType.CANCEL):
+        done.set()
+
+
+client = speechd.SSIPClient("test", address="unix_socket:" + sys.argv[1], autospawn=False)
+client.set_data_mode(speechd.DataMode.SSML)
+kinds = (speechd.CallbackType.INDEX_MARK, speechd.CallbackType.END, speechd.CallbackType.CANCEL)
+client.speak(sys.argv[2], callback=heard, event_types=kinds)
+done.wait(20)
+client.close()
+print(json.dumps({"marks": marks, "ended": done.is_set()}))
+"""
+
+
+def _has_speechd() -> bool:
+    r = subprocess.run([str(SPEECHD), "-c", "import speechd"], capture_output=True)
+    return SPEECHD.exists() and r.returncode == 0
+
+
+@pytest.mark.skipif(not _has_speechd(), reason="python3-speechd (Debian) is not installed")
+def test_ssip_index_marks_reach_a_libspeechd_client(tmp_path: Path) -> None:
+    """speech-dispatcher's own Python client: SSML mode, index-mark callbacks in order, then END."""
+    with wav_server(tmp_path / "ssip.sock", tmp_path / "wav") as server:
+        ssml = '<speak><mark name="one"/>Door <break time="100ms"/><mark name="two"/>open</speak>'
+        r = subprocess.run(
+            [str(SPEECHD), "-c", SPEECHD_CLIENT, str(server.path), ssml],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == {"marks": ["one", "two"], "ended": True}

@@ -12,8 +12,9 @@ fall back), LANGUAGE → a voice of that language when the default voice is of a
 SSML_MODE on → the text is SSML (docs/ssml.md; a fragment without ``<speak>`` is wrapped in
 one), SPELLING on → letters spoken one by one. PITCH, PITCH_RANGE, PUNCTUATION, CAP_LET_RECOGN,
 VOICE_TYPE and OUTPUT_MODULE are accepted, stored and reported by GET, but change nothing.
-Events 701–705 go out (when the client turned them on with ``SET SELF NOTIFICATION``) only
-between complete replies. Framing rules live in ``ssip_parser``.
+Events 700 (an SSML mark reached, ``INDEX MARK`` with its name) and 701–705 go out (when the
+client turned them on with ``SET SELF NOTIFICATION``) only between complete replies. Framing
+rules live in ``ssip_parser``.
 """
 
 from __future__ import annotations
@@ -99,10 +100,10 @@ class Connection:
         for item in held:
             self.write(item)
 
-    def notify(self, kind: str, code: int, msg_id: int, text: str) -> None:
+    def notify(self, kind: str, code: int, msg_id: int, text: str, *extra: str) -> None:
         if kind not in self.settings.notify:
             return
-        data = event(code, msg_id, self.client_id, text)
+        data = event(code, msg_id, self.client_id, text, *extra)
         if self.busy:
             self.held.append(data)
         else:
@@ -420,6 +421,9 @@ class SsipFrontend:
             conn.notify("pause", 704, msg.msg_id, "PAUSED")
         elif ev.type is EventType.RESUMED:
             conn.notify("resume", 705, msg.msg_id, "RESUMED")
+        elif ev.type is EventType.MARK:  # playback reached an SSML <mark>
+            name = printable(str(ev.data["name"]))
+            conn.notify("index_marks", 700, msg.msg_id, "INDEX MARK", name)
 
     def _voice(self, settings: Settings) -> str | None:
         """SYNTHESIS_VOICE when speakd knows it (any case); else None, so LANGUAGE picks one."""
