@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 from urllib.parse import urlparse
 
+from speakd.npu import ACCELERATORS
+
 DEFAULT_CONFIG_PATH = Path("/etc/speakd/speakd.toml")
 ENV_PREFIX = "SPEAKD_"
 
@@ -78,12 +80,18 @@ class EngineConfig:
     max_rtf: float = 3.0  # slower than this (compute s per audio s) counts as a failure
     breaker_failures: int = 3  # consecutive failures that open the breaker
     breaker_reset_s: float = 30.0  # how long it stays open before one trial request
+    # A Rockchip NPU (docs/boards.md, "The RK3588's NPU"): "cpu" runs every graph on the CPU;
+    # "rknn" and "auto" run the [engine] bundle's .rknn graphs (speakd-tools rknn convert) on the
+    # NPU when its driver, librknnrt.so and rknn-toolkit-lite2 are there, else the CPU, saying why
+    # in one line (a warning for "rknn"). NPU audio is another precision: its own bundle id.
+    accelerator: str = "cpu"
 
     def validate(self) -> None:
         from speakd.engines.registry import KINDS
 
         _choice("engine.kind", self.kind, tuple(KINDS))
         _choice("engine.precision", self.precision, ("int8", "exact"))
+        _choice("engine.accelerator", self.accelerator, ACCELERATORS)
         if self.kind == "chattts" and not self.bundle:
             raise ConfigError("engine.bundle: kind 'chattts' needs a bundle path")
         _range("engine.threads", self.threads, 1, 64)

@@ -17,10 +17,15 @@ loader logs in one line when it falls back to the CPU.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 ACCELERATORS = ("cpu", "rknn", "auto")
 SOC_CORES = {"rk3588": 3, "rk3576": 2, "rk3568": 1, "rk3566": 1, "rk3562": 1}
@@ -115,6 +120,17 @@ def rknn_section(manifest: dict[str, Any] | None) -> dict[str, Any] | None:
     return section if section and section.get("graphs") else None
 
 
+def _manifest(bundle: Path | None) -> dict[str, Any] | None:
+    if bundle is None or not (bundle / "manifest.json").is_file():
+        return None  # a bare Piper voice or the embedded one: no bundle, no .rknn graphs
+    from speakd.bundle import BundleError, load_bundle
+
+    try:
+        return load_bundle(bundle, verify=False).manifest
+    except BundleError:
+        return None  # the voice's own loader names the problem
+
+
 def choose(setting: str, manifest: dict[str, Any] | None, info: NpuInfo) -> Decision:
     """``cpu``: always the CPU. ``rknn`` and ``auto``: the NPU when the bundle has ``.rknn``
     graphs for this SoC, the driver is loaded and rknn-toolkit-lite2 is installed; otherwise
@@ -130,6 +146,8 @@ def choose(setting: str, manifest: dict[str, Any] | None, info: NpuInfo) -> Deci
             "the bundle has no .rknn graphs (make them on the build host: speakd-tools rknn "
             "convert, docs/boards.md)",
         )
+    if not all("fp16" in g["files"] for g in section["graphs"].values()):
+        return Decision("cpu", "a .rknn graph has no fp16 file (speakd-tools rknn convert again)")
     if info.soc and section["target"] != info.soc:
         return Decision("cpu", f"the .rknn graphs are for {section['target']}, this is {info.soc}")
     if not info.present:
@@ -143,3 +161,44 @@ def choose(setting: str, manifest: dict[str, Any] | None, info: NpuInfo) -> Deci
         )
     names = ", ".join(sorted(section["graphs"]))
     return Decision("rknn", f"{names} on the {section['target']} NPU ({info.describe()})")
+
+
+@dataclass(frozen=True)
+class NpuPlan:
+    """A voice's graphs that run on the NPU: the bundle, its ``rknn`` section, the precision."""
+
+    bundle: Path
+    section: dict[str, Any]
+    precision: str = "fp16"  # int8 costs the Piper decoder ~40 dB of SNR (docs/benchmarks.md)
+
+    @property
+    def tag(self) -> str:
+        """Appended to the voice's bundle id: the hashes of the .rknn files it runs."""
+        files, graphs = self.section["files"], self.section["graphs"].values()
+        hashes = [files[g["files"][self.precision]]["sha256"] for g in graphs]
+        digest = hashlib.sha256(json.dumps(sorted(hashes)).encode()).hexdigest()
+        return f"rknn-{self.precision}-{digest[:12]}"
+
+
+_said: set[str] = set()  # lines already logged: one per voice and reason, not one per describe
+
+
+def _once(level: int, message: str) -> None:
+    if message not in _said:
+        _said.add(message)
+        log.log(level, message)
+
+
+def plan_for(setting: str, bundle: Path | None, info: NpuInfo | None = None) -> NpuPlan | None:
+    """``engine.accelerator`` for one voice's bundle: the NPU plan, or None after one log line
+    that says why the CPU runs it (nothing is logged for ``cpu``)."""
+    manifest = _manifest(bundle)
+    decision = choose(setting, manifest, info or probe())
+    if decision.accelerator == "rknn" and bundle is not None:
+        _once(logging.INFO, f"engine.accelerator = {setting}, {bundle}: {decision.reason}")
+        return NpuPlan(bundle, rknn_section(manifest) or {})
+    if setting != "cpu":
+        level = logging.WARNING if setting == "rknn" else logging.INFO
+        where = bundle or "the embedded voice"
+        _once(level, f"engine.accelerator = {setting}, {where}: the CPU runs it: {decision.reason}")
+    return None

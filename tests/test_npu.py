@@ -21,7 +21,14 @@ from speakd_tools.rknn.graphs import cut_vits_decoder
 
 SECTION = {
     "target": "rk3588",
-    "graphs": {"decoder": {"input": "z", "outputs": ["wave"], "shape": [1, 192, 64]}},
+    "graphs": {
+        "decoder": {
+            "input": "z",
+            "outputs": ["wave"],
+            "shape": [1, 192, 64],
+            "files": {"fp16": "rknn/decoder.fp16.rknn"},
+        }
+    },
     "files": {},
 }
 
@@ -89,6 +96,8 @@ BOARD = NpuInfo("rk3588", "/dev/rknpu", "0.9.8", 3, "2.5.0", "/usr/lib/librknnrt
         ("auto", {"rknn": SECTION}, NpuInfo("rk3588", "/dev/rknpu", None, 3, "2.5.0"), "cpu",
          "no librknnrt.so"),
         ("auto", {"rknn": SECTION}, BOARD, "rknn", "decoder on the rk3588 NPU"),
+        ("auto", {"rknn": {**SECTION, "graphs": {"decoder": {"files": {"int8": "x"}}}}}, BOARD,
+         "cpu", "no fp16 file"),
         ("rknn", {"rknn": SECTION}, BOARD, "rknn", "rknn-toolkit-lite2 2.5.0"),
     ],
 )  # fmt: skip

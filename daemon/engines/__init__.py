@@ -45,16 +45,36 @@ def describe_engine(config: EngineConfig) -> VoiceModel:
     kind = kind_of(config.kind)
     bundle = resolve_bundle(config)
     if bundle is not None:
-        return kind.describe(bundle)
+        return accelerate(kind.describe(bundle), config)
     if kind.embedded is None:
         raise EngineError(f"engine.bundle: kind {kind.name!r} needs a bundle path")
-    return kind.embedded()
+    return accelerate(kind.embedded(), config)
+
+
+def accelerate(voice: VoiceModel, config: EngineConfig) -> VoiceModel:
+    """``engine.accelerator`` (speakd.npu): a voice whose bundle has ``.rknn`` graphs that this
+    board's NPU can run gets an NPU plan, and its own bundle id and precision, since NPU audio
+    is another precision; otherwise one log line says why the CPU runs it."""
+    from speakd.npu import plan_for
+
+    plan = plan_for(config.accelerator, getattr(voice, "bundle_dir", None))
+    if plan is not None:
+        voice.npu = plan  # type: ignore[attr-defined]  (VitsVoice, ChatTTSVoice)
+        voice.bundle_id = f"{voice.bundle_id}+{plan.tag}"
+        voice.precision = f"{voice.precision}+npu-{plan.precision}"
+    return voice
 
 
 def load_model(voice: VoiceModel, config: EngineConfig) -> Engine:
     """A voice's model in memory; raises BundleError/EngineError with a clear message."""
     t0 = time.monotonic()
     engine = kind_of(voice.kind).load(voice, config)
+    plan = getattr(voice, "npu", None)
+    if plan is not None:
+        from speakd.rknn_session import open_sessions
+
+        sessions = open_sessions(plan.bundle, plan.section, plan.precision)
+        engine.use_npu(sessions, voice)  # type: ignore[attr-defined]  (VitsEngine, ChatTTSEngine)
     trim_heap()  # the load's transient copies of the graph
     log.info(
         "engine %s loaded in %.2f s: bundle %s, precision %s, %d Hz",

@@ -18,7 +18,7 @@ import unicodedata
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
@@ -36,6 +36,9 @@ from speakd.engines.base import (
 from speakd.engines.noise import SEED_INPUT, make_noise_deterministic
 from speakd.engines.options import Option
 from speakd.engines.vits_split import SplitVoice, WholeVoice, voice_sessions
+
+if TYPE_CHECKING:
+    from speakd.npu import NpuPlan
 
 log = logging.getLogger(__name__)
 
@@ -190,6 +193,8 @@ class VitsVoice:
 
     kind = "vits"
     options = OPTIONS
+    bundle_dir: Path | None = None  # the bundle folder it was read from (None: a bare voice)
+    npu: NpuPlan | None = None  # engine.accelerator's plan (speakd.engines.accelerate)
 
     def __init__(
         self,
@@ -266,6 +271,7 @@ class VitsVoice:
             raise EngineError(
                 f"{manifest}: sample_rate {rate} but {config_path} says {voice.sample_rate}"
             )
+        voice.bundle_dir = bundle.path
         return voice
 
     @classmethod
@@ -411,6 +417,14 @@ class VitsEngine(VitsVoice):
             "streamed by window" if isinstance(graphs, SplitVoice) else "one run per sentence",
         )
         return cls(graphs, voice)
+
+    def use_npu(self, sessions: dict[str, Any], voice: VitsVoice) -> None:
+        """The HiFi-GAN decoder on the NPU (``speakd.rknn_session``); the prior and the flow stay
+        on the CPU. The engine takes the voice's NPU bundle id and precision."""
+        if not isinstance(self.graphs, SplitVoice):
+            raise EngineError(f"{self.model_path}: the NPU decoder needs the split voice graph")
+        self.graphs.use_decoder(sessions["decoder"])
+        self.bundle_id, self.precision = voice.bundle_id, voice.precision
 
     # -- the engine contract ---------------------------------------------------------------
 

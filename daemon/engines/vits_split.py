@@ -24,6 +24,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Any
 
 import numpy as np
 import onnx
@@ -270,6 +271,11 @@ class SplitVoice:
         self._decoder = _session(parts.decoder, options)
         self._flow_out = self._flow.get_outputs()[0].name
         self._decoder_out = self._decoder.get_outputs()[0].name
+
+    def use_decoder(self, session: Any) -> None:
+        """Another runner of the decoder graph with onnxruntime's ``run`` (the NPU's
+        ``speakd.rknn_session.RknnSession``): same input ``z``, same output."""
+        self._decoder = session
 
     def render(self, feeds: dict[str, np.ndarray], run: ort.RunOptions) -> Iterator[np.ndarray]:
         latents = self.prior(feeds, run)

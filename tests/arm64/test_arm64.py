@@ -254,6 +254,7 @@ threads = 1
 fallback_text = "Sorry."
 hang_timeout_s = 900
 max_rtf = 1000
+accelerator = "auto"
 
 [audio]
 sink = "wav"
@@ -294,7 +295,8 @@ path = "{out / "cache.db"}"
             rc = proc.wait()
         log.close()
     return {"first": first, "cached": cached, "ready_s": ready, "say_s": synth, "hit_s": hit,
-            "rc": rc, "wav": out / "wav"}  # fmt: skip
+            "rc": rc, "wav": out / "wav",
+            "log": (out / "serve.log").read_text(errors="replace")}  # fmt: skip
 
 
 def _arm_steps(arm: Arm, cpu: str, bundles: dict[str, Path], out: Path) -> ArmRun:
@@ -428,6 +430,10 @@ def test_arm64_serve_say_and_cache(cpu: str, arm_runs, x86) -> None:
     ), s["first"]
     assert s["cached"][-1].get("status") == "done", f"cache_only say: {s['cached']}"
     assert s["rc"] == 0, f"speakd serve exited {s['rc']} on SIGTERM"
+    # accelerator = "auto" with no NPU (qemu has none; the NPU path cannot run here): the CPU
+    # speaks, and one line says why
+    (npu,) = [line for line in s["log"].splitlines() if "engine.accelerator = auto" in line]
+    assert "the CPU runs it" in npu, npu
     snr, _ = compare_fp32_audio(x86["dir"] / "fp32.wav", s["wav"] / "arm1.wav")
     compare_fp32_audio(s["wav"] / "arm1.wav", s["wav"] / "arm2.wav")
     print(f"\n-cpu {cpu} serve: socket after {s['ready_s']:.0f} s, say {s['say_s']:.0f} s "

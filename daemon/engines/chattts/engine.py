@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -44,6 +44,9 @@ from speakd.engines.chattts.vocoder import (
     Vocoder,
 )
 from speakd.engines.options import Option
+
+if TYPE_CHECKING:
+    from speakd.npu import NpuPlan
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +87,7 @@ class ChatTTSVoice:
     kind = "chattts"
     sample_rate = SAMPLE_RATE
     options = OPTIONS
+    npu: NpuPlan | None = None  # engine.accelerator's plan (speakd.engines.accelerate)
 
     def __init__(
         self,
@@ -111,6 +115,10 @@ class ChatTTSVoice:
         self.licence = str(m.get("license") or CHATTTS_LICENCE)
         self.schedule = schedule or StreamSchedule()
         self.max_chars = max_chars
+
+    @property
+    def bundle_dir(self) -> Path:
+        return self.bundle.path
 
     @classmethod
     def from_bundle(cls, bundle_path: Path) -> ChatTTSVoice:
@@ -269,6 +277,13 @@ class ChatTTSEngine(ChatTTSVoice):
                     batch_size,
                 )
         self.concurrent_synthesis = self.batch is not None  # the resolver drops its engine lock
+
+    def use_npu(self, sessions: dict[str, Any], voice: ChatTTSVoice) -> None:
+        """The Decoder and Vocos on the NPU (``speakd.rknn_session``: each row runs alone, so
+        batched chunks stay batch-invariant); the GPT stays on the CPU. The engine takes the
+        voice's NPU bundle id and precision."""
+        self.vocoder.decoder, self.vocoder.vocos = sessions["decoder"], sessions["vocos"]
+        self.bundle_id, self.precision = voice.bundle_id, voice.precision
 
     @classmethod
     def load(cls, bundle_path: Path, threads: int = 2, **kwargs: Any) -> ChatTTSEngine:
