@@ -227,6 +227,26 @@ async def test_text_streamed_in_is_spoken_sentence_by_sentence(
         assert audio_of(await synthesize(client, SENTENCES[0])) == reference[0]
 
 
+async def test_ssml_text_format_on_synthesize_and_on_a_text_stream(
+    daemon: tuple[DaemonProc, int],
+) -> None:
+    """``text_format: "ssml"``: the break is 300 ms of zeros between the words' own audio; a
+    streamed document is spoken whole at its stop (markup cut mid-element still reads)."""
+    _, port = daemon
+    ssml = '<speak>Door <break time="300ms"/> open</speak>'
+    async with tcp(port) as client:
+        await client.write_event(Synthesize(ssml, text_format="ssml").event())
+        whole = audio_of(await read_until(client, "audio-stop"))
+        door, open_ = [audio_of(await synthesize(client, word)) for word in ("Door", "open")]
+        assert whole == door + bytes(2 * (300 * 22050 // 1000)) + open_
+        await client.write_event(SynthesizeStart(text_format="ssml").event())
+        for piece in ('<speak>Door <break time="30', '0ms"/> open</speak>'):
+            await client.write_event(SynthesizeChunk(piece).event())
+        await client.write_event(SynthesizeStop().event())
+        streamed = await read_until(client, "synthesize-stopped")
+        assert audio_of(streamed) == whole
+
+
 @pytest.mark.parametrize(
     ("event", "code"),
     [

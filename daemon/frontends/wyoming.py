@@ -14,6 +14,9 @@ Events, on the ``wyoming`` package's own server and event classes:
   (``frontends/sentences.py``), each answered ``audio-start`` … ``audio-stop``, then
   ``synthesize-stopped``. The ``synthesize`` a client sends inside the stream for older servers is
   ignored, never spoken twice.
+* ``text_format: "ssml"`` on ``synthesize`` or ``synthesize-start`` makes the text SSML
+  (docs/ssml.md); a streamed SSML text is spoken whole at ``synthesize-stop``, since markup cannot
+  be cut into sentences before it is complete.
 * ``ping`` → ``pong``. Other event types are dropped, as the protocol asks of servers.
 
 Work runs in the connection's own task, one request after another, while its events keep being
@@ -152,6 +155,8 @@ class _TextStream:
 
     voice: dict[str, str]
     splitter: SentenceSplitter
+    ssml: bool = False  # text_format "ssml": one document, spoken whole at synthesize-stop
+    document: str = ""
     failed: bool = False
     sentences: int = 0
     hold: asyncio.TimerHandle | None = None  # a held sentence end, spoken when it runs out
@@ -255,18 +260,23 @@ class WyomingHandler(AsyncEventHandler):
                 return
             try:
                 synthesize = _parse(Synthesize.from_event, event)
-                self._enqueue(_Say(synthesize.text, _voice_fields(synthesize.voice)))
+                fields = _voice_fields(synthesize.voice) | _format(synthesize.text_format)
+                self._enqueue(_Say(synthesize.text, fields))
             except RequestError as e:  # answered as a failed synthesis is (see _speak)
                 self.control.refused(self.origin, e.code)
                 await self._error(e)
                 await self.write_event(AudioStop().event())
         elif SynthesizeStart.is_type(kind):
-            self._start_text(_parse(SynthesizeStart.from_event, event).voice)
+            start = _parse(SynthesizeStart.from_event, event)
+            self._start_text(start.voice, start.text_format)
         elif SynthesizeChunk.is_type(kind):
             text = self._open_text(kind)
             chunk = _parse(SynthesizeChunk.from_event, event).text
             if not isinstance(chunk, str):
                 raise RequestError("bad_text", "synthesize-chunk text must be a string")
+            if text.ssml:  # markup cannot be cut into sentences before it is whole
+                text.document += chunk
+                return
             self._hold(text)
             self._sentences(text, text.splitter.feed(chunk))
             if text.splitter.held() and self.frontend.config.sentence_hold_ms:
@@ -276,7 +286,8 @@ class WyomingHandler(AsyncEventHandler):
         elif SynthesizeStop.is_type(kind):
             text = self._open_text(kind)
             self._hold(text)
-            self._sentences(text, text.splitter.finish(), STOPPED)
+            whole = [text.document] if text.document.strip() else []
+            self._sentences(text, whole if text.ssml else text.splitter.finish(), STOPPED)
             self._text = None
             log.info("%s: text stream ended (%d sentences)", self.client, text.sentences)
         elif Ping.is_type(kind):
@@ -286,11 +297,12 @@ class WyomingHandler(AsyncEventHandler):
 
     # ---- text streamed in -------------------------------------------------------------------
 
-    def _start_text(self, voice: SynthesizeVoice | None) -> None:
+    def _start_text(self, voice: SynthesizeVoice | None, text_format: str | None) -> None:
         if self._text is not None:
             raise RequestError("bad_event", "synthesize-start inside an open text stream")
-        fields = _voice_fields(voice)
-        self._text = _TextStream(fields, SentenceSplitter(self.control.max_text_chars))
+        fields = _voice_fields(voice) | _format(text_format)
+        splitter = SentenceSplitter(self.control.max_text_chars)
+        self._text = _TextStream(fields, splitter, ssml="format" in fields)
         try:  # refuse an unknown voice once, here, rather than once per sentence
             self.control.select_voice(
                 fields.get("voice"), fields.get("lang"), fields.get("speaker")
@@ -412,6 +424,11 @@ def _parse(parser: Any, event: Event) -> Any:
         return parser(event)
     except (KeyError, TypeError, AttributeError, ValueError) as e:
         raise RequestError("bad_event", f"malformed {event.type} event: {e!r}") from None
+
+
+def _format(text_format: str | None) -> dict[str, str]:
+    """``text_format: "ssml"`` makes the text SSML (docs/ssml.md); any other is plain text."""
+    return {"format": "ssml"} if text_format == "ssml" else {}
 
 
 def _voice_fields(voice: SynthesizeVoice | None) -> dict[str, str]:
