@@ -276,7 +276,7 @@ class Resolver:
         error: BaseException | None = None
         admitted, t0 = False, 0.0
         try:
-            with self.voices.using(prepared.bundle) as engine:
+            with self.voices.using(prepared.bundle, stream.loaded_voice) as engine:
                 if not stream.cancel.is_set():
                     self.guard.admit()
                     admitted, t0 = True, time.monotonic()

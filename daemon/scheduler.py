@@ -444,9 +444,10 @@ class Scheduler:
             if not job.started:
                 job.started = True
                 latency = time.monotonic() - request.received
-                self._emit_threadsafe(
-                    request, EventType.STARTED, {"latency_ms": round(latency * 1000, 1)}
-                )
+                started = {"latency_ms": round(latency * 1000, 1)}
+                if playback.stream.voice_load_s is not None:  # a cold voice loaded first
+                    started["voice_load_ms"] = round(playback.stream.voice_load_s * 1000, 1)
+                self._emit_threadsafe(request, EventType.STARTED, started)
                 log.info("request %s started after %.1f ms", job.id, latency * 1000)
             sink.write(block)
             written += len(block)

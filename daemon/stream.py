@@ -79,6 +79,7 @@ class AudioStream:
         self.detached = detached
         self.chunks: list[AudioChunk] = []
         self.marks: list[tuple[int, str]] = []  # (index of the chunk a mark precedes, its name)
+        self.voice_load_s: float | None = None  # its voice was loaded for it, in this long
         self.done = False
         self.error: BaseException | None = None
         self.cancel = Cancel()  # the producer's: set when the last reader leaves
@@ -127,6 +128,11 @@ class AudioStream:
         with self._cond:
             if not self.done:
                 self.marks.append((len(self.chunks), name))
+
+    def loaded_voice(self, seconds: float) -> None:
+        """Its voice was not in memory and loaded for it first (a cold voice's first request
+        tells its caller why its first audio came late)."""
+        self.voice_load_s = seconds
 
     def finish(self, error: BaseException | None = None) -> bool:
         """End the stream (with ``error``, or cleanly); False when it had ended already."""

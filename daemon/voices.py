@@ -167,16 +167,19 @@ class VoiceLibrary:
     # ---- using ------------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def using(self, bundle: str) -> Iterator[Engine]:
-        """The voice's engine, loaded if it is not, held against unloading until the block ends;
-        its synthesis lock is held too unless the engine runs requests side by side."""
+    def using(
+        self, bundle: str, on_load: Callable[[float], None] | None = None
+    ) -> Iterator[Engine]:
+        """The voice's engine, loaded if it is not (``on_load`` hears how long that took), held
+        against unloading until the block ends; its synthesis lock is held too unless the engine
+        runs requests side by side."""
         voice = self.by_bundle.get(bundle)
         if voice is None:
             raise EngineError(f"no voice with bundle {bundle} (removed by a reload?)")
         with self._lock:
             voice.busy += 1
         try:
-            engine = self._load(voice)
+            engine = self._load(voice, on_load)
             lock = (
                 contextlib.nullcontext()
                 if getattr(engine, "concurrent_synthesis", False)
@@ -207,7 +210,7 @@ class VoiceLibrary:
         voice = self.by_bundle.get(bundle)
         return voice.load_s if voice is not None and voice.engine is not None else None
 
-    def _load(self, voice: Voice) -> Engine:
+    def _load(self, voice: Voice, on_load: Callable[[float], None] | None = None) -> Engine:
         with voice.load_lock:
             engine = voice.engine
             if engine is not None:
@@ -218,6 +221,8 @@ class VoiceLibrary:
             voice.resident_bytes = max(0, rss_bytes() - rss0)
             voice.loads += 1
             voice.engine = engine
+            if on_load is not None:
+                on_load(voice.load_s)
             log.info(
                 "voice %s loaded in %.2f s (%s, +%.0f MB resident)",
                 voice.name,

@@ -63,10 +63,14 @@ def played_rate(board: HttpDaemon, request_id: str) -> int:
         return w.getframerate()
 
 
-def say(board: HttpDaemon, rid: str, **fields) -> dict:
+def say_events(board: HttpDaemon, rid: str, **fields) -> list[dict]:
     events = proc(board).say("Hello there.", id=rid, **fields)
     assert events[-1]["event"] == "finished" and events[-1]["status"] == "done", events
-    return events[-1]
+    return events
+
+
+def say(board: HttpDaemon, rid: str, **fields) -> dict:
+    return say_events(board, rid, **fields)[-1]
 
 
 def test_every_front_end_lists_every_voice(board: HttpDaemon) -> None:
@@ -77,6 +81,20 @@ def test_every_front_end_lists_every_voice(board: HttpDaemon) -> None:
     assert "CC BY-NC 4.0" in listed[CHAT]["licence"]
     http = httpx.get(f"{board.url}/v1/audio/voices", headers=board.auth, timeout=30).json()
     assert {v["id"] for v in http["voices"]} == {PIPER, DUO, CHAT}
+
+
+def test_a_cold_voice_says_it_was_loaded_first(board: HttpDaemon) -> None:
+    """The first request to a voice not in memory reports the load in its events (why its first
+    audio came late); the next one does not."""
+    with proc(board).client() as c:
+        _, cold = c.synth({"text": "Cold start.", "voice": DUO})
+        _, warm = c.synth({"text": "Warm now.", "voice": DUO})
+    assert cold["voice_load_ms"] > 0 and "voice_load_ms" not in warm
+    events = proc(board).say("Ni hao.", id="chat-cold", voice=CHAT)
+    (started,) = [e for e in events if e["event"] == "started"]
+    assert started["voice_load_ms"] > 0
+    (started,) = [e for e in say_events(board, "chat-warm", voice=CHAT) if e["event"] == "started"]
+    assert "voice_load_ms" not in started
 
 
 def test_the_socket_chooses_by_language_name_and_speaker(board: HttpDaemon) -> None:

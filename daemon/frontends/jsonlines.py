@@ -210,15 +210,16 @@ class JsonLinesFrontend:
                         conn.send({"event": "audio", "id": rid, "format": fmt, "data": data})
                         await conn.writer.drain()
                 _send_marks(conn, rid, stream, index, frames)
-                conn.send(
-                    {
-                        "event": "finished",
-                        "id": rid,
-                        "status": "done",
-                        "duration_s": round(stream.duration, 3),
-                        "cached": stream.from_cache,
-                    }
-                )
+                finished = {
+                    "event": "finished",
+                    "id": rid,
+                    "status": "done",
+                    "duration_s": round(stream.duration, 3),
+                    "cached": stream.from_cache,
+                }
+                if stream.voice_load_s is not None:  # its voice was loaded for it first
+                    finished["voice_load_ms"] = round(stream.voice_load_s * 1000, 1)
+                conn.send(finished)
         except ConnectionError:
             log.info("request %s: the client left; its synthesis is released", rid)
         except Exception as e:  # RequestError (busy), engine failures: the caller hears why
