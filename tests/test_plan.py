@@ -64,9 +64,13 @@ def test_a_voice_that_does_not_exist_is_refused() -> None:
     assert info.value.code == "unknown_voice"
 
 
-def test_phonemes_are_said_as_their_word() -> None:
-    [part] = speech(parts_of('<speak>say <phoneme ph="təˈmɑːtoʊ">tomato</phoneme> now</speak>'))
-    assert part.prepared.text == "say tomato now"
+def test_phonemes_go_inline_to_a_voice_that_takes_them_else_the_word() -> None:
+    segments = parse_ssml('<speak>say <phoneme ph="təˈmɑːtoʊ">tomato</phoneme> now</speak>')
+    config = SynthesisConfig()
+    [inline] = speech(plan(segments, config, prepare_text, lambda c: c.voice != "high"))
+    [word] = speech(plan(segments, SynthesisConfig(voice="high"), prepare_text, lambda c: False))
+    assert inline.prepared.text == "say [[ təˈmɑːtoʊ ]] now"
+    assert word.prepared.text == "say tomato now"
 
 
 def test_equal_markup_has_one_key_and_any_change_changes_it() -> None:

@@ -25,7 +25,7 @@ def failure(document: str) -> SsmlError:
 
 def test_the_issue_example_is_text_a_break_text_and_a_mark() -> None:
     segments = parse_ssml('<speak>Door <break time="700ms"/> open<mark name="m"/>.</speak>')
-    assert segments == [Text("Door"), Break(700), Text("open"), Mark("m")]
+    assert segments == [Text("Door"), Break(700), Text("open"), Mark("m"), Text(".")]
 
 
 def test_every_element_of_the_subset() -> None:

@@ -131,6 +131,15 @@ def test_http_say_and_speech_read_ssml(served: HttpDaemon) -> None:
     assert said["events"][2]["sample"] == len(composed)
 
 
+def test_a_phoneme_is_said_as_written_by_the_piper_voice(daemon: DaemonProc) -> None:
+    ssml = '<speak>Say <phoneme alphabet="ipa" ph="təˈmɑːtoʊ">tomato</phoneme>.</speak>'
+    said, _ = synth(daemon, text=ssml)
+    as_written, _ = synth(daemon, text="Say [[ təˈmɑːtoʊ ]].")  # Piper's own phoneme syntax
+    as_espeak_reads_it, _ = synth(daemon, text="Say tomato.")
+    assert np.array_equal(said, as_written)
+    assert not np.array_equal(said, as_espeak_reads_it)
+
+
 def test_markup_of_one_run_of_text_is_that_text(daemon: DaemonProc) -> None:
     plain, _ = synth(daemon, text="Mind the gap.")
     marked, events = synth(daemon, text="<speak><s>Mind the gap</s></speak>")

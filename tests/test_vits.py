@@ -21,7 +21,7 @@ from speakd.audio import join_chunks
 from speakd.bundle import file_entry
 from speakd.engines.base import EngineError, SynthesisConfig, UnknownSpeakerError, UnknownVoiceError
 from speakd.engines.noise import SEED_INPUT, make_noise_deterministic
-from speakd.engines.vits import VitsEngine, split_long
+from speakd.engines.vits import VitsEngine, phonemize, split_long
 from tests.tiny_voices import tiny_multispeaker_voice
 
 TEXT = "Hello from speakd. The door is open."
@@ -277,3 +277,15 @@ def test_run_on_sentence_streams_in_bounded_pieces(tmp_path) -> None:
     chunks = list(engine.synthesize(text, SynthesisConfig(seed=1)))
     assert len(chunks) >= 4
     assert all(c.frames <= 100 * (2 * 40 + 3) for c in chunks)  # 100 samples per phoneme id
+
+
+def test_raw_phonemes_are_taken_as_written_inside_their_sentence() -> None:
+    """Piper's ``[[ … ]]`` (SSML's <phoneme>, a lexicon's IPA): espeak-ng reads the text around
+    it, the phonemes go in as written, in the sentence they stand in, which a stop after them
+    ends."""
+    [one] = phonemize("en-us", "Mr [[ ŋwiən ]] said hi.", None)
+    assert "".join(one) == "".join(phonemize("en-us", "Mr", None)[0]) + " ŋwiən " + "".join(
+        phonemize("en-us", "said hi.", None)[0]
+    )
+    first, second = phonemize("en-us", "Say [[ təˈmɑːtoʊ ]]. Then more", None)
+    assert "".join(first).endswith(" təˈmɑːtoʊ.") and "".join(second).startswith("ð")

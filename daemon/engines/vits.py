@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import math
+import re
 import threading
 import time
 import unicodedata
@@ -53,6 +54,8 @@ OPTIONS = (
     Option("sentence_silence", float, "seconds of silence between sentences", 0.0, 10.0),
 )
 
+_RAW_PHONEMES = re.compile(r"\[\[(.*?)\]\]", re.S)
+_SENTENCE_STOP = re.compile(r"\s*([.!?])")
 _espeak_lock = threading.Lock()  # espeak-ng keeps global state (voice, buffers)
 _espeak: Any = None
 
@@ -60,14 +63,34 @@ _espeak: Any = None
 def phonemize(
     espeak_voice: str, text: str, vowel_clusters: frozenset[tuple[str, ...]] | None
 ) -> list[list[str]]:
-    """Phonemes per sentence, as Piper computes them (espeak-ng splits the sentences)."""
+    """Phonemes per sentence, as Piper computes them (espeak-ng splits the sentences). As in
+    Piper, ``[[ … ]]`` holds phonemes taken as written, inside the sentence around it: SSML's
+    ``<phoneme>`` and a lexicon's IPA arrive so (``speakd.markup.plan``)."""
     global _espeak
     from piper.phonemize_espeak import EspeakPhonemizer
 
+    parts = _RAW_PHONEMES.split(text)  # text, phonemes, text, …
+    sentences: list[list[str]] = []
     with _espeak_lock:
         if _espeak is None:
             _espeak = EspeakPhonemizer()
-        return _espeak.phonemize(espeak_voice, text, vowel_clusters=vowel_clusters)
+        for i, part in enumerate(parts):
+            if i % 2 == 0:
+                stop = _SENTENCE_STOP.match(part) if i > 0 else None
+                if stop:  # raw phonemes end their sentence: "… [[ ɪt ]]. Next"
+                    sentences[-1].append(stop.group(1))
+                    part = part[stop.end() :]
+                said = _espeak.phonemize(espeak_voice, part, vowel_clusters=vowel_clusters)
+                if i > 0 and not stop and said:  # the text after goes on with their sentence
+                    sentences[-1].extend(said.pop(0))
+                sentences.extend(said)
+                continue
+            if not sentences:
+                sentences.append([])
+            before = " " if parts[i - 1].endswith(" ") and sentences[-1] else ""
+            after = " " if parts[i + 1].startswith(" ") else ""
+            sentences[-1].extend([*before, *part.strip(), *after])
+    return [sentence for sentence in sentences if sentence]
 
 
 def _speakable(phonemes: list[str]) -> bool:
@@ -193,6 +216,7 @@ class VitsVoice:
 
     kind = "vits"
     options = OPTIONS
+    phoneme_input = True  # ``[[ … ]]`` in the text is phonemes (``phonemize``)
     bundle_dir: Path | None = None  # the bundle folder it was read from (None: a bare voice)
     npu: NpuPlan | None = None  # engine.accelerator's plan (speakd.engines.accelerate)
 

@@ -20,8 +20,8 @@ The rules (docs/ssml.md, "Lexicons"):
   with a capital matches exactly that spelling ("US" does not match "us");
 * the longest entry wins where several match at one place, whitespace inside a phrase matches
   any run of whitespace, and what a replacement says is not looked up again;
-* a ``[phonemes]`` entry becomes a phoneme segment (said as the word while no engine takes
-  phoneme input).
+* a ``[phonemes]`` entry becomes a phoneme segment: Piper voices say the IPA, an engine without
+  phoneme input (ChatTTS) says the word as written.
 
 The lexicon is applied before a request is prepared (``speakd.markup.plan``), so the audio key is
 that of the text as said: an edited entry changes the key of the texts it applies to, and of no

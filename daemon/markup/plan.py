@@ -1,11 +1,12 @@
 """Segments → the parts a request's audio is composed of (``speakd.compose``), and their key.
 
-Neighbouring text and phonemes of one voice, language and prosody are one part, prepared and
-keyed like any plain request (so the same sentence in other markup, or sent as plain text, shares
-its clip). No engine takes phoneme input yet, so phonemes are said as the word they stand for.
-A break is a silence, a mark a marker; an ``<audio>`` clip is said by its content for now. The
-request's key hashes the parts' keys, silences and marks in order: equal markup gives an equal
-key, and any change of a part, a pause or a mark changes it.
+Neighbouring text and phonemes of one voice, language and prosody are one part, prepared and keyed
+like any plain request (so the same sentence in other markup, or sent as plain text, shares its
+clip). Phonemes go inline as Piper's ``[[ … ]]`` to a voice that takes them (``phoneme_input``), and
+as the word they stand for to one that does not. A break is a silence, a mark a marker; an
+``<audio>`` clip is said by its content for now. The request's key hashes the parts' keys, silences
+and marks in order: equal markup gives an equal key, and any change of a part, a pause or a mark
+changes it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,18 @@ from speakd.engines.base import SynthesisConfig
 from speakd.keys import canonical_json
 from speakd.markup.lexicon import Lexicon
 from speakd.markup.sayas import guess_language
-from speakd.markup.segments import Audio, Break, Mark, Phonemes, Segment, Style, Text, canonical
+from speakd.markup.segments import (
+    Audio,
+    Break,
+    Mark,
+    Phonemes,
+    Segment,
+    Style,
+    Text,
+    canonical,
+    clean,
+    speakable,
+)
 from speakd.markup.ssml import parse_ssml
 from speakd.prepare import Marker, Part, Prepared, Silence, Speech
 
@@ -31,6 +43,7 @@ SPEED_RANGE = (0.25, 4.0)
 NO_LEXICON = Lexicon()
 
 PrepareText = Callable[[str, SynthesisConfig], Prepared]
+TakesPhonemes = Callable[[SynthesisConfig], bool]
 
 
 def prepare_request(
@@ -60,7 +73,14 @@ def prepare_request(
             said = "".join(p.text for p in pieces)
             return library.prepare(said, config, strict_lang=strict_lang)
         segments = list(pieces)
-    parts = plan(segments, config, lambda t, c: library.prepare(t, c, strict_lang=strict_lang))
+    parts = plan(
+        segments,
+        config,
+        lambda t, c: library.prepare(t, c, strict_lang=strict_lang),
+        lambda c: getattr(
+            library.select(c.voice, c.lang, strict=False)[0].model, "phoneme_input", False
+        ),
+    )
     speech = [p.prepared for p in parts if isinstance(p, Speech)]
     if len(parts) == 1 and speech and parts[0] == Speech(speech[0]):
         return speech[0]
@@ -86,19 +106,25 @@ def _text_lang(spoken: tuple[str, ...], text: str) -> str | None:
 
 
 def plan(
-    segments: Iterable[Segment], config: SynthesisConfig, prepare_text: PrepareText
+    segments: Iterable[Segment],
+    config: SynthesisConfig,
+    prepare_text: PrepareText,
+    takes_phonemes: TakesPhonemes = lambda config: False,
 ) -> list[Part]:
     """The parts of ``segments`` for a request of ``config``; ``prepare_text`` prepares one run
-    of text (RequestError for a voice or language that does not exist)."""
+    of text (RequestError for a voice or language that does not exist), ``takes_phonemes`` says
+    whether the voice a config chooses reads ``[[ phonemes ]]``."""
     parts: list[Part] = []
     run: list[Text | Phonemes] = []
 
     def flush() -> None:
         if run:
             style = run[0].style
-            text = " ".join(" ".join(seg.text for seg in run).split())
-            if text:
-                parts.append(Speech(prepare_text(text, _config(config, style)), style.volume))
+            run_config = _config(config, style)
+            inline = takes_phonemes(run_config)
+            text = clean(" ".join(_words(seg, inline) for seg in run))
+            if speakable(text):
+                parts.append(Speech(prepare_text(text, run_config), style.volume))
             run.clear()
 
     for seg in _flat(segments):
@@ -135,6 +161,12 @@ def _flat(segments: Iterable[Segment]) -> Iterable[Text | Phonemes | Break | Mar
             yield from _flat(seg.alt)
         else:
             yield seg
+
+
+def _words(seg: Text | Phonemes, inline: bool) -> str:
+    if isinstance(seg, Text):
+        return seg.text
+    return f"[[ {seg.ph} ]]" if inline and seg.ph else seg.text
 
 
 def _config(config: SynthesisConfig, style: Style) -> SynthesisConfig:

@@ -104,21 +104,25 @@ def canonical(segments: Iterable[Segment]) -> str:
     return canonical_json([s.to_json() for s in segments])
 
 
+def clean(text: str) -> str:
+    """Whitespace runs as one space, none before punctuation ("twelve ." is "twelve.")."""
+    return _SPACE_BEFORE_PUNCTUATION.sub("", _SPACE.sub(" ", text)).strip()
+
+
 def speakable(text: str) -> bool:
     """Whether a run of text has anything to say (a letter, digit or CJK character)."""
     return any(c.isalnum() for c in text)
 
 
 def tidy(segments: Iterable[Segment]) -> list[Segment]:
-    """Whitespace collapsed (none before punctuation), runs with nothing to say dropped,
-    neighbours of one style and adjacent breaks joined: one canonical list for every equivalent
-    way of writing it."""
+    """Whitespace collapsed (``clean``), empty runs dropped, neighbours of one style and adjacent
+    breaks joined: one canonical list for every equivalent way of writing it. Punctuation alone
+    stays (it ends the sentence before it); a run with nothing to say is skipped when planned."""
     out: list[Segment] = []
     for seg in segments:
         if isinstance(seg, Text):
-            text = _SPACE_BEFORE_PUNCTUATION.sub("", _SPACE.sub(" ", seg.text)).strip()
-            seg = replace(seg, text=text)
-            if not speakable(seg.text):
+            seg = replace(seg, text=clean(seg.text))
+            if not seg.text:
                 continue
         elif isinstance(seg, Phonemes):
             seg = replace(seg, ph=seg.ph.strip(), text=_SPACE.sub(" ", seg.text).strip())
@@ -126,7 +130,7 @@ def tidy(segments: Iterable[Segment]) -> list[Segment]:
             continue
         last = out[-1] if out else None
         if isinstance(seg, Text) and isinstance(last, Text) and last.style == seg.style:
-            out[-1] = replace(last, text=f"{last.text} {seg.text}")
+            out[-1] = replace(last, text=clean(f"{last.text} {seg.text}"))
         elif isinstance(seg, Break) and isinstance(last, Break):
             out[-1] = Break(last.ms + seg.ms)
         else:

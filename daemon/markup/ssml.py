@@ -23,7 +23,17 @@ from defusedxml import DefusedXmlException, EntitiesForbidden
 from defusedxml.ElementTree import DefusedXMLParser
 
 from speakd.markup import sayas
-from speakd.markup.segments import Audio, Break, Mark, Phonemes, Segment, Style, Text, tidy
+from speakd.markup.segments import (
+    Audio,
+    Break,
+    Mark,
+    Phonemes,
+    Segment,
+    Style,
+    Text,
+    speakable,
+    tidy,
+)
 from speakd.messages import RequestError
 
 log = logging.getLogger(__name__)
@@ -90,7 +100,7 @@ def parse_ssml(document: str, lang: str | None = None) -> list[Segment]:
     walk = _Walk(positions, lang or sayas.guess_language("".join(root.itertext())))
     walk.element(root, Style())
     segments = tidy(walk.out)
-    if not segments:
+    if all(isinstance(s, Text) and not speakable(s.text) for s in segments):
         raise RequestError("empty_text", "the document has nothing to say")
     return segments
 
