@@ -76,6 +76,8 @@ def cmd_say(args: argparse.Namespace) -> int:
         fields["params"] = dict(args.params)
     if args.cache_only:
         fields["cache_only"] = True
+    if args.explain:
+        return _explain(args, fields)
     if args.output:
         return _fetch(args, fields)
     timeout = None if args.wait else 30.0
@@ -89,6 +91,25 @@ def cmd_say(args: argparse.Namespace) -> int:
             if event["event"] == "finished" and event.get("status") != "done":
                 print(f"speakd: request {event['id']} {event['status']}", file=sys.stderr)
                 return EXIT_FAILED
+    return 0
+
+
+def _explain(args: argparse.Namespace, fields: dict[str, Any]) -> int:
+    """``say --explain``: the text as each voice will read it (the socket's ``explain`` op)."""
+    with Client(_socket_path(args)) as client:
+        reply = client.request({"op": "explain", **fields})
+    if args.json or reply["event"] == "error":
+        print(json.dumps(reply, ensure_ascii=False))
+        return EXIT_FAILED if reply["event"] == "error" else 0
+    for part in reply["parts"]:
+        if "silence_ms" in part:
+            print(f"(silence {part['silence_ms']} ms)")
+        elif "mark" in part:
+            print(f"(mark {part['mark']})")
+        else:
+            how = f"{part['voice']}, {part['lang'] or '-'}, speed {part['speed']:g}"
+            volume = f", volume {part['volume']:g}" if part["volume"] != 1.0 else ""
+            print(f"[{how}{volume}] {part['reads']}")
     return 0
 
 
@@ -194,6 +215,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--cache-only", action="store_true", help="play only from the cache (error not_cached)"
     )
     p.add_argument("-o", "--output", help="write the audio to this WAV file instead of playing it")
+    p.add_argument(
+        "--explain",
+        action="store_true",
+        help="print the text as each voice will read it (markup and lexicon applied), say nothing",
+    )
     p.add_argument("--id", help="request id (default: generated)")
     p.add_argument("--json", action="store_true", help="print every event as JSON")
 

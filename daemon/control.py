@@ -23,6 +23,7 @@ from speakd.markup.lexicon import Lexicon
 from speakd.markup.plan import prepare_request
 from speakd.markup.ssml import is_ssml
 from speakd.messages import Event, EventCallback, Priority, SpeakRequest, validate_text
+from speakd.prepare import Marker, Part, Silence, Speech
 from speakd.scheduler import Scheduler
 from speakd.stream import AudioStream
 from speakd.voices import VoiceLibrary
@@ -135,6 +136,17 @@ class Control:
         if request_id is not None:
             request.id = _request_id(request_id)
         return request
+
+    def explain(self, request: SpeakRequest) -> dict[str, Any]:
+        """What a prepared request will say, part by part (``speakd say --explain``): each run of
+        text as sent after the lexicon, as its engine reads it, with its voice and key; the
+        silences and marks between them."""
+        prepared = request.prepared
+        assert prepared is not None
+        return {
+            "key": prepared.key,
+            "parts": [_explained(part) for part in prepared.parts or (Speech(prepared),)],
+        }
 
     # ---- playing on the board ---------------------------------------------------------------
 
@@ -285,6 +297,23 @@ class Control:
                 for lex in self.lexicon.languages
             },
         }
+
+
+def _explained(part: Part) -> dict[str, Any]:
+    if isinstance(part, Silence):
+        return {"silence_ms": part.ms}
+    if isinstance(part, Marker):
+        return {"mark": part.name}
+    p = part.prepared
+    return {
+        "text": p.text,
+        "reads": p.normalized,
+        "voice": p.config.voice,
+        "lang": p.config.lang,
+        "speed": p.config.speed or 1.0,
+        "volume": part.volume,
+        "key": p.key,
+    }
 
 
 def _request_id(value: Any) -> str:

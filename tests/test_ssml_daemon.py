@@ -140,6 +140,18 @@ def test_a_phoneme_is_said_as_written_by_the_piper_voice(daemon: DaemonProc) -> 
     assert not np.array_equal(said, as_espeak_reads_it)
 
 
+def test_explain_shows_what_each_voice_will_read(daemon: DaemonProc) -> None:
+    r = daemon.cli("say", '<speak>Restart nginx <break time="500ms"/> now</speak>', "--explain")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[1:] == ["(silence 500 ms)", lines[2]] and lines[0].endswith("] Restart engine x")
+    assert lines[2].endswith("] now") and ", -, speed 1]" in lines[0]  # no lang asked
+    with daemon.client() as c:
+        explained = c.request({"op": "explain", "text": "nginx", "lang": "en"})
+    [part] = explained["parts"]
+    assert part["text"] == "engine x" and explained["key"] == part["key"]
+
+
 def test_markup_of_one_run_of_text_is_that_text(daemon: DaemonProc) -> None:
     plain, _ = synth(daemon, text="Mind the gap.")
     marked, events = synth(daemon, text="<speak><s>Mind the gap</s></speak>")

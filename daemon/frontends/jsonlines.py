@@ -2,8 +2,9 @@
 
 Ops: ``say`` (text, id, voice, lang, priority, speed, volume, seed, params, cache_only, wait) plays
 on the board; ``synth`` (the same fields but priority, volume and wait) streams the audio back
-without playing it; ``stop``, ``cancel`` (id), ``status``, ``voices``. Every reply and event
-carries the request's ``id`` (null when the request had none and none was made).
+without playing it; ``explain`` (the same fields) says what it would say, part by part;
+``stop``, ``cancel`` (id), ``status``, ``voices``. Every reply and event carries the request's
+``id`` (null when the request had none and none was made).
 
 A ``say`` is answered with ``queued`` (or ``error``); with ``"wait": true`` the connection also
 gets ``started`` and the terminal ``finished``/``error``:
@@ -46,7 +47,7 @@ from speakd.stream import AudioStream
 
 log = logging.getLogger(__name__)
 
-OPS = ("say", "synth", "stop", "cancel", "status", "voices")
+OPS = ("say", "synth", "explain", "stop", "cancel", "status", "voices")
 AUDIO_EVENT_BYTES = 32768  # PCM per ``audio`` event (≈ 0.7 s at 24 kHz), so lines stay short
 
 Send = Callable[[dict[str, Any]], None]
@@ -146,6 +147,9 @@ class JsonLinesFrontend:
             elif op == "synth":
                 reply = None
                 self._synth(msg, conn, origin, client)
+            elif op == "explain":
+                built = self.control.build_request(msg, origin=origin, client=client)
+                reply = {"event": "explain", **self.control.explain(built)}
             elif op == "stop":
                 reply = {"event": "ok", "op": "stop", "stopped": self.control.stop()}
             elif op == "cancel":
