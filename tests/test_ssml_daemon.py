@@ -152,6 +152,12 @@ def test_explain_shows_what_each_voice_will_read(daemon: DaemonProc) -> None:
     assert part["text"] == "engine x" and explained["key"] == part["key"]
 
 
+def test_voices_say_what_ssml_each_voice_honours(daemon: DaemonProc) -> None:
+    with daemon.client() as c:
+        [piper] = c.request({"op": "voices"})["voices"]
+    assert piper["ssml"] == {"pitch": False, "phonemes": True}
+
+
 def test_markup_of_one_run_of_text_is_that_text(daemon: DaemonProc) -> None:
     plain, _ = synth(daemon, text="Mind the gap.")
     marked, events = synth(daemon, text="<speak><s>Mind the gap</s></speak>")
