@@ -110,9 +110,13 @@ class AudioStream:
     # ---- producer ---------------------------------------------------------------------------
 
     def begin(self) -> None:
-        """The producer started real work: from now on silence counts towards the hang timeout."""
+        """The producer started real work: from now on silence counts towards the hang timeout.
+        Readers already asleep (they came first: the voice was loading, the machine was busy)
+        slept without a timeout; they are woken to take it up."""
         with self._cond:
             self._progress = time.monotonic()
+            self._cond.notify_all()
+        self._wake()
 
     def put(self, chunk: AudioChunk) -> None:
         with self._cond:

@@ -18,10 +18,10 @@ from speakd.messages import Priority, SpeakRequest
 from speakd.resolver import Resolver
 from speakd.scheduler import Scheduler
 from speakd.sinks import WavSink
-from speakd.stream import Cancel
+from speakd.stream import AudioStream, Cancel
 from tests.test_scheduler import Recorder, settle
 from tests.tone_engine import ToneEngine
-from tests.waits import Clock
+from tests.waits import Clock, wait_until
 
 
 class FaultyEngine(ToneEngine):
@@ -94,6 +94,27 @@ def test_hang_is_detected_and_counts_as_failure() -> None:
     inner.release.set()
     assert time.monotonic() - t0 < 2
     assert engine.guard.breaker.state == "open"
+
+
+def test_a_reader_asleep_before_the_synthesis_began_still_sees_the_hang() -> None:
+    """The player may wait on a stream before its synthesis thread has begun (the voice
+    loading, a busy machine): begin() wakes it to take up the hang timeout. (Found by the soak:
+    a hung engine held the queue for two minutes.)"""
+    stream = AudioStream("key", hang_timeout_s=0.2).attach()
+    outcome: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            list(stream.read(Cancel()))
+        except EngineTimeout as e:
+            outcome.append(e)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    wait_until(lambda: stream._cond._waiters, "the reader asleep on the stream")  # type: ignore[attr-defined]
+    stream.begin()  # … and the engine never yields
+    reader.join(5)
+    assert outcome and "no audio for 0.2 s" in str(outcome[0])
 
 
 def test_too_slow_counts_as_failure_but_the_audio_is_delivered(
