@@ -22,6 +22,7 @@ BENCHMARKS = {
     "wyoming": "Wyoming first-chunk latency, cached and new sentences, next to wyoming-piper",
     "http": "HTTP API: a cached /v1/audio/speech, p50/p99 alone and requests/s under load",
     "voices": "many voices: RSS with 1, 2, 3 loaded, cold vs warm first audio, LRU at limit 1",
+    "ssml": "SSML parser: a document, and the refusal of a billion laughs, a blowup, deep nesting",
 }
 
 
