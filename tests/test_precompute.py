@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from speakd.cache.store import CacheStore
+from speakd.engines.base import SynthesisConfig
+from speakd.markup.plan import prepare_request
 from speakd.messages import SpeakRequest
 from speakd.resolver import Resolver
 from speakd_tools.precompute import Prompt, PromptError, precompute, read_prompts
@@ -120,3 +122,21 @@ def test_cli_subcommand_reports_bad_input(tmp_path: Path, capsys) -> None:
     assert main(["precompute", str(bad), "--out", str(tmp_path / "o.db")]) == 2
     assert "prompt[0].voice: expected str" in capsys.readouterr().err
     assert not (tmp_path / "o.db").exists()
+
+
+def test_an_ssml_prompt_packs_the_runs_the_daemon_plays(tmp_path: Path) -> None:
+    """The daemon caches a marked-up request's runs of text, each keyed as plain text: the pack
+    holds those, and the whole request then plays from it with cache_only."""
+    engine = ToneEngine()
+    ssml = '<speak>Front door <break time="300ms"/> open. <voice name="high">Now</voice></speak>'
+    pack = tmp_path / "pack.db"
+    report = precompute([Prompt(ssml)], pack, lambda: engine, progress=False)
+    assert report.synthesized == 3 and report.failed == []
+    source = Resolver(engine, CacheStore(pack))
+    engine.calls.clear()
+    prepared = prepare_request(source.voices, ssml, SynthesisConfig(), ssml=True)
+    request = SpeakRequest(ssml, cache_only=True, prepared=prepared)
+    audio = b"".join(c.pcm for c in source.stream(request, threading.Event()))
+    assert engine.calls == [] and source.counters["hits"] == 3
+    assert bytes(2 * 300 * engine.sample_rate // 1000) in audio  # the break, between hits
+    source.close()

@@ -18,6 +18,7 @@ Prompts: a text file (one prompt a line; blank lines and ``#`` comments skipped)
     params = { noise_scale = 0.5 }
 
 TOML rather than YAML: ``tomllib`` is in the standard library, so the tool needs no extra parser.
+A prompt whose root is ``<speak>`` is SSML: its runs of text are packed (``_parts``).
 """
 
 from __future__ import annotations
@@ -41,10 +42,13 @@ from speakd.audio import join_chunks
 from speakd.bundle import BundleError
 from speakd.cache.store import CacheError, CacheStore, Clip
 from speakd.engines.base import Engine, EngineError, SynthesisConfig
+from speakd.markup.plan import prepare_request
+from speakd.markup.ssml import is_ssml
 from speakd.messages import SpeakRequest
-from speakd.prepare import prepare
+from speakd.prepare import Speech, prepare
 from speakd.resolver import Resolver
 from speakd.stream import Cancel
+from speakd.voices import VoiceLibrary
 
 log = logging.getLogger(__name__)
 
@@ -152,16 +156,38 @@ def _init_worker(factory: Callable[[], Engine]) -> None:
     _engine = factory()
 
 
-def _keys(prompts: list[Prompt]) -> tuple[str, list[str | Exception]]:
-    """The bundle id and each prompt's audio key (or the error that stops it, e.g. bad voice)."""
+Keyed = list[tuple[Prompt, str]]
+
+
+def _keys(prompts: list[Prompt]) -> tuple[str, list[Keyed | Exception]]:
+    """The bundle id and, for each prompt, the clips it needs with their audio keys (or the error
+    that stops it, e.g. bad voice or markup)."""
     assert _engine is not None
-    keys: list[str | Exception] = []
+    keys: list[Keyed | Exception] = []
     for p in prompts:
         try:
-            keys.append(prepare(_engine, p.text, p.config()).key)
+            keys.append(
+                [(part, prepare(_engine, part.text, part.config()).key) for part in _parts(p)]
+            )
         except Exception as e:
             keys.append(e)
     return _engine.bundle_id, keys
+
+
+def _parts(p: Prompt) -> list[Prompt]:
+    """An SSML prompt (root ``<speak>``) as the runs of text the daemon caches for it, each a
+    plain prompt keyed as the daemon keys it (``speakd.markup.plan``); other prompts as they are."""
+    assert _engine is not None
+    if not is_ssml(p.text):
+        return [p]
+    prepared = prepare_request(VoiceLibrary.of(_engine), p.text, p.config(), ssml=True)
+    runs = [s.prepared for s in prepared.parts if isinstance(s, Speech)]
+    return [
+        dataclasses.replace(
+            p, text=r.text, voice=r.config.voice, lang=r.config.lang, speed=r.config.speed
+        )
+        for r in (runs if prepared.parts else [prepared])
+    ]
 
 
 def synthesize_batch(engine: Engine, prompts: Sequence[Prompt]) -> list[Clip | Exception]:
@@ -297,15 +323,17 @@ def precompute(
         key_batches = _chunks(unique, max(1, -(-len(unique) // (4 * jobs))))
         for batch, (bundle, keys) in zip(key_batches, pool.map(_keys, key_batches), strict=True):
             report.bundle = bundle
-            for prompt, key in zip(batch, keys, strict=True):
-                if isinstance(key, Exception):
-                    report.failed.append((prompt.text, str(key)))
-                elif key in existing:
-                    report.existing += 1
-                elif key in todo:
-                    report.duplicates += 1  # different spelling, same audio (e.g. whitespace)
-                else:
-                    todo[key] = prompt
+            for prompt, keyed in zip(batch, keys, strict=True):
+                if isinstance(keyed, Exception):
+                    report.failed.append((prompt.text, str(keyed)))
+                    continue
+                for part, key in keyed:
+                    if key in existing:
+                        report.existing += 1
+                    elif key in todo:
+                        report.duplicates += 1  # other spelling, same audio (e.g. whitespace)
+                    else:
+                        todo[key] = part
         if report.bundle:
             store.set_meta("pack_bundle", report.bundle)
         t1 = time.monotonic()
