@@ -10,6 +10,7 @@ import pytest
 
 from speakd.cache.store import CacheStore
 from speakd.engines.base import SynthesisConfig
+from speakd.markup.lexicon import Lexicon
 from speakd.markup.plan import prepare_request
 from speakd.messages import SpeakRequest
 from speakd.resolver import Resolver
@@ -139,4 +140,22 @@ def test_an_ssml_prompt_packs_the_runs_the_daemon_plays(tmp_path: Path) -> None:
     audio = b"".join(c.pcm for c in source.stream(request, threading.Event()))
     assert engine.calls == [] and source.counters["hits"] == 3
     assert bytes(2 * 300 * engine.sample_rate // 1000) in audio  # the break, between hits
+    source.close()
+
+
+def test_a_lexicon_packs_the_prompts_as_the_board_says_them(tmp_path: Path) -> None:
+    engine = ToneEngine()
+    (tmp_path / "en.toml").write_text('lang = "en"\n[replace]\n"nginx" = "engine x"\n')
+    lexicon = Lexicon.load([tmp_path / "en.toml"])
+    pack = tmp_path / "pack.db"
+    precompute(
+        [Prompt("Restart nginx.", lang="en")], pack, lambda: engine, progress=False, lexicon=lexicon
+    )
+    with CacheStore(pack) as store:
+        assert [c.text for c in store.clips()] == ["Restart engine x."]
+    source = Resolver(engine, CacheStore(pack))
+    config = SynthesisConfig(lang="en")
+    prepared = prepare_request(source.voices, "Restart nginx.", config, lexicon=lexicon)
+    request = SpeakRequest("Restart nginx.", config=config, cache_only=True, prepared=prepared)
+    assert b"".join(c.pcm for c in source.stream(request, threading.Event()))
     source.close()

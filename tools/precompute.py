@@ -18,7 +18,8 @@ Prompts: a text file (one prompt a line; blank lines and ``#`` comments skipped)
     params = { noise_scale = 0.5 }
 
 TOML rather than YAML: ``tomllib`` is in the standard library, so the tool needs no extra parser.
-A prompt whose root is ``<speak>`` is SSML: its runs of text are packed (``_parts``).
+A prompt whose root is ``<speak>`` is SSML: its runs of text are packed (``_parts``); with
+``--lexicon`` the prompts are said as the board's ``[lexicon]`` says them, so the pack still hits.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from speakd.audio import join_chunks
 from speakd.bundle import BundleError
 from speakd.cache.store import CacheError, CacheStore, Clip
 from speakd.engines.base import Engine, EngineError, SynthesisConfig
+from speakd.markup.lexicon import Lexicon, LexiconError
 from speakd.markup.plan import prepare_request
 from speakd.markup.ssml import is_ssml
 from speakd.messages import SpeakRequest
@@ -148,12 +150,13 @@ def _prompt(where: str, item: Any) -> Prompt:
 # ---- workers (one engine per process) --------------------------------------------------------
 
 _engine: Engine | None = None
+_lexicon = Lexicon()
 
 
-def _init_worker(factory: Callable[[], Engine]) -> None:
-    global _engine
+def _init_worker(factory: Callable[[], Engine], lexicon: Lexicon = _lexicon) -> None:
+    global _engine, _lexicon
     logging.basicConfig(level=logging.WARNING)
-    _engine = factory()
+    _engine, _lexicon = factory(), lexicon
 
 
 Keyed = list[tuple[Prompt, str]]
@@ -175,12 +178,14 @@ def _keys(prompts: list[Prompt]) -> tuple[str, list[Keyed | Exception]]:
 
 
 def _parts(p: Prompt) -> list[Prompt]:
-    """An SSML prompt (root ``<speak>``) as the runs of text the daemon caches for it, each a
-    plain prompt keyed as the daemon keys it (``speakd.markup.plan``); other prompts as they are."""
+    """A prompt as the runs of text the daemon caches for it, each a plain prompt keyed as the
+    daemon keys it (``speakd.markup.plan``): the text after the lexicon, and an SSML prompt (root
+    ``<speak>``) cut into its runs."""
     assert _engine is not None
-    if not is_ssml(p.text):
+    if not is_ssml(p.text) and not _lexicon.languages:
         return [p]
-    prepared = prepare_request(VoiceLibrary.of(_engine), p.text, p.config(), ssml=True)
+    library = VoiceLibrary.of(_engine)
+    prepared = prepare_request(library, p.text, p.config(), ssml=is_ssml(p.text), lexicon=_lexicon)
     runs = [s.prepared for s in prepared.parts if isinstance(s, Speech)]
     return [
         dataclasses.replace(
@@ -229,8 +234,8 @@ def _synthesize(prompts: list[Prompt]) -> list[Clip | Exception]:
 class _InProcess(Executor):
     """jobs = 1: the same worker functions, no child process."""
 
-    def __init__(self, factory: Callable[[], Engine]) -> None:
-        _init_worker(factory)
+    def __init__(self, factory: Callable[[], Engine], lexicon: Lexicon) -> None:
+        _init_worker(factory, lexicon)
 
     def map(self, fn: Callable[..., Any], *iterables: Any, **_: Any) -> Iterator[Any]:  # type: ignore[override]
         return map(fn, *iterables)
@@ -291,11 +296,13 @@ def precompute(
     batch_size: int = 1,
     progress: bool = True,
     ray_address: str | None = None,
+    lexicon: Lexicon = _lexicon,
 ) -> Report:
     """Synthesise every prompt not yet in ``out`` and store it pinned; idempotent.
 
     ``ray_address`` ("local" or a cluster's address) runs the workers on Ray, ``jobs`` of them
-    (0 = one per CPU of the cluster); the pack gets the same rows as without."""
+    (0 = one per CPU of the cluster); the pack gets the same rows as without. ``lexicon`` is
+    applied to every prompt as the daemon's ``[lexicon]`` applies it."""
     from tqdm import tqdm
 
     t0 = time.monotonic()
@@ -306,16 +313,16 @@ def precompute(
     if ray_address is not None:
         from speakd_tools.precompute_ray import RayPool
 
-        pool = RayPool(ray_address, jobs, _init_worker, (engine_factory,))
+        pool = RayPool(ray_address, jobs, _init_worker, (engine_factory, lexicon))
         jobs = pool.workers
     elif jobs == 1:
-        pool = _InProcess(engine_factory)
+        pool = _InProcess(engine_factory, lexicon)
     else:
         pool = ProcessPoolExecutor(
             jobs,
             mp_context=multiprocessing.get_context("spawn"),
             initializer=_init_worker,
-            initargs=(engine_factory,),
+            initargs=(engine_factory, lexicon),
         )
     with CacheStore(out, max_bytes=1 << 62, ttl_s=0, recover=False) as store, pool:
         existing = store.keys()
@@ -390,6 +397,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="prompts per engine call; a batching engine (ChatTTS, engine.batch_size) decodes "
         "them in shared steps (default 8)",
     )
+    p.add_argument(
+        "--lexicon",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a pronunciation lexicon, as the board's [lexicon] files (repeat for each language)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -397,7 +411,7 @@ def run(args: argparse.Namespace) -> int:
     """The subcommand: exit 0 all stored, 1 some prompts failed, 2 bad input."""
     try:
         return _run(args)
-    except (PromptError, BundleError, CacheError) as e:
+    except (PromptError, BundleError, CacheError, LexiconError) as e:
         print(f"speakd-tools precompute: {e}", file=sys.stderr)
         return 2
     except EngineError as e:
@@ -428,6 +442,7 @@ def _run(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         progress=not args.no_progress,
         ray_address=args.ray,
+        lexicon=Lexicon.load(args.lexicon),
     )
     print(report.table())
     return 1 if report.failed else 0
