@@ -1,6 +1,6 @@
 """One-shot synthesis to a WAV file, no daemon (``speakd synth``): the daemon's own request path
-(``prepare`` then the resolver's stream) without a queue or a cache, so the same request gives the
-same audio here as through the daemon."""
+(``prepare_request``, SSML included, then the resolver's stream) without a queue or a cache, so the
+same request gives the same audio here as through the daemon."""
 
 from __future__ import annotations
 
@@ -12,10 +12,12 @@ from speakd.bundle import load_bundle
 from speakd.config import EngineConfig
 from speakd.engines import load_engine
 from speakd.engines.base import EngineError, SynthesisConfig
+from speakd.markup.plan import prepare_request
+from speakd.markup.ssml import is_ssml
 from speakd.messages import SpeakRequest
-from speakd.prepare import prepare
 from speakd.resolver import Resolver
 from speakd.stream import Cancel
+from speakd.voices import VoiceLibrary
 
 
 def engine_config_for(bundle: Path | None, threads: int) -> EngineConfig:
@@ -43,7 +45,8 @@ def synthesize_to_wav(
     config = SynthesisConfig(
         voice=voice, speaker=speaker, speed=speed, seed=seed, lang=lang, extra=params or {}
     )
-    request = SpeakRequest(text=text, config=config, prepared=prepare(engine, text, config))
+    prepared = prepare_request(VoiceLibrary.of(engine), text, config, ssml=is_ssml(text))
+    request = SpeakRequest(text=text, config=config, prepared=prepared)
     audio = join_chunks(Resolver(engine).stream(request, Cancel()))
     if audio is None:
         raise EngineError("the engine produced no audio")

@@ -17,6 +17,7 @@ import pytest
 
 from speakd.audio import read_wav
 from tests.daemon_proc import DaemonProc
+from tests.daemon_proc import synth as synth_wav
 from tests.http_daemon import HttpDaemon, start_http_daemon, wav_samples
 from tests.ssip_harness import SsipClient, wav_server
 
@@ -156,6 +157,13 @@ def test_voices_say_what_ssml_each_voice_honours(daemon: DaemonProc) -> None:
     with daemon.client() as c:
         [piper] = c.request({"op": "voices"})["voices"]
     assert piper["ssml"] == {"pitch": False, "phonemes": True}
+
+
+def test_speakd_synth_reads_ssml_as_the_daemon_does(daemon: DaemonProc) -> None:
+    ssml = '<speak>Door <break time="250ms"/> open</speak>'
+    offline = read_wav(synth_wav(ssml, daemon.config.parent / "offline.wav")).samples()
+    served, _ = synth(daemon, text=ssml)
+    assert np.array_equal(offline, served)
 
 
 def test_markup_of_one_run_of_text_is_that_text(daemon: DaemonProc) -> None:
