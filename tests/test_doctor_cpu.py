@@ -168,6 +168,7 @@ def test_doctor_prints_cpu_and_speed_and_a_warning_keeps_exit_ok(tmp_path, monke
     monkeypatch.setattr(doctor, "read_cpu", lambda: PI5)
     monkeypatch.setattr(doctor, "read_bandwidth_gbs", lambda: 9.5)
     monkeypatch.setattr(doctor, "_check_engine", lambda _c: (True, "stubbed"))
+    monkeypatch.setattr(doctor, "_check_voices", lambda _c: (True, "stubbed"))
     monkeypatch.setattr(doctor, "_check_socket", lambda _c, _s: (True, "stubbed"))
     out = io.StringIO()
     assert doctor.run_doctor(config, out=out) is True

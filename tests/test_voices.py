@@ -204,3 +204,18 @@ def test_voice_add_checks_a_piper_voice_and_copies_it(tmp_path: Path) -> None:
     Path(f"{wrong}.json").write_text(json.dumps(config))
     assert tools(["voice", "add", str(wrong), "--dir", str(folder)]) == 1
     assert not (folder / wrong.name).exists()
+
+
+def test_doctor_lists_every_voice_with_its_licence_and_names_a_broken_one(
+    tmp_path: Path, voices_dir: Path
+) -> None:
+    from speakd.doctor import _check_voices
+
+    (voices_dir / "broken.onnx").write_bytes(b"junk")
+    (voices_dir / "broken.onnx.json").write_text("{")
+    ok, detail = _check_voices(config_for(tmp_path))
+    assert ok == "warn"
+    assert f"{PIPER} (vits, fp32, 22050 Hz, licence CC0) default" in detail
+    assert "chattts-tiny (chattts, fp32, 24000 Hz, licence CC BY-NC 4.0" in detail
+    assert "non-commercial use only" in detail
+    assert "left out: " in detail and "broken.onnx" in detail
