@@ -26,6 +26,7 @@ text = "Front door open."
 [[prompt]]
 text = "Back door open."
 voice = "low"
+speaker = "bert"
 speed = 2
 seed = 5
 """
@@ -43,8 +44,9 @@ def test_toml_prompts_with_defaults_and_overrides(tmp_path: Path) -> None:
     f.write_text(TOML)
     assert read_prompts(f, voice="ignored-when-file-says") == [
         Prompt("Front door open.", voice="high"),
-        Prompt("Back door open.", voice="low", speed=2.0, seed=5),
+        Prompt("Back door open.", voice="low", speaker="bert", speed=2.0, seed=5),
     ]
+    assert read_prompts(f)[1].config().speaker == "bert"  # prepared as the daemon prepares it
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ Prompts: a text file (one prompt a line; blank lines and ``#`` comments skipped)
 
     [[prompt]]
     text = "The door is open."
-    voice = "en_US-joe-medium"   # per-prompt overrides: voice, speed, seed, params
+    voice = "en_US-joe-medium"   # per-prompt overrides: voice, speaker, lang, speed, seed, params
     params = { noise_scale = 0.5 }
 
 TOML rather than YAML: ``tomllib`` is in the standard library, so the tool needs no extra parser.
@@ -54,7 +54,7 @@ from speakd.voices import VoiceLibrary
 
 log = logging.getLogger(__name__)
 
-PROMPT_FIELDS = {"text", "voice", "lang", "speed", "seed", "params"}
+PROMPT_FIELDS = {"text", "voice", "speaker", "lang", "speed", "seed", "params"}
 
 
 class PromptError(ValueError):
@@ -65,6 +65,7 @@ class PromptError(ValueError):
 class Prompt:
     text: str
     voice: str | None = None
+    speaker: str | None = None  # a multi-speaker voice's speaker (ChatTTS: an embedding)
     lang: str | None = None
     speed: float | None = None
     seed: int | None = None
@@ -73,6 +74,7 @@ class Prompt:
     def config(self) -> SynthesisConfig:
         return SynthesisConfig(
             voice=self.voice,
+            speaker=self.speaker,
             speed=self.speed,
             seed=self.seed,
             lang=self.lang,
@@ -124,6 +126,7 @@ def _prompt(where: str, item: Any) -> Prompt:
     checks: dict[str, tuple[type, ...]] = {
         "text": (str,),
         "voice": (str,),
+        "speaker": (str,),
         "lang": (str,),
         "speed": (int, float),
         "seed": (int,),
@@ -140,6 +143,7 @@ def _prompt(where: str, item: Any) -> Prompt:
     return Prompt(
         text=text,
         voice=item.get("voice"),
+        speaker=item.get("speaker"),
         lang=item.get("lang"),
         speed=None if speed is None else float(speed),
         seed=item.get("seed"),
