@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import threading
 from pathlib import Path
@@ -13,6 +14,7 @@ from speakd.audio import join_chunks
 from speakd.bundle import BundleError
 from speakd.engines.base import EngineError, SynthesisConfig, UnknownSpeakerError, UnknownVoiceError
 from speakd.engines.chattts.engine import ChatTTSEngine
+from speakd.engines.chattts.reach import bundle_reach
 from speakd.engines.chattts.sampling import CodeSampler, SamplingParams
 from speakd.engines.chattts.vocoder import StreamingVocoder, StreamSchedule
 
@@ -132,13 +134,25 @@ def test_seed_none_is_derived_from_the_request(engine: ChatTTSEngine) -> None:
     assert first is not None and again is not None and first.pcm == again.pcm
 
 
-def test_streamed_equals_one_shot(engine: ChatTTSEngine) -> None:
+def test_receptive_field_is_read_from_the_graphs(tiny_bundle: Path) -> None:
+    """ChatTTS's architecture: conv_in ±1 ±1, blocks of kernel 7 dilation 2 (±6), out_conv ±1;
+    Vocos embed ±3 and blocks of kernel 7 (±3). The sizes come from the checkpoint's manifest."""
+    sizes = json.loads((tiny_bundle / "manifest.json").read_text())["source"]["sizes"]
+    reach = bundle_reach(tiny_bundle / "decoder.onnx", tiny_bundle / "vocos.onnx")
+    assert reach.decoder == 3 + 6 * sizes["decoder"]["n_layer"]
+    assert reach.vocos == 3 + 3 * sizes["vocos_layers"]
+    assert reach.steps == -(-(reach.decoder + reach.vocos + 2) // 2)
+
+
+def test_streamed_equals_one_shot(engine: ChatTTSEngine, tiny_bundle: Path) -> None:
     utt = engine.decode(SENTENCE, SynthesisConfig(extra=RUN), seed=5)
     one_shot = engine.vocoder.waveform(utt.hiddens)
     assert len(one_shot) == (2 * len(utt.hiddens) - 1) * 256
-    exact = _stream(engine, utt.hiddens, StreamSchedule.exact())
+    # context = the receptive field read from the graphs: equal up to float rounding
+    reach = bundle_reach(tiny_bundle / "decoder.onnx", tiny_bundle / "vocos.onnx")
+    exact = _stream(engine, utt.hiddens, StreamSchedule.exact(reach.steps))
     assert len(exact) == len(one_shot)
-    assert _snr_db(one_shot, exact) >= 40.0
+    assert _snr_db(one_shot, exact) >= 110.0
     # A schedule with context below the tiny model's receptive field must show it (the test can
     # fail), and the default schedule is what the engine streams.
     starved_schedule = StreamSchedule(first_chunk=8, chunk=8, left=1, right=0, first_right=0)
@@ -149,6 +163,25 @@ def test_streamed_equals_one_shot(engine: ChatTTSEngine) -> None:
     assert engine_pcm is not None
     expected = (np.clip(default, -1, 1) * 32767).astype("<i2")
     np.testing.assert_array_equal(engine_pcm.samples(), expected)
+
+
+def test_a_render_decodes_its_new_steps_and_the_schedule_overlap(engine: ChatTTSEngine) -> None:
+    """Each render's Decoder/Vocos input is its chunk's steps and look-ahead plus ``left`` steps
+    already emitted (fewer at the start), and it keeps exactly its chunk's samples."""
+    utt = engine.decode(SENTENCE, SynthesisConfig(extra=RUN), seed=5)
+    n, schedule = len(utt.hiddens), engine.schedule
+    sv = StreamingVocoder(engine.vocoder, schedule, n, utt.hiddens.shape[1])
+    renders = [(r, False) for h in utt.hiddens if (r := sv.add(h)) is not None]
+    tail = sv.final()
+    assert tail is not None and len(renders) >= 4
+    done = 0
+    for k, (render, final) in enumerate([*renders, (tail, True)]):
+        end = n if final else done + schedule.size(k)
+        w0, w1 = max(0, done - schedule.left), n if final else end + schedule.look_ahead(k)
+        np.testing.assert_array_equal(render.hiddens, utt.hiddens[w0:w1])
+        assert render.b - render.a == (end - done) * 512 - (256 if final else 0)
+        done = end
+    assert done == n
 
 
 def test_first_chunk_is_small(engine: ChatTTSEngine) -> None:

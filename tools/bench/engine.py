@@ -118,13 +118,25 @@ def run_speakd(bundle: Path, steps: int, threads: int, text: str = TEXT) -> dict
     load_s = time.perf_counter() - t0
     stamps: list[float] = []
     step = engine.gpt.step
+    gpt_s = [0.0]
+    spectra = engine.vocoder.spectra
+    renders: list[tuple[int, float]] = []  # (window steps, seconds) per Decoder+Vocos pass
 
     def timed_step(codes: Any) -> Any:
+        t = time.perf_counter()
         out = step(codes)
         stamps.append(time.perf_counter())
+        gpt_s[0] += stamps[-1] - t
+        return out
+
+    def timed_spectra(hiddens: Any) -> Any:
+        t = time.perf_counter()
+        out = spectra(hiddens)
+        renders.append((len(hiddens), time.perf_counter() - t))
         return out
 
     engine.gpt.step = timed_step  # type: ignore[method-assign]
+    engine.vocoder.spectra = timed_spectra  # type: ignore[method-assign]
     config = SynthesisConfig(seed=1, extra={"max_new_token": steps, "min_new_token": steps})
     prompt_len = engine.prompt_embeds(engine.normalize_text(text), engine.audio_params(config))
     t0 = time.perf_counter()
@@ -134,9 +146,13 @@ def run_speakd(bundle: Path, steps: int, threads: int, text: str = TEXT) -> dict
     total = time.perf_counter() - t0
     audio_s = sum(seconds for _, seconds in arrivals)
     engine.gpt.step = step  # type: ignore[method-assign]
+    engine.vocoder.spectra = spectra  # type: ignore[method-assign]
+    from speakd.engines.chattts.reach import bundle_reach
     from speakd.engines.chattts.vocoder import StreamSchedule
 
-    snr = stream_snr(engine, config, [engine.schedule, StreamSchedule.exact()], text)
+    reach = bundle_reach(bundle / "decoder.onnx", bundle / "vocos.onnx")
+    exact = StreamSchedule.exact(reach.steps)
+    snr = stream_snr(engine, config, [engine.schedule, exact], text)
     return {
         **snr,
         "side": "speakd", "load_s": load_s, "first_audio_s": arrivals[0][0], "total_s": total,
@@ -144,6 +160,11 @@ def run_speakd(bundle: Path, steps: int, threads: int, text: str = TEXT) -> dict
         "audio_s": audio_s, "rtf": total / audio_s, "steps": len(stamps) + 1,
         **_ms_per_step_at(stamps, prompt_len.shape[1]), "peak_rss_mb": peak_rss_mb(),
         "schedule": engine.schedule.key,
+        # where the time went: GPT steps, Decoder+Vocos passes (the first one: first audio's)
+        "gpt_s": gpt_s[0], "renders": len(renders), "render_s": sum(s for _, s in renders),
+        "render_window_steps": sum(w for w, _ in renders), "first_render_s": renders[0][1],
+        "reach_frames": {"decoder": reach.decoder, "vocos": reach.vocos, "istft": reach.istft},
+        "reach_steps": reach.steps,
     }  # fmt: skip
 
 

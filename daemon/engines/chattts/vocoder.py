@@ -6,10 +6,12 @@ n_fft/2 per end. T hidden states → 2T mel frames → (2T − 1)·256 samples.
 
 Streaming cuts the hidden sequence into chunks and decodes each with ``left``/``right`` steps of
 context around it (the Decoder and Vocos are non-causal convolution stacks). With context at least
-the receptive field (full-size ChatTTS: Decoder ±75 mel frames, Vocos ±27, ISTFT ±2 → 52 steps
-each side; docs/chattts.md, "Streaming and receptive fields") the chunks equal the one-shot
-waveform up to float rounding; smaller context trades exactness for latency and compute (each
-chunk re-decodes its context).
+the receptive field (reach.py reads it from the graphs; full-size ChatTTS: Decoder ±75 mel frames,
+Vocos ±27, ISTFT ±2 → 52 steps each side) the chunks equal the one-shot waveform up to float
+rounding; smaller context trades exactness for latency and compute (each chunk re-decodes its
+context). Keeping each convolution's state instead would not remove that work: a non-causal layer's
+last outputs depend on frames not yet decoded, so either they are recomputed at the next chunk or
+the audio waits for the whole receptive field (docs/chattts-engine.md, "Streaming schedule").
 
 Chunks grow geometrically after the first: a small first chunk gives early audio, and each later
 chunk is decoded while the audio already emitted plays, so it can be larger than the one before
@@ -174,15 +176,16 @@ class StreamSchedule:
         return self.first_right if k == 0 else self.right
 
     @classmethod
-    def exact(cls) -> StreamSchedule:
-        """Context ≥ full-size ChatTTS's receptive field: streamed ≡ one-shot (float rounding)."""
+    def exact(cls, context: int = 52) -> StreamSchedule:
+        """Context = the receptive field in steps (``reach.bundle_reach(...).steps``; 52 for
+        full-size ChatTTS): streamed ≡ one-shot up to float rounding, for float graphs."""
         return cls(
             "exact",
             first_chunk=8,
             chunk=48,
-            left=52,
-            right=52,
-            first_right=52,
+            left=context,
+            right=context,
+            first_right=context,
             growth=1.0,
             max_chunk=48,
         )
