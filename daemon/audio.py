@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import wave
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -14,13 +14,50 @@ SAMPLE_WIDTH = 2  # int16 little-endian everywhere in speakd
 
 
 @dataclass(frozen=True)
+class Word:
+    """A spoken word (or, for an engine without word timings, a sentence: ``kind``) and where it
+    is in its chunk's audio: samples from the chunk's first, ``end`` exclusive. A word belongs to
+    the chunk its start falls in; its end may lie in a later chunk."""
+
+    text: str
+    start: int
+    end: int
+    kind: str = "word"
+
+    def shifted(self, offset: int) -> Word:
+        return replace(self, start=self.start + offset, end=self.end + offset)
+
+    def to_json(self) -> list[str | int]:
+        return [self.text, self.start, self.end, self.kind]
+
+    @classmethod
+    def from_json(cls, item: list[str | int]) -> Word:
+        text, start, end, kind = item
+        return cls(str(text), int(start), int(end), str(kind))
+
+    def event(self, offset: int, sample_rate: int) -> dict[str, str | int | float]:
+        """What a ``word`` event says (every front-end): the word, and its start and end in
+        samples and seconds from the start of the audio, the chunk being ``offset`` samples in."""
+        start, end = offset + self.start, offset + self.end
+        return {
+            "word": self.text,
+            "start": start,
+            "end": end,
+            "start_s": round(start / sample_rate, 3),
+            "end_s": round(end / sample_rate, 3),
+        }
+
+
+@dataclass(frozen=True)
 class AudioChunk:
-    """Mono int16 PCM; each chunk carries its own rate so sinks never guess."""
+    """Mono int16 PCM; each chunk carries its own rate so sinks never guess, and the timings of
+    the words that start in it (``Word``), so every reader of a stream and the cache get them."""
 
     pcm: bytes
     sample_rate: int
     channels: int = 1
     sample_width: int = SAMPLE_WIDTH
+    words: tuple[Word, ...] = ()
 
     @property
     def frames(self) -> int:
@@ -34,10 +71,12 @@ class AudioChunk:
         return np.frombuffer(self.pcm, dtype="<i2")
 
     @classmethod
-    def from_float(cls, audio: np.ndarray, sample_rate: int) -> AudioChunk:
+    def from_float(
+        cls, audio: np.ndarray, sample_rate: int, words: tuple[Word, ...] = ()
+    ) -> AudioChunk:
         """Float audio in [-1, 1] → int16, clipped (VITS and Vocos both overshoot now and then)."""
         pcm = (np.clip(audio, -1.0, 1.0) * 32767.0).astype("<i2")
-        return cls(pcm.tobytes(), sample_rate)
+        return cls(pcm.tobytes(), sample_rate, words=words)
 
 
 def scale_volume(chunk: AudioChunk, volume: float) -> AudioChunk:
@@ -45,7 +84,7 @@ def scale_volume(chunk: AudioChunk, volume: float) -> AudioChunk:
     if volume == 1.0:
         return chunk
     scaled = np.clip(chunk.samples().astype(np.float32) * volume, -32768, 32767).astype("<i2")
-    return AudioChunk(scaled.tobytes(), chunk.sample_rate, chunk.channels, chunk.sample_width)
+    return replace(chunk, pcm=scaled.tobytes())
 
 
 def join_chunks(chunks: Iterable[AudioChunk]) -> AudioChunk | None:
@@ -55,7 +94,12 @@ def join_chunks(chunks: Iterable[AudioChunk]) -> AudioChunk | None:
     rates = {c.sample_rate for c in chunks}
     if len(rates) != 1:
         raise ValueError(f"cannot join chunks of different sample rates {sorted(rates)}")
-    return AudioChunk(b"".join(c.pcm for c in chunks), chunks[0].sample_rate)
+    words: list[Word] = []
+    offset = 0
+    for c in chunks:
+        words.extend(w.shifted(offset) for w in c.words)
+        offset += c.frames
+    return AudioChunk(b"".join(c.pcm for c in chunks), chunks[0].sample_rate, words=tuple(words))
 
 
 def wav_bytes(chunk: AudioChunk) -> bytes:

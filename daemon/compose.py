@@ -11,6 +11,7 @@ shares its clip, and a mark's sample offset is exact whichever parts were cached
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -66,6 +67,12 @@ def _copy(out: AudioStream, stream: AudioStream, volume: float, sample_rate: int
 
 
 def _resampled(resampler: soxr.ResampleStream, chunk: AudioChunk, rate: int) -> AudioChunk:
-    """A voice of another rate than the request's first (a ``<voice>`` switch), at its rate."""
+    """A voice of another rate than the request's first (a ``<voice>`` switch), at its rate;
+    its word timings scaled (to within the resampler's few samples of delay)."""
     pcm = resampler.resample_chunk(chunk.samples(), last=False)
-    return AudioChunk(pcm.astype("<i2").tobytes(), rate)
+    ratio = rate / chunk.sample_rate
+    words = tuple(
+        dataclasses.replace(w, start=round(w.start * ratio), end=round(w.end * ratio))
+        for w in chunk.words
+    )
+    return AudioChunk(pcm.astype("<i2").tobytes(), rate, words=words)

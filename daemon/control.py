@@ -90,7 +90,8 @@ class Control:
         """Validate a request's fields (every front-end maps onto these names) and prepare it:
         ``text``, ``format`` (``text`` or ``ssml``; a text whose root is ``<speak>`` is SSML
         either way), ``id``, ``voice``, ``speaker``, ``lang``, ``priority``, ``speed``,
-        ``volume``, ``seed``, ``params`` (the engine's options), ``cache_only``."""
+        ``volume``, ``seed``, ``params`` (the engine's options), ``cache_only``, ``words`` (word
+        events, ``speakd.audio.Word``)."""
         text = validate_text(fields.get("text"), self.max_text_chars)
         text_format = fields.get("format") or "text"
         if text_format not in FORMATS:
@@ -130,6 +131,7 @@ class Control:
             client=client,
             on_event=on_event,
             cache_only=bool(fields.get("cache_only", False)),
+            words=bool(fields.get("words", False)),
             prepared=prepared,
         )
         request_id = fields.get("id")

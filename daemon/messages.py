@@ -67,6 +67,7 @@ class SpeakRequest:
     client: str = ""  # a connection/client key: SSIP CANCEL SELF acts on it
     on_event: EventCallback | None = None  # called on the event loop thread
     cache_only: bool = False
+    words: bool = False  # the caller wants a ``word`` event as playback reaches each word
     received: float = field(default_factory=time.monotonic)
     prepared: Prepared | None = None
 
@@ -79,6 +80,7 @@ class EventType(enum.StrEnum):
     PAUSED = "paused"  # playback held mid-utterance by a pause (SSIP PAUSE)
     RESUMED = "resumed"
     MARK = "mark"  # playback reached an SSML <mark>: its name and offset in samples
+    WORD = "word"  # playback reached a word (asked with ``words``): ``Word.event``
 
 
 @dataclass(frozen=True)

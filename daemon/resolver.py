@@ -319,6 +319,7 @@ class Resolver:
                 bundle=prepared.bundle,
                 sample_rate=audio.sample_rate,
                 audio=audio.pcm,
+                words=audio.words,
             )
             evicted = self.store.put(clip)
         except (CacheError, sqlite3.Error, ValueError, OSError) as e:

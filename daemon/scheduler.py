@@ -373,7 +373,7 @@ class Scheduler:
             self._marks(job, playback, marks)  # the audio before them is on the sink
             written = self._write(job, playback, sink, chunk)
             if written < len(chunk.pcm) and not job.cancel.is_set():  # paused between blocks
-                playback.rest = AudioChunk(chunk.pcm[written:], chunk.sample_rate, chunk.channels)
+                playback.rest = _rest(chunk, written)
                 self._drain_sink(playback, sink)  # the sink is free for other utterances
                 return PARKED, None
         if job.cancel.is_set():
@@ -435,6 +435,8 @@ class Scheduler:
         the bytes of ``chunk`` played."""
         request = job.request
         written = 0
+        base = playback.samples  # where the chunk starts in the utterance
+        words = list(chunk.words) if request.words else []
         for block in _blocks(scale_volume(chunk, self.volume * request.volume), self.block_ms):
             if job.cancel.is_set() or self._held(job):
                 break
@@ -449,6 +451,10 @@ class Scheduler:
                     started["voice_load_ms"] = round(playback.stream.voice_load_s * 1000, 1)
                 self._emit_threadsafe(request, EventType.STARTED, started)
                 log.info("request %s started after %.1f ms", job.id, latency * 1000)
+            end = (written + len(block)) // chunk.sample_width
+            while words and words[0].start < end:  # reached in this block
+                data = words.pop(0).event(base, chunk.sample_rate)
+                self._emit_threadsafe(request, EventType.WORD, data)
             sink.write(block)
             written += len(block)
             playback.samples += len(block) // chunk.sample_width
@@ -468,6 +474,14 @@ def _degrades(e: BaseException) -> bool:
     if isinstance(e, RequestError):
         return False
     return isinstance(e, EngineUnavailable | EngineTimeout) or not isinstance(e, EngineError)
+
+
+def _rest(chunk: AudioChunk, written: int) -> AudioChunk:
+    """What a pause left of ``chunk`` after ``written`` bytes: its audio, and the words not
+    reached yet."""
+    frames = written // chunk.sample_width
+    words = tuple(w.shifted(-frames) for w in chunk.words if w.start >= frames)
+    return AudioChunk(chunk.pcm[written:], chunk.sample_rate, chunk.channels, words=words)
 
 
 def _blocks(chunk: AudioChunk, block_ms: int) -> Iterator[bytes]:

@@ -3,6 +3,7 @@ corruption recovery, crash safety under SIGKILL, prompt-pack import/export and t
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -78,9 +79,36 @@ def test_row_round_trip_wal_and_schema_version(tmp_path: Path) -> None:
     cols = {r[1] for r in raw.execute("PRAGMA table_info(clips)")}
     assert cols == {
         "key", "text", "voice", "params", "bundle", "sample_rate", "encoding", "audio",
-        "duration", "pinned", "created", "expires", "last_used", "hits", "bytes",
+        "duration", "pinned", "created", "expires", "last_used", "hits", "bytes", "words",
     }  # fmt: skip
     assert raw.execute("SELECT encoding, bytes FROM clips").fetchone() == ("pcm_s16le", 3200)
+
+
+def test_a_schema_1_cache_keeps_its_clips_and_gains_word_timings(tmp_path: Path) -> None:
+    from sqlite_utils import Database
+
+    from speakd.audio import Word
+    from speakd.cache.store import MIGRATIONS
+
+    path = tmp_path / "c.db"
+    old = Database(sqlite3.connect(path))
+    MIGRATIONS[0](old)
+    old["meta"].insert({"key": "schema_version", "value": "1"})
+    before = clip("old", 3200)
+    row = before.row()
+    del row["words"]
+    old["clips"].insert(row)
+    old.conn.commit()
+    old.conn.close()
+    words = (Word("Hello", 10, 800), Word("world", 900, 1500))
+    with CacheStore(path) as store:
+        assert store.stats()["schema_version"] == SCHEMA_VERSION == 2
+        kept = store.get("old")
+        assert kept is not None and kept.audio == before.audio and kept.words == ()
+        store.put(dataclasses.replace(clip("new", 3200), words=words))
+    with CacheStore(path) as store:
+        new = store.get("new")
+        assert new is not None and new.words == words and new.chunk().words == words
 
 
 def _open_and_close(path: str) -> int:

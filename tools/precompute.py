@@ -224,6 +224,7 @@ def _clip(engine: Engine, p: Prompt) -> Clip | Exception:
             bundle=engine.bundle_id,
             sample_rate=audio.sample_rate,
             audio=audio.pcm,
+            words=audio.words,
             pinned=True,
         )
     except Exception as e:

@@ -31,11 +31,11 @@ from typing import Any, TypeVar
 
 from sqlite_utils import Database
 
-from speakd.audio import SAMPLE_WIDTH, AudioChunk
+from speakd.audio import SAMPLE_WIDTH, AudioChunk, Word
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 ENCODING = "pcm_s16le"
 SQLITE_MAGIC = b"SQLite format 3\x00"
 _CORRUPT_CODES = {11, 26}  # SQLITE_CORRUPT, SQLITE_NOTADB (primary result codes)
@@ -74,6 +74,7 @@ class Clip:
     last_used: float | None = None
     hits: int = 0
     encoding: str = ENCODING
+    words: tuple[Word, ...] = ()  # the clip's word timings, samples from its start
 
     @property
     def bytes(self) -> int:
@@ -87,7 +88,7 @@ class Clip:
         return not self.pinned and self.expires is not None and self.expires <= now
 
     def chunk(self) -> AudioChunk:
-        return AudioChunk(self.audio, self.sample_rate)
+        return AudioChunk(self.audio, self.sample_rate, words=self.words)
 
     def row(self) -> dict[str, Any]:
         return {
@@ -106,6 +107,7 @@ class Clip:
             "last_used": self.last_used if self.last_used is not None else self.created,
             "hits": self.hits,
             "bytes": self.bytes,
+            "words": json.dumps([w.to_json() for w in self.words]) if self.words else None,
         }
 
     @classmethod
@@ -124,6 +126,7 @@ class Clip:
             last_used=row["last_used"],
             hits=row["hits"],
             encoding=row["encoding"],
+            words=tuple(Word.from_json(w) for w in json.loads(row.get("words") or "[]")),
         )
 
 
@@ -178,8 +181,13 @@ def _v1(db: Database) -> None:
     db["clips"].create_index(["bundle", "pinned"], index_name="clips_bundle")
 
 
+def _v2(db: Database) -> None:
+    """Word timings (JSON ``[[text, start, end, kind], …]``); NULL for clips stored before."""
+    db["clips"].add_column("words", str)
+
+
 # MIGRATIONS[n] takes a database at schema version n to n + 1; append, never edit.
-MIGRATIONS: list[Callable[[Database], None]] = [_v1]
+MIGRATIONS: list[Callable[[Database], None]] = [_v1, _v2]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 

@@ -8,6 +8,7 @@ run; ``speakd.engines.noise`` rewrites them at load so the audio is a pure funct
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -25,7 +26,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from speakd.audio import AudioChunk
+from speakd.audio import AudioChunk, Word
 from speakd.bundle import load_bundle
 from speakd.engines.base import (
     EngineError,
@@ -36,7 +37,8 @@ from speakd.engines.base import (
 )
 from speakd.engines.noise import SEED_INPUT, make_noise_deterministic
 from speakd.engines.options import Option
-from speakd.engines.vits_split import SplitVoice, WholeVoice, voice_sessions
+from speakd.engines.vits_split import SplitVoice, WholeVoice, Window, voice_sessions
+from speakd.engines.vits_words import timings, word_spans
 
 if TYPE_CHECKING:
     from speakd.npu import NpuPlan
@@ -456,7 +458,8 @@ class VitsEngine(VitsVoice):
         self, text: str, config: SynthesisConfig, cancel: threading.Event | None = None
     ) -> Iterator[AudioChunk]:
         """Chunks as the decoder makes them (one per window of a sentence), and a chunk of
-        ``sentence_silence`` seconds after each sentence but the last.
+        ``sentence_silence`` seconds after each sentence but the last. Each chunk carries the
+        words that start in it (``speakd.engines.vits_words``; none when the graph runs whole).
 
         Sentences longer than ``max_phonemes`` are split and their pieces count as sentences.
         A ``speakd.stream.Cancel`` (it has ``add_hook``) stops the running window between two
@@ -481,6 +484,7 @@ class VitsEngine(VitsVoice):
         if not sentences:
             raise EngineError(f"nothing to say: no speakable sounds in {normalized[:60]!r}")
         seed = config.seed if config.seed is not None else derive_seed(normalized, asdict(params))
+        spans = word_spans(normalized, sentences, self._alone)
         silence = np.zeros(round(params.sentence_silence * self.sample_rate), np.float32)
         run = ort.RunOptions()
 
@@ -493,9 +497,21 @@ class VitsEngine(VitsVoice):
         try:
             for i, phonemes in enumerate(sentences):
                 feeds = self._feeds(phonemes, params, derive_seed(seed, i))
-                pieces = self.graphs.render(feeds, run)
-                while (audio := self._next(pieces, cancel)) is not None:
-                    yield AudioChunk.from_float(audio, self.sample_rate)
+                windows = self.graphs.render(feeds, run)
+                words: list[Word] = []
+                made = total = 0  # samples of the sentence yielded so far, and in all
+                while (window := self._next(windows, cancel)) is not None:
+                    if made == 0 and window.id_samples is not None:
+                        words = timings(spans[i], window.id_samples)
+                        total = int(window.id_samples.sum())
+                    made += window.audio.size
+                    here = [w for w in words if w.start < made or made >= total]
+                    words = words[len(here) :]
+                    yield AudioChunk.from_float(
+                        window.audio,
+                        self.sample_rate,
+                        tuple(w.shifted(window.audio.size - made) for w in here),
+                    )
                 if cancel is not None and cancel.is_set():
                     log.debug("cancelled in sentence %d of %d", i + 1, len(sentences))
                     return
@@ -529,18 +545,28 @@ class VitsEngine(VitsVoice):
             inputs[SEED_INPUT] = np.array(seed, dtype=np.int64)
         return inputs
 
-    def _next(
-        self, pieces: Iterator[np.ndarray], cancel: threading.Event | None
-    ) -> np.ndarray | None:
-        """The next window's samples; None at the sentence's end or once ``cancel`` is set."""
+    def _alone(self, token: str) -> list[list[str]]:
+        """One token of the text phonemized alone (word timings: ``vits_words.word_spans``),
+        remembered: most tokens are common words said again and again."""
+        return _phonemize_cached(self.config.espeak_voice, token, self.config.vowel_clusters)
+
+    def _next(self, windows: Iterator[Window], cancel: threading.Event | None) -> Window | None:
+        """The next window; None at the sentence's end or once ``cancel`` is set."""
         if cancel is not None and cancel.is_set():
             return None
         try:
-            return next(pieces, None)
+            return next(windows, None)
         except Exception as e:  # onnxruntime's Fail, also when the cancel hook terminated the run
             if cancel is not None and cancel.is_set():
                 return None
             raise EngineError(f"vits {self.bundle_id}: inference failed: {e}") from e
+
+
+@functools.lru_cache(maxsize=4096)
+def _phonemize_cached(
+    espeak_voice: str, text: str, vowel_clusters: frozenset[tuple[str, ...]] | None
+) -> list[list[str]]:
+    return phonemize(espeak_voice, text, vowel_clusters)
 
 
 def _model_card_licence(model_path: Path) -> str:

@@ -174,6 +174,15 @@ class Latents:
 
 
 @dataclass(frozen=True)
+class Window:
+    """A window of a sentence's audio, and the samples of each of the sentence's phoneme ids
+    (None when the graph runs whole: it does not say)."""
+
+    audio: np.ndarray
+    id_samples: np.ndarray | None
+
+
+@dataclass(frozen=True)
 class Joints:
     """The tensors where the three graphs meet."""
 
@@ -250,8 +259,8 @@ class WholeVoice:
         self.entry = session  # the session fed with the voice's own inputs
         self._output = session.get_outputs()[0].name
 
-    def render(self, feeds: dict[str, np.ndarray], run: ort.RunOptions) -> Iterator[np.ndarray]:
-        yield self.entry.run([self._output], feeds, run)[0].reshape(-1)
+    def render(self, feeds: dict[str, np.ndarray], run: ort.RunOptions) -> Iterator[Window]:
+        yield Window(self.entry.run([self._output], feeds, run)[0].reshape(-1), None)
 
 
 class SplitVoice:
@@ -277,10 +286,12 @@ class SplitVoice:
         ``speakd.rknn_session.RknnSession``): same input ``z``, same output."""
         self._decoder = session
 
-    def render(self, feeds: dict[str, np.ndarray], run: ort.RunOptions) -> Iterator[np.ndarray]:
+    def render(self, feeds: dict[str, np.ndarray], run: ort.RunOptions) -> Iterator[Window]:
         latents = self.prior(feeds, run)
         speaker = {k: v for k, v in feeds.items() if k == SPEAKER_INPUT}
-        yield from self.audio(latents, speaker, run)
+        id_samples = latents.durations.astype(np.int64) * self.decoder_reach.hop
+        for audio in self.audio(latents, speaker, run):
+            yield Window(audio, id_samples)
 
     def prior(self, feeds: dict[str, np.ndarray], run: ort.RunOptions) -> Latents:
         z_p, durations = self.entry.run([self.joints.z_p, self.joints.durations], feeds, run)

@@ -24,7 +24,8 @@ A ``synth`` is answered with ``audio`` events, base64 PCM with its format, then 
 Text in SSML (``"format": "ssml"``, or a text whose root is ``<speak>``: docs/ssml.md) is
 synthesised the same way; each ``<mark>`` is a ``mark`` event, ahead of the audio that follows
 it, with its offset in samples from the start: ``{"event":"mark","id":"r…","name":"m",
-"sample":26460}`` (a waiting ``say`` gets it when playback reaches the mark).
+"sample":26460}`` (a waiting ``say`` gets it when playback reaches the mark). With ``"words":
+true`` each spoken word is a ``word`` event the same way (``speakd.audio.Word.event``).
 
 A client that half-closes after its requests (``printf … | socat -t 30``) still gets every event
 until those requests end (socat's default ``-t 0.5`` would hang up before they do). A malformed
@@ -202,6 +203,10 @@ class JsonLinesFrontend:
                 index = frames = 0
                 async for chunk in stream.aread():
                     _send_marks(conn, rid, stream, index, frames)
+                    for word in chunk.words if request.words else ():
+                        conn.send(
+                            {"event": "word", "id": rid, **word.event(frames, chunk.sample_rate)}
+                        )
                     index, frames = index + 1, frames + chunk.frames
                     fmt = {
                         "encoding": "s16le",

@@ -1,0 +1,168 @@
+"""Word timings of the embedded Piper voice, from real onnxruntime sessions: the engine's words
+in order and covering the audio, espeak's expansions mapped back to the text's words, and the
+same timings through a real ``speakd serve`` on the JSON socket (``synth`` and a waiting
+``say``), from a cache hit as from the synthesis."""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+import socket
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from speakd.audio import Word, join_chunks
+from speakd.engines.base import SynthesisConfig
+from speakd.engines.vits import VitsEngine, phonemize
+from speakd.engines.vits_words import word_spans
+from tests.daemon_proc import DaemonProc
+from tests.http_daemon import HttpDaemon, start_http_daemon
+
+RATE = 22050  # the embedded voice's
+SENTENCE = "Turn the kitchen lights off before you leave the house."
+TWO = "The door is open. Close it now, please."
+
+
+@pytest.fixture(scope="module")
+def engine() -> VitsEngine:
+    return VitsEngine.embedded(threads=2)
+
+
+def words_of(engine: VitsEngine, text: str, **config: Any) -> tuple[list[Word], int]:
+    """Every word with its offset from the audio's start, and the audio's length in samples."""
+    audio = join_chunks(engine.synthesize(text, SynthesisConfig(seed=1, **config)))
+    assert audio is not None
+    return list(audio.words), audio.frames
+
+
+def sounding(text: str, engine: VitsEngine) -> tuple[int, int]:
+    """The first and last sample where the audio's 10 ms energy is above 5 % of its peak."""
+    audio = join_chunks(engine.synthesize(text, SynthesisConfig(seed=1)))
+    assert audio is not None
+    x = audio.samples().astype(np.float64)
+    energy = np.sqrt(np.convolve(x**2, np.ones(220) / 220, "same"))
+    loud = np.flatnonzero(energy > 0.05 * energy.max())
+    return int(loud[0]), int(loud[-1])
+
+
+def spans(engine: VitsEngine, text: str) -> list[list[str]]:
+    sentences = phonemize(engine.config.espeak_voice, text, engine.config.vowel_clusters)
+    return [[s.text for s in sentence] for sentence in word_spans(text, sentences, engine._alone)]
+
+
+def test_a_sentence_has_one_timing_per_word_in_order_covering_its_audio(
+    engine: VitsEngine,
+) -> None:
+    words, frames = words_of(engine, SENTENCE)
+    assert [w.text for w in words] == SENTENCE.rstrip(".").split()
+    assert all(w.start < w.end for w in words)
+    assert all(a.end <= b.start for a, b in itertools.pairwise(words))
+    onset, offset = sounding(SENTENCE, engine)
+    assert abs(words[0].start - onset) < 0.06 * RATE  # the first word starts with the sound
+    assert offset - 0.1 * RATE < words[-1].end <= frames  # the last ends with it
+    gaps = sum(b.start - a.end for a, b in itertools.pairwise(words))
+    assert gaps < 0.25 * frames  # between words: short pauses, not whole words missed
+
+
+def test_speed_and_sentence_silence_move_the_words_with_the_audio(engine: VitsEngine) -> None:
+    words, frames = words_of(engine, TWO)
+    assert [w.text for w in words] == ["The", "door", "is", "open", "Close", "it", "now", "please"]
+    slow, slow_frames = words_of(engine, TWO, speed=0.5)
+    assert slow_frames > 1.5 * frames  # the words stay where they are in the slower audio
+    for w, v in zip(words, slow, strict=True):
+        assert abs(w.start / frames - v.start / slow_frames) < 0.05
+    gap, gap_frames = words_of(engine, TWO, extra={"sentence_silence": 0.5})
+    assert gap_frames == frames + RATE // 2
+    assert [w.start for w in gap[:4]] == [w.start for w in words[:4]]
+    assert [w.start - RATE // 2 for w in gap[4:]] == [w.start for w in words[4:]]
+
+
+def test_the_words_in_a_chunk_start_in_it(engine: VitsEngine) -> None:
+    chunks = list(engine.synthesize(" ".join([SENTENCE] * 3), SynthesisConfig(seed=1)))
+    assert len(chunks) > 3  # windows
+    assert sum(len(c.words) for c in chunks) == 30
+    for c in chunks:
+        assert all(0 <= w.start < c.frames for w in c.words)
+
+
+def test_espeaks_expansions_map_back_to_the_texts_words(engine: VitsEngine) -> None:
+    # numbers, a symbol, an abbreviation that ends espeak's sentence, a word said otherwise alone
+    assert spans(engine, "Dr. Smith paid $20 at 5:30 on the dot, it's a deal.") == [
+        ["Dr"],
+        ["Smith", "paid", "$20", "at", "5:30", "on the", "dot", "it's", "a", "deal"],
+    ]
+    # raw phonemes ([[ … ]], from SSML's <phoneme> or a lexicon) are their own words
+    assert spans(engine, "Say [[ tə.ˈmɑː.toʊ ]] again.") == [["Say", "tə.ˈmɑː.toʊ", "again"]]
+
+
+# -- the daemon ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory):
+    d = start_http_daemon(tmp_path_factory.mktemp("words"))
+    yield d
+    assert d.stop() == 0, d.proc.log_text()
+
+
+@pytest.fixture
+def daemon(served: HttpDaemon) -> DaemonProc:
+    return served.proc
+
+
+def synth(d: DaemonProc, **fields: Any) -> tuple[bytes, list[dict[str, Any]]]:
+    """A socket ``synth``: its PCM and every event (audio events without their data)."""
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(60)
+        s.connect(d.socket)
+        s.sendall(json.dumps({"op": "synth", "id": "s", **fields}).encode() + b"\n")
+        pcm, events = b"", []
+        for line in s.makefile("rb"):
+            event = json.loads(line)
+            if event["event"] == "audio":
+                data = base64.b64decode(event.pop("data"))
+                pcm, event["samples"] = pcm + data, len(data) // 2
+            events.append(event)
+            if event["event"] in ("finished", "error"):
+                break
+    return pcm, events
+
+
+def as_events(words: list[Word], request_id: str) -> list[dict[str, Any]]:
+    return [{"event": "word", "id": request_id, **w.event(0, RATE)} for w in words]
+
+
+def test_socket_synth_sends_each_word_ahead_of_its_audio_and_a_hit_the_same(
+    daemon: DaemonProc, engine: VitsEngine
+) -> None:
+    pcm, events = synth(daemon, text=SENTENCE, seed=1, words=True)
+    words = [e for e in events if e["event"] == "word"]
+    assert words == as_events(words_of(engine, SENTENCE)[0], "s")
+    assert events[-1]["cached"] is False
+    sent = 0  # samples of audio sent before each event
+    for e in events:
+        if e["event"] == "word":  # ahead of the audio it starts in, in the window that has it
+            assert sent <= e["start"] < sent + 256 * 256
+        elif e["event"] == "audio":
+            sent += e.get("samples", 0)
+    again, hit = synth(daemon, text=SENTENCE, seed=1, words=True)
+    assert again == pcm and hit[-1]["cached"] is True
+    assert [e for e in hit if e["event"] == "word"] == words
+    _, plain = synth(daemon, text=SENTENCE, seed=1)
+    assert not [e for e in plain if e["event"] == "word"]  # only when asked
+
+
+def test_a_waiting_say_hears_each_word_as_playback_reaches_it(daemon: DaemonProc) -> None:
+    _, synthed = synth(daemon, text=TWO, words=True)
+    events = daemon.say(TWO, id="w", words=True)
+    kinds = [e["event"] for e in events]
+    assert kinds == ["queued", "started", *["word"] * 8, "finished"], events
+    said = [{k: v for k, v in e.items() if k != "id"} for e in events if e["event"] == "word"]
+    assert said == [
+        {k: v for k, v in e.items() if k != "id"} for e in synthed if e["event"] == "word"
+    ]
+    assert Path(daemon.config.parent / "wav" / "w.wav").exists()
