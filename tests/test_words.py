@@ -20,7 +20,7 @@ from speakd.engines.base import SynthesisConfig
 from speakd.engines.vits import VitsEngine, phonemize
 from speakd.engines.vits_words import word_spans
 from tests.daemon_proc import DaemonProc
-from tests.http_daemon import HttpDaemon, start_http_daemon
+from tests.http_daemon import HttpDaemon, free_port, start_http_daemon
 
 RATE = 22050  # the embedded voice's
 SENTENCE = "Turn the kitchen lights off before you leave the house."
@@ -104,7 +104,8 @@ def test_espeaks_expansions_map_back_to_the_texts_words(engine: VitsEngine) -> N
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory):
-    d = start_http_daemon(tmp_path_factory.mktemp("words"))
+    wyoming = f'[wyoming]\nuri = "tcp://127.0.0.1:{free_port()}"\n'
+    d = start_http_daemon(tmp_path_factory.mktemp("words"), wyoming)
     yield d
     assert d.stop() == 0, d.proc.log_text()
 
@@ -166,3 +167,30 @@ def test_a_waiting_say_hears_each_word_as_playback_reaches_it(daemon: DaemonProc
         {k: v for k, v in e.items() if k != "id"} for e in synthed if e["event"] == "word"
     ]
     assert Path(daemon.config.parent / "wav" / "w.wav").exists()
+
+
+def timings(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in e.items() if k not in ("event", "id")} for e in events]
+
+
+async def test_wyoming_sends_speakd_word_events_ahead_of_their_audio(daemon: DaemonProc) -> None:
+    from wyoming.client import AsyncTcpClient
+    from wyoming.tts import Synthesize
+
+    from speakd.config import load_config
+
+    port = int(load_config(daemon.config).wyoming.uri.rsplit(":", 1)[1])
+    text = "Wyoming words: the washing machine has finished."
+    pcm, events = synth(daemon, text=text, words=True)
+    async with AsyncTcpClient("127.0.0.1", port, read_timeout=60) as client:
+        await client.write_event(Synthesize(text).event())
+        heard, sent = [], 0
+        while (event := await client.read_event()) is not None and event.type != "audio-stop":
+            if event.type == "speakd-word":
+                assert sent <= event.data["start"] < sent + 256 * 256  # ahead of its audio
+                heard.append(event.data)
+            elif event.type == "audio-chunk":
+                sent += len(event.payload or b"") // 2
+    assert sent == len(pcm) // 2
+    assert heard == timings([e for e in events if e["event"] == "word"])
+    assert [w["word"] for w in heard] == ["Wyoming", "words", *text.split()[2:-1], "finished"]

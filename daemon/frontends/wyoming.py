@@ -18,6 +18,10 @@ Events, on the ``wyoming`` package's own server and event classes:
   (docs/ssml.md); a streamed SSML text is spoken whole at ``synthesize-stop``, since markup cannot
   be cut into sentences before it is complete.
 * ``ping`` → ``pong``. Other event types are dropped, as the protocol asks of servers.
+* ``speakd-word`` (out, between ``audio-start`` and ``audio-stop``, ahead of the audio it starts
+  in): a word's timing, ``{"word", "start", "end", "start_s", "end_s"}`` in samples and seconds
+  from ``audio-start`` (``speakd.audio.Word.event``), for satellites and robots that move with
+  the speech; Home Assistant reads up to ``audio-stop`` and skips event types it does not know.
 
 Work runs in the connection's own task, one request after another, while its events keep being
 read: ``describe`` is answered even mid-synthesis, and a client that goes away cancels what it was
@@ -66,6 +70,7 @@ from speakd.messages import SpeakRequest, error_data
 log = logging.getLogger(__name__)
 
 SAMPLES_PER_CHUNK = 1024  # per audio-chunk event, as wyoming-piper sends them
+WORD_EVENT = "speakd-word"  # speakd's own event: a word's timing
 
 
 @dataclass(frozen=True)
@@ -378,6 +383,7 @@ class WyomingHandler(AsyncEventHandler):
             request = self._request(say.text, say.voice)
             rid = self._owed.current = request.id
             async with self.control.stream(request) as stream:
+                offset = 0  # samples sent before this chunk
                 async for chunk in stream.aread():
                     fmt = {
                         "rate": chunk.sample_rate,
@@ -387,6 +393,10 @@ class WyomingHandler(AsyncEventHandler):
                     if not started:
                         await self.write_event(AudioStart(**fmt).event())
                         started = True
+                    for word in chunk.words:
+                        timing = word.event(offset, chunk.sample_rate)
+                        await self.write_event(Event(WORD_EVENT, timing))
+                    offset += chunk.frames
                     step = SAMPLES_PER_CHUNK * chunk.sample_width * chunk.channels
                     for i in range(0, len(chunk.pcm), step):
                         piece = chunk.pcm[i : i + step]
