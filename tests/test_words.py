@@ -6,6 +6,7 @@ same timings through a real ``speakd serve`` on the JSON socket (``synth`` and a
 from __future__ import annotations
 
 import base64
+import io
 import itertools
 import json
 import socket
@@ -194,3 +195,52 @@ async def test_wyoming_sends_speakd_word_events_ahead_of_their_audio(daemon: Dae
     assert sent == len(pcm) // 2
     assert heard == timings([e for e in events if e["event"] == "word"])
     assert [w["word"] for w in heard] == ["Wyoming", "words", *text.split()[2:-1], "finished"]
+
+
+def speech_lines(served: HttpDaemon, **body: Any) -> tuple[bytes, list[dict[str, Any]]]:
+    """``/v1/audio/speech`` with ``timestamps``: the audio's bytes and the other lines."""
+    import httpx
+
+    answer = httpx.post(
+        f"{served.url}/v1/audio/speech",
+        json={"model": "tts-1", "voice": "alloy", "timestamps": True, **body},
+        headers=served.auth,
+        timeout=60,
+    )
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["content-type"] == "application/x-ndjson"
+    lines = [json.loads(line) for line in answer.text.splitlines()]
+    audio = b"".join(base64.b64decode(e.pop("data")) for e in lines if e["event"] == "audio")
+    return audio, [e for e in lines if e["event"] != "audio"]
+
+
+@pytest.mark.parametrize("fmt", ["wav", "flac"])
+def test_http_speech_with_timestamps_is_json_lines_of_audio_and_words(
+    served: HttpDaemon, fmt: str
+) -> None:
+    import soundfile
+
+    text = f"The {fmt} answer carries its words."
+    audio, lines = speech_lines(served, input=text, response_format=fmt, seed=7)
+    assert lines[-1]["event"] == "finished" and lines[-1]["cached"] is False
+    pcm, events = synth(served.proc, text=text, seed=7, words=True)  # a hit now
+    assert events[-1]["cached"] is True
+    assert timings(lines[:-1]) == timings([e for e in events if e["event"] == "word"])
+    assert [w["word"] for w in lines[:-1]] == text.rstrip(".").split()
+    decoded, rate = soundfile.read(io.BytesIO(audio), dtype="int16")
+    assert rate == RATE and decoded.tobytes() == pcm
+    again, hit = speech_lines(served, input=text, response_format=fmt, seed=7)
+    assert hit[-1]["cached"] is True and timings(hit[:-1]) == timings(lines[:-1])
+    assert soundfile.read(io.BytesIO(again), dtype="int16")[0].tobytes() == pcm
+
+
+def test_http_timestamps_must_be_a_boolean(served: HttpDaemon) -> None:
+    import httpx
+
+    answer = httpx.post(
+        f"{served.url}/v1/audio/speech",
+        json={"model": "tts-1", "voice": "alloy", "input": "Hi", "timestamps": "yes"},
+        headers=served.auth,
+        timeout=60,
+    )
+    assert answer.status_code == 400 and answer.json()["error"]["code"] == "bad_field"

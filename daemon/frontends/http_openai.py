@@ -6,7 +6,8 @@ with nothing changed but the base URL and the key (docs/http.md).
 ``instructions`` and any field speakd does not know are ignored, as OpenAI's clients expect.
 OpenAI's voice names (alloy, echo…) mean the default voice; speakd's own voice names work as
 themselves, each at its own sample rate. speakd's request fields ``speaker``, ``lang``, ``seed``,
-``params``, ``cache_only`` and ``id`` may ride along (the SDK's ``extra_body``). The audio is the
+``params``, ``cache_only`` and ``id`` may ride along (the SDK's ``extra_body``), and
+``"timestamps": true`` makes the answer JSON lines of audio and word events. The audio is the
 request path's (``Control.stream``): from the cache on a hit, else sent as it is synthesised, chunk
 by chunk, encoded by ``speakd.encode`` — except FLAC, whose header needs the whole clip, so a FLAC
 miss is sent once its synthesis has finished.
@@ -15,11 +16,13 @@ miss is sent once its synthesis has finished.
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 from typing import Any
 
 from aiohttp import web
 
+from speakd.audio import AudioChunk
 from speakd.control import Control
 from speakd.encode import (
     FORMATS,
@@ -33,6 +36,7 @@ from speakd.encode import (
 from speakd.errors import RequestError
 from speakd.frontends.http_base import client_key, ok, origin, read_json, refusals, state
 from speakd.logcontext import request_context
+from speakd.messages import dump_json
 from speakd.stream import AudioStream
 
 log = logging.getLogger(__name__)
@@ -45,6 +49,7 @@ MODELS = ("speakd", "tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 SPEAKD_FIELDS = ("speaker", "lang", "seed", "params", "cache_only", "id")
 DEFAULT_FORMAT = "mp3"  # OpenAI's default
 CHEAP_FORMATS = ("wav", "pcm")  # encoded on the event loop; the others on a worker thread
+LINES_TYPE = "application/x-ndjson"  # "timestamps": true: JSON lines of audio and word events
 
 
 class SlowReader(ConnectionError):
@@ -89,12 +94,16 @@ async def speech(request: web.Request) -> web.StreamResponse:
         body = await read_json(request)
         fmt = response_format(body)
         fields = speech_fields(body, st.control)
+        timestamps = body.get("timestamps", False)
+        if not isinstance(timestamps, bool):
+            raise RequestError("bad_field", "timestamps must be true or false")
     speak = st.control.build_request(fields, origin=origin(request), client=client_key())
     sent: list[web.StreamResponse] = []  # the streamed response, once its headers are out
     with request_context(speak.id, speak.config.voice or "default"):
         try:
             async with st.control.stream(speak) as stream:
-                return await _respond(request, stream, fmt, speak.id, sent)
+                respond = _respond_lines if timestamps else _respond
+                return await respond(request, stream, fmt, speak.id, sent)
         except Exception as e:
             if not sent:  # nothing sent yet: the client gets a JSON error (middleware)
                 raise
@@ -136,9 +145,6 @@ async def _respond(
         except TimeoutError:
             raise SlowReader(f"the client read nothing for {timeout:g} s") from None
 
-    async def encode(op: Any, *args: Any) -> bytes:
-        return op(*args) if fmt in CHEAP_FORMATS else await asyncio.to_thread(op, *args)
-
     chunks = stream.aread()
     # Whole already (a cache hit), or a format that needs the whole clip (FLAC): exact headers,
     # a Content-Length. A FLAC miss waits here for the end of its synthesis.
@@ -149,7 +155,7 @@ async def _respond(
             audio = [c async for c in chunks]
             if not audio:
                 raise RequestError("synthesis_failed", "the engine produced no audio")
-            data = await encode(encode_whole, fmt, audio)
+            data = await _encode(fmt, encode_whole, fmt, audio)
             if fmt not in CHEAP_FORMATS:
                 encoded.put(stream.key, fmt, data)
         response.content_length = len(data)
@@ -164,11 +170,73 @@ async def _respond(
         await response.prepare(request)
         sent.append(response)
         enc = encoder(fmt)
-        await send(await encode(enc.feed, first))
+        await send(await _encode(fmt, enc.feed, first))
         async for chunk in chunks:
-            await send(await encode(enc.feed, chunk))
-        await send(await encode(enc.finish))
+            await send(await _encode(fmt, enc.feed, chunk))
+        await send(await _encode(fmt, enc.finish))
     await send(eof=True)
+    return response
+
+
+async def _encode(fmt: str, op: Any, *args: Any) -> bytes:
+    """WAV and PCM on the event loop (a copy); the codecs on a worker thread."""
+    return op(*args) if fmt in CHEAP_FORMATS else await asyncio.to_thread(op, *args)
+
+
+async def _respond_lines(
+    request: web.Request,
+    stream: AudioStream,
+    fmt: str,
+    request_id: str,
+    sent: list[web.StreamResponse],
+) -> web.StreamResponse:
+    """``"timestamps": true``: JSON lines, the socket ``synth``'s events — ``audio`` (base64 of the
+    format's bytes as they are encoded; FLAC in one piece at the end), ``word`` ahead of the audio
+    it starts in, then ``finished`` — so a client gets the audio and its word timings at once."""
+    headers = {"Content-Type": LINES_TYPE, "X-Request-Id": request_id}
+    response = web.StreamResponse(headers=headers)
+    response.enable_chunked_encoding()
+    timeout = state(request).config.timeout_s
+    whole = fmt in WHOLE_ONLY
+    enc = None if whole else encoder(fmt)
+    kept: list[AudioChunk] = []  # FLAC: encoded once the audio is whole
+
+    async def send(event: dict[str, Any]) -> None:
+        if not sent:
+            await response.prepare(request)
+            sent.append(response)
+        try:
+            await asyncio.wait_for(response.write(dump_json(event) + b"\n"), timeout)
+        except TimeoutError:
+            raise SlowReader(f"the client read nothing for {timeout:g} s") from None
+
+    async def audio(data: bytes) -> None:
+        if data:
+            await send({"event": "audio", "format": fmt, "data": base64.b64encode(data).decode()})
+
+    offset = 0
+    async for chunk in stream.aread():
+        for word in chunk.words:
+            await send({"event": "word", **word.event(offset, chunk.sample_rate)})
+        offset += chunk.frames
+        if enc is None:
+            kept.append(chunk)
+        else:
+            await audio(await _encode(fmt, enc.feed, chunk))
+    if offset == 0:
+        raise RequestError("synthesis_failed", "the engine produced no audio")
+    await audio(
+        await (_encode(fmt, encode_whole, fmt, kept) if enc is None else _encode(fmt, enc.finish))
+    )
+    await send(
+        {
+            "event": "finished",
+            "status": "done",
+            "duration_s": round(stream.duration, 3),
+            "cached": stream.from_cache,
+        }
+    )
+    await asyncio.wait_for(response.write_eof(), timeout)
     return response
 
 
