@@ -136,6 +136,8 @@ class AudioConfig:
     volume: float = 1.0  # default gain; a request's volume multiplies it
     block_ms: int = 50  # playback granularity: stop/cancel latency is at most one block
     realtime: bool = False  # pace the wav/null sinks like a device (soak tests, emulation)
+    tail_ms: int = 200  # silence played after the last sample, before the device drains
+    sentence_silence_ms: int = 0  # silence between sentences (voices with sentence_silence)
 
     def validate(self) -> None:
         _choice("audio.sink", self.sink, ("sounddevice", "wav", "null"))
@@ -143,6 +145,8 @@ class AudioConfig:
             raise ConfigError("audio.wav_dir: sink 'wav' needs a directory")
         _range("audio.volume", self.volume, 0.0, 4.0)
         _range("audio.block_ms", self.block_ms, 5, 1000)
+        _range("audio.tail_ms", self.tail_ms, 0, 5000)
+        _range("audio.sentence_silence_ms", self.sentence_silence_ms, 0, 10000)
 
 
 @dataclass(frozen=True)

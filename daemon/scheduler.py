@@ -57,6 +57,7 @@ class Playback:
     on_sink: bool = False  # begun on the sink and not drained yet
     played: float = 0.0  # seconds of audio played
     samples: int = 0  # samples played: where a mark is
+    rate: int = 0  # the sample rate of the chunk played last
     t0: float = field(default_factory=time.monotonic)
 
     def items(self, cancel: threading.Event) -> Iterator[tuple[AudioChunk, list[str]]]:
@@ -107,12 +108,14 @@ class Scheduler:
         max_queue: int = 32,
         block_ms: int = 50,
         volume: float = 1.0,
+        tail_ms: int = 0,
     ) -> None:
         self.resolver = resolver
         self.sink = sink
         self.max_queue = max_queue
         self.block_ms = block_ms
         self.volume = volume
+        self.tail_ms = tail_ms
         self._pending: list[Job] = []
         self._current: Job | None = None
         self._seq = 0
@@ -381,6 +384,7 @@ class Scheduler:
                 "request %s %s after %.2f s of audio", job.id, job.cancel_status, playback.played
             )
             return job.cancel_status, None
+        self._tail(job, playback, sink)
         self._drain_sink(playback, sink)
         self._marks(job, playback, playback.stream.marks_before(playback.position))
         log.info(
@@ -390,6 +394,19 @@ class Scheduler:
             time.monotonic() - playback.t0,
         )
         return "done", None
+
+    def _tail(self, job: Job, playback: Playback, sink: Sink) -> None:
+        """``tail_ms`` of silence after the last sample on a sink that plays to a device
+        (``pads_tail``), so a device (or a speaker behind it) that cuts its last buffer short, or
+        powers down early, cuts silence and not the last word; files get none. Stop/cancel still
+        take effect within one block."""
+        if not playback.on_sink or not self.tail_ms or not getattr(sink, "pads_tail", False):
+            return
+        silence = AudioChunk(bytes(2 * (playback.rate * self.tail_ms // 1000)), playback.rate)
+        for block in _blocks(silence, self.block_ms):
+            if job.cancel.is_set():
+                return
+            sink.write(block)
 
     def _marks(self, job: Job, playback: Playback, names: list[str]) -> None:
         for name in names:
@@ -457,6 +474,7 @@ class Scheduler:
                 self._emit_threadsafe(request, EventType.WORD, data)
             sink.write(block)
             written += len(block)
+            playback.rate = chunk.sample_rate
             playback.samples += len(block) // chunk.sample_width
             playback.played += len(block) / chunk.sample_width / chunk.sample_rate
         return written

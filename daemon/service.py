@@ -151,6 +151,7 @@ class Daemon:
             max_queue=self.config.limits.max_queue,
             block_ms=audio.block_ms,
             volume=audio.volume,
+            tail_ms=audio.tail_ms,
         )
 
     async def _start_listeners(self) -> None:
@@ -339,6 +340,7 @@ class Daemon:
             self._prepare_fallback(scheduler, new.engine.fallback_text)
         scheduler.max_queue = new.limits.max_queue
         scheduler.block_ms, scheduler.volume = new.audio.block_ms, new.audio.volume
+        scheduler.tail_ms = new.audio.tail_ms
         self.config, self.guard = new, guard
         self.control.max_text_chars = new.limits.max_text_chars
         self.control.max_streams = new.limits.max_streams

@@ -87,6 +87,7 @@ class VoiceLibrary:
         max_loaded: int = 0,
         max_bytes: int = 0,
         problems: tuple[VoiceProblem, ...] = (),
+        sentence_silence_ms: int = 0,
     ) -> None:
         if not voices:
             raise ConfigError("voices: no voice at all (voices.embedded = false and none found)")
@@ -115,6 +116,7 @@ class VoiceLibrary:
         self.max_loaded = max_loaded
         self.max_bytes = max_bytes
         self.problems = problems
+        self.sentence_silence_ms = sentence_silence_ms
         self._lock = threading.Lock()
 
     @classmethod
@@ -161,7 +163,11 @@ class VoiceLibrary:
     def prepare(self, text: str, config: SynthesisConfig, *, strict_lang: bool = True) -> Prepared:
         """``speakd.prepare.prepare`` against the voice the request chooses."""
         voice, name, lang = self.select(config.voice, config.lang, strict=strict_lang)
-        config = dataclasses.replace(config, voice=name, lang=lang)
+        extra = config.extra
+        piper_like = any(o.name == "sentence_silence" for o in voice.model.options)
+        if self.sentence_silence_ms and piper_like and "sentence_silence" not in extra:
+            extra = {**extra, "sentence_silence": self.sentence_silence_ms / 1000}
+        config = dataclasses.replace(config, voice=name, lang=lang, extra=extra)
         return prepare(voice.model, text, config, strict_lang=strict_lang)
 
     # ---- using ------------------------------------------------------------------------------
@@ -355,6 +361,7 @@ def build_library(
         max_loaded=config.limits.max_loaded_voices,
         max_bytes=config.limits.max_voice_bytes,
         problems=tuple(problems),
+        sentence_silence_ms=config.audio.sentence_silence_ms,
     )
     for name in config.voices.preload:
         if name not in library.by_name:

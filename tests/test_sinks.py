@@ -180,3 +180,26 @@ async def test_voices_at_two_rates_play_one_after_another_each_at_its_own_rate(
     assert first.written == 2 * int(22050 * 0.1) * 2  # every sample of "one two" at 22 050 Hz
     assert second.written == 2 * (2 * int(24000 * 0.1) * 2)  # b and c on one stream
     assert first.drained_before_close and second.drained_before_close
+
+
+async def test_audio_tail_ms_of_silence_is_played_before_the_device_drains(
+    device: FakeDevice, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last word is followed by tail_ms of zeros on the device, then PortAudio's stop (which
+    returns once the buffer has played), then finished."""
+    writes: list[bytes] = []
+    monkeypatch.setattr(FakeStream, "write", lambda self, pcm: writes.append(pcm))
+    sched = Scheduler(Resolver(ToneEngine()), SoundDeviceSink(), block_ms=50, tail_ms=300)
+    task = asyncio.create_task(sched.run())
+    try:
+        rec = Recorder()
+        sched.submit(req(rec, "one two", "tail"))
+        await settle(rec, "tail")
+        assert rec.final("tail").data["status"] == "done"
+    finally:
+        task.cancel()
+    pcm = b"".join(writes)
+    speech = 2 * 2 * 1600  # "one two": two tone words at 16 kHz
+    assert len(pcm) == speech + 2 * int(16000 * 0.3)
+    assert any(pcm[:speech]) and not any(pcm[speech:])
+    assert device.streams[0].stopped  # drained after the tail

@@ -11,6 +11,7 @@ import shutil
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from speakd.audio import join_chunks
@@ -219,3 +220,31 @@ def test_doctor_lists_every_voice_with_its_licence_and_names_a_broken_one(
     assert "chattts-tiny (chattts, fp32, 24000 Hz, licence CC BY-NC 4.0" in detail
     assert "non-commercial use only" in detail
     assert "left out: " in detail and "broken.onnx" in detail
+
+
+def longest_silence(pcm: np.ndarray) -> int:
+    """The longest run of zero samples."""
+    edges = np.diff(np.concatenate(([0], (pcm == 0).astype(np.int8), [0])))
+    starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+    return int((ends - starts).max(initial=0))
+
+
+def test_audio_sentence_silence_ms_is_said_between_sentences_and_keyed(tmp_path: Path) -> None:
+    """A Piper voice's ``sentence_silence`` defaults to audio.sentence_silence_ms: the zeros
+    are between the sentences, and the key differs from the same text without them."""
+    text = "Doors open. Mind the gap."
+
+    def said(audio: str) -> tuple[str, np.ndarray]:
+        path = tmp_path / "speakd.toml"
+        path.write_text(f'[voices]\ndir = "{tmp_path / "none"}"\n[audio]\n{audio}\n')
+        resolver = Resolver(build_library(load_config(path)))
+        prepared = resolver.voices.prepare(text, SynthesisConfig())
+        request = SpeakRequest(text=text, config=SynthesisConfig(), prepared=prepared)
+        chunk = join_chunks(resolver.stream(request, Cancel()))
+        assert chunk is not None
+        return prepared.key, chunk.samples()
+
+    plain_key, plain = said("")
+    key, spaced = said("sentence_silence_ms = 400")
+    assert key != plain_key
+    assert longest_silence(spaced) >= 0.4 * 22050 > longest_silence(plain)

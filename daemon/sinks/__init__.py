@@ -209,6 +209,7 @@ class SoundDeviceSink:
     """A PortAudio output stream kept open between utterances (no open cost on a cache hit)."""
 
     name = "sounddevice"
+    pads_tail = True  # the scheduler plays audio.tail_ms of silence before the drain
     RETRY_S = 2.0
 
     def __init__(self, device: str = "") -> None:
