@@ -141,6 +141,7 @@ def test_piper_decoder_on_the_npu(board: type[FakeRKNNLite], tmp_path: Path) -> 
     assert _snr(ref, ours) > 40  # 16-bit samples; the stitching alone is exact to ~1 LSB
 
 
+@pytest.mark.timeout(900)  # the tiny bundle's export and two engines: minutes on a busy VM
 def test_chattts_decoder_and_vocos_on_the_npu(
     board: type[FakeRKNNLite], tiny_bundle: Path, tmp_path: Path
 ) -> None:

@@ -32,6 +32,7 @@ except RknnError:
 needs_toolkit = pytest.mark.skipif(
     TOOLKIT is None, reason="no rknn-toolkit2 venv (.venv-rknn): `make rknn-env` builds it"
 )
+SLOW = pytest.mark.timeout(900)  # a conversion decodes the corpus first: ~5 min on a busy 2-core VM
 
 
 @pytest.mark.parametrize("frames", [1, 40, 64, 65, 100, 333])
@@ -93,6 +94,7 @@ def _assert_converted(out: Path, graphs: set[str], cpu: str) -> dict:
 
 
 @needs_toolkit
+@SLOW
 def test_tiny_chattts_decoder_and_vocos_convert(tiny_bundle: Path, tmp_path: Path) -> None:
     src = tmp_path / "chattts-tiny"
     shutil.copytree(tiny_bundle, src)
@@ -105,6 +107,7 @@ def test_tiny_chattts_decoder_and_vocos_convert(tiny_bundle: Path, tmp_path: Pat
 
 
 @needs_toolkit
+@SLOW
 def test_embedded_voice_decoder_converts_and_speaks_the_same_words(tmp_path: Path) -> None:
     out = tmp_path / "joe-rk3588"
     convert(ConvertOptions("embedded", out=out, calib_sentences=2, eval_sentences=3))
