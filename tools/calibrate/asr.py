@@ -55,6 +55,15 @@ class Transcriber:
         )
         return " ".join(s.text.strip() for s in segments)
 
+    def words(self, audio: np.ndarray, rate: int) -> list[tuple[str, float, float]]:
+        """Each recognised word with its start and end in seconds (Whisper's word timestamps,
+        from its cross-attention; ``speakd-tools bench words``)."""
+        pcm = _resample(np.asarray(audio, np.float32), rate, WHISPER_RATE)
+        segments, _ = self.model.transcribe(
+            pcm, language="en", beam_size=1, condition_on_previous_text=False, word_timestamps=True
+        )
+        return [(w.word.strip(), w.start, w.end) for s in segments for w in s.words or ()]
+
 
 def wer(refs: list[str], hyps: list[str]) -> float:
     errors = total = 0
