@@ -191,14 +191,15 @@ def _once(level: int, message: str) -> None:
 
 def plan_for(setting: str, bundle: Path | None, info: NpuInfo | None = None) -> NpuPlan | None:
     """``engine.accelerator`` for one voice's bundle: the NPU plan, or None after one log line
-    that says why the CPU runs it (nothing is logged for ``cpu``)."""
+    that says why the CPU runs it (nothing is logged for ``cpu``, and nothing is probed)."""
+    if setting == "cpu":
+        return None
     manifest = _manifest(bundle)
     decision = choose(setting, manifest, info or probe())
     if decision.accelerator == "rknn" and bundle is not None:
         _once(logging.INFO, f"engine.accelerator = {setting}, {bundle}: {decision.reason}")
         return NpuPlan(bundle, rknn_section(manifest) or {})
-    if setting != "cpu":
-        level = logging.WARNING if setting == "rknn" else logging.INFO
-        where = bundle or "the embedded voice"
-        _once(level, f"engine.accelerator = {setting}, {where}: the CPU runs it: {decision.reason}")
+    level = logging.WARNING if setting == "rknn" else logging.INFO
+    where = bundle or "the embedded voice"
+    _once(level, f"engine.accelerator = {setting}, {where}: the CPU runs it: {decision.reason}")
     return None
