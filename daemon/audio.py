@@ -17,7 +17,9 @@ SAMPLE_WIDTH = 2  # int16 little-endian everywhere in speakd
 class Word:
     """A spoken word (or, for an engine without word timings, a sentence: ``kind``) and where it
     is in its chunk's audio: samples from the chunk's first, ``end`` exclusive. A word belongs to
-    the chunk its start falls in; its end may lie in a later chunk."""
+    the chunk its start falls in; its end may lie in a later chunk. A sentence whose end is known
+    only once all of it is made (ChatTTS) comes on an empty chunk after it, ``start`` negative.
+    Front-ends name the event by ``kind``: ``word`` or ``sentence``."""
 
     text: str
     start: int
@@ -36,11 +38,12 @@ class Word:
         return cls(str(text), int(start), int(end), str(kind))
 
     def event(self, offset: int, sample_rate: int) -> dict[str, str | int | float]:
-        """What a ``word`` event says (every front-end): the word, and its start and end in
-        samples and seconds from the start of the audio, the chunk being ``offset`` samples in."""
+        """What a ``word`` (``sentence``) event says on every front-end: the word (sentence), and
+        its start and end in samples and seconds from the start of the audio, the chunk being
+        ``offset`` samples in."""
         start, end = offset + self.start, offset + self.end
         return {
-            "word": self.text,
+            self.kind: self.text,
             "start": start,
             "end": end,
             "start_s": round(start / sample_rate, 3),

@@ -81,6 +81,7 @@ class EventType(enum.StrEnum):
     RESUMED = "resumed"
     MARK = "mark"  # playback reached an SSML <mark>: its name and offset in samples
     WORD = "word"  # playback reached a word (asked with ``words``): ``Word.event``
+    SENTENCE = "sentence"  # the same for a sentence, from an engine without word timings
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from speakd import policy
-from speakd.audio import AudioChunk, scale_volume
+from speakd.audio import AudioChunk, Word, scale_volume
 from speakd.logcontext import request_context
 from speakd.messages import (
     Event,
@@ -456,6 +456,7 @@ class Scheduler:
         words = list(chunk.words) if request.words else []
         for block in _blocks(scale_volume(chunk, self.volume * request.volume), self.block_ms):
             if job.cancel.is_set() or self._held(job):
+                words.clear()
                 break
             if not playback.on_sink:
                 (sink.resume if job.started else sink.begin)(job.id, chunk.sample_rate)
@@ -470,14 +471,18 @@ class Scheduler:
                 log.info("request %s started after %.1f ms", job.id, latency * 1000)
             end = (written + len(block)) // chunk.sample_width
             while words and words[0].start < end:  # reached in this block
-                data = words.pop(0).event(base, chunk.sample_rate)
-                self._emit_threadsafe(request, EventType.WORD, data)
+                self._word(request, words.pop(0), base, chunk.sample_rate)
             sink.write(block)
             written += len(block)
             playback.rate = chunk.sample_rate
             playback.samples += len(block) // chunk.sample_width
             playback.played += len(block) / chunk.sample_width / chunk.sample_rate
+        for word in words:  # a sentence's timing on the empty chunk after it
+            self._word(request, word, base, chunk.sample_rate)
         return written
+
+    def _word(self, request: SpeakRequest, word: Word, base: int, rate: int) -> None:
+        self._emit_threadsafe(request, EventType(word.kind), word.event(base, rate))
 
 
 def _order(job: Job) -> tuple[int, int]:

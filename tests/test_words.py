@@ -6,6 +6,7 @@ same timings through a real ``speakd serve`` on the JSON socket (``synth`` and a
 from __future__ import annotations
 
 import base64
+import dataclasses
 import io
 import itertools
 import json
@@ -16,12 +17,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from speakd.audio import Word, join_chunks
+from speakd.audio import AudioChunk, Word, join_chunks
 from speakd.engines.base import SynthesisConfig
 from speakd.engines.vits import VitsEngine, phonemize
 from speakd.engines.vits_words import word_spans
 from tests.daemon_proc import DaemonProc
 from tests.http_daemon import HttpDaemon, free_port, start_http_daemon
+from tests.tone_engine import ToneEngine
 
 RATE = 22050  # the embedded voice's
 SENTENCE = "Turn the kitchen lights off before you leave the house."
@@ -244,3 +246,70 @@ def test_http_timestamps_must_be_a_boolean(served: HttpDaemon) -> None:
         timeout=60,
     )
     assert answer.status_code == 400 and answer.json()["error"]["code"] == "bad_field"
+
+
+# -- ChatTTS: sentence timings ------------------------------------------------------------------
+
+
+def test_chattts_times_each_sentence_on_an_empty_chunk_after_it(tiny_bundle: Path) -> None:
+    from speakd.engines.chattts.engine import ChatTTSEngine
+
+    engine = ChatTTSEngine.load(tiny_bundle, threads=1)
+    chunks = list(engine.synthesize("你好。我们走吧。", SynthesisConfig(seed=2)))
+    ends = [i for i, c in enumerate(chunks) if c.words]
+    assert len(ends) == 2 and ends[-1] == len(chunks) - 1
+    assert all(chunks[i].pcm == b"" for i in ends)  # after the sentence's audio, not in it
+    audio = join_chunks(chunks)
+    assert audio is not None
+    first, second = audio.words
+    assert [w.kind for w in audio.words] == ["sentence", "sentence"]
+    assert first.start == 0 and first.end == second.start > 0 and second.end == audio.frames
+    assert first.event(0, 24000)["sentence"] == first.text != second.text
+
+
+class TimedTone(ToneEngine):
+    """The tone engine with a timing per word, and its sentence's after it, as ChatTTS times it."""
+
+    def synthesize(self, text: str, config: SynthesisConfig, cancel: Any = None) -> Any:
+        total = 0
+        for chunk, word in zip(
+            super().synthesize(text, config, cancel), text.split(), strict=False
+        ):
+            yield dataclasses.replace(chunk, words=(Word(word, 0, chunk.frames),))
+            total += chunk.frames
+        yield AudioChunk(b"", self.sample_rate, words=(Word(text, -total, 0, "sentence"),))
+
+
+async def test_playback_reports_words_and_a_sentence_after_its_audio(tmp_path: Path) -> None:
+    import asyncio
+
+    from speakd.messages import SpeakRequest
+    from speakd.resolver import Resolver
+    from speakd.scheduler import Scheduler
+    from tests.test_scheduler import Recorder, settle
+    from tests.waits import HeldSink
+
+    engine = TimedTone()
+    sched = Scheduler(Resolver(engine), HeldSink(tmp_path))
+    task = asyncio.create_task(sched.run())
+    rec = Recorder()
+    for rid, words in (("timed", True), ("plain", False)):
+        sched.submit(SpeakRequest(text="one two three", id=rid, words=words, on_event=rec))
+        await settle(rec, rid)
+    n = int(engine.sample_rate * engine.word_s)
+    assert rec.of("plain") == ["queued", "started", "finished"]
+    assert rec.of("timed") == ["queued", "started", "word", "word", "word", "sentence", "finished"]
+    timed = [e.data for e in rec.events if e.request_id == "timed"][2:-1]
+    assert [(e.get("word"), e["start"], e["end"]) for e in timed[:3]] == [
+        ("one", 0, n),
+        ("two", n, 2 * n),
+        ("three", 2 * n, 3 * n),
+    ]
+    assert timed[3] == {
+        "sentence": "one two three",
+        "start": 0,
+        "end": 3 * n,
+        "start_s": 0.0,
+        "end_s": round(3 * n / engine.sample_rate, 3),
+    }
+    task.cancel()

@@ -217,7 +217,7 @@ async def _respond_lines(
     offset = 0
     async for chunk in stream.aread():
         for word in chunk.words:
-            await send({"event": "word", **word.event(offset, chunk.sample_rate)})
+            await send({"event": word.kind, **word.event(offset, chunk.sample_rate)})
         offset += chunk.frames
         if enc is None:
             kept.append(chunk)

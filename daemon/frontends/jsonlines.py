@@ -205,7 +205,7 @@ class JsonLinesFrontend:
                     _send_marks(conn, rid, stream, index, frames)
                     for word in chunk.words if request.words else ():
                         conn.send(
-                            {"event": "word", "id": rid, **word.event(frames, chunk.sample_rate)}
+                            {"event": word.kind, "id": rid, **word.event(frames, chunk.sample_rate)}
                         )
                     index, frames = index + 1, frames + chunk.frames
                     fmt = {

@@ -19,9 +19,10 @@ Events, on the ``wyoming`` package's own server and event classes:
   be cut into sentences before it is complete.
 * ``ping`` → ``pong``. Other event types are dropped, as the protocol asks of servers.
 * ``speakd-word`` (out, between ``audio-start`` and ``audio-stop``, ahead of the audio it starts
-  in): a word's timing, ``{"word", "start", "end", "start_s", "end_s"}`` in samples and seconds
-  from ``audio-start`` (``speakd.audio.Word.event``), for satellites and robots that move with
-  the speech; Home Assistant reads up to ``audio-stop`` and skips event types it does not know.
+  in; ``speakd-sentence`` after a ChatTTS sentence): a word's timing, ``{"word", "start", "end",
+  "start_s", "end_s"}`` in samples and seconds from ``audio-start`` (``speakd.audio.Word.event``),
+  for satellites and robots that move with the speech; Home Assistant reads up to ``audio-stop``
+  and skips event types it does not know.
 
 Work runs in the connection's own task, one request after another, while its events keep being
 read: ``describe`` is answered even mid-synthesis, and a client that goes away cancels what it was
@@ -70,7 +71,6 @@ from speakd.messages import SpeakRequest, error_data
 log = logging.getLogger(__name__)
 
 SAMPLES_PER_CHUNK = 1024  # per audio-chunk event, as wyoming-piper sends them
-WORD_EVENT = "speakd-word"  # speakd's own event: a word's timing
 
 
 @dataclass(frozen=True)
@@ -395,7 +395,7 @@ class WyomingHandler(AsyncEventHandler):
                         started = True
                     for word in chunk.words:
                         timing = word.event(offset, chunk.sample_rate)
-                        await self.write_event(Event(WORD_EVENT, timing))
+                        await self.write_event(Event(f"speakd-{word.kind}", timing))
                     offset += chunk.frames
                     step = SAMPLES_PER_CHUNK * chunk.sample_width * chunk.channels
                     for i in range(0, len(chunk.pcm), step):

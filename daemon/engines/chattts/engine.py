@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from speakd.audio import AudioChunk
+from speakd.audio import AudioChunk, Word
 from speakd.bundle import INT8_SUFFIX, Bundle, BundleError, load_bundle
 from speakd.engines.base import (
     EngineError,
@@ -325,12 +325,20 @@ class ChatTTSEngine(ChatTTSVoice):
         )
         t0 = time.perf_counter()
         first_audio, samples = None, 0
-        for audio in self._audio(sentences, params, sampling, seed, cancel):
+        said = 0  # samples of the sentences before this one
+        current = 0  # the sentence being yielded
+        for index, audio in self._audio(sentences, params, sampling, seed, cancel):
             if first_audio is None:
                 first_audio = time.perf_counter() - t0
                 log.debug("chattts: first audio after %.0f ms", first_audio * 1e3)
+            if index != current:
+                if samples > said:
+                    yield _sentence_end(sentences[current], samples - said)
+                current, said = index, samples
             samples += len(audio)
             yield AudioChunk.from_float(audio, SAMPLE_RATE)
+        if samples > said and not (cancel is not None and cancel.is_set()):
+            yield _sentence_end(sentences[current], samples - said)
         elapsed = time.perf_counter() - t0
         cancelled = ", cancelled" if cancel is not None and cancel.is_set() else ""
         log.info(
@@ -349,17 +357,16 @@ class ChatTTSEngine(ChatTTSVoice):
         sampling: SamplingParams,
         seed: int,
         cancel: threading.Event | None,
-    ) -> Iterator[np.ndarray]:
-        """Float audio of the sentences in order; sentence i samples from its own seeded stream
-        (``sentence_sampler``), so batching cannot change it."""
+    ) -> Iterator[tuple[int, np.ndarray]]:
+        """(sentence index, float audio) of the sentences in order; sentence i samples from its
+        own seeded stream (``sentence_sampler``), so batching cannot change it."""
         eos = self.spec.eos_token
         if self.batch is not None:
             jobs = [
                 Sentence(self.prompt_embeds(s, params), sentence_sampler(sampling, eos, seed, i))
                 for i, s in enumerate(sentences)
             ]
-            for _index, audio in self.batch.stream(jobs, cancel):
-                yield audio
+            yield from self.batch.stream(jobs, cancel)
             return
         with self._lock:
             gate = StartGate(self.clock) if self.paced else None
@@ -368,9 +375,10 @@ class ChatTTSEngine(ChatTTSVoice):
                     break
                 stats = DecodeStats()
                 sampler = sentence_sampler(sampling, eos, seed, i)
-                yield from self._stream_sentence(
+                for audio in self._stream_sentence(
                     sentence, params, sampler, cancel, stats, gate if i == 0 else None
-                )
+                ):
+                    yield i, audio
                 log.debug(
                     "chattts: sentence %.30r: prompt %d tokens %.0f ms, %d steps %.1f ms/step (%s)",
                     sentence,
@@ -456,6 +464,13 @@ class ChatTTSEngine(ChatTTSVoice):
     @property
     def _render_step_s(self) -> float:
         return self._render_s / self._rendered_steps if self._rendered_steps else 0.0
+
+
+def _sentence_end(sentence: str, samples: int) -> AudioChunk:
+    """An empty chunk after a sentence's audio that times it (``Word`` of kind ``sentence``,
+    starting ``samples`` back): ChatTTS knows where a sentence ends only once it has made it, and
+    it has no word timings (docs/chattts-engine.md)."""
+    return AudioChunk(b"", SAMPLE_RATE, words=(Word(sentence, -samples, 0, "sentence"),))
 
 
 def _lang(lang: str | None) -> textfe.Lang | None:
