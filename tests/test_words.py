@@ -313,3 +313,18 @@ async def test_playback_reports_words_and_a_sentence_after_its_audio(tmp_path: P
         "end_s": round(3 * n / engine.sample_rate, 3),
     }
     task.cancel()
+
+
+def test_ssml_parts_bring_their_words_and_a_break_moves_the_later_ones(
+    daemon: DaemonProc,
+) -> None:
+    door, door_events = synth(daemon, text="Door", words=True)
+    _, open_events = synth(daemon, text="open", words=True)
+    _, events = synth(daemon, text='<speak>Door <break time="700ms"/> open</speak>', words=True)
+    gap = 700 * RATE // 1000
+    (d,) = timings([e for e in door_events if e["event"] == "word"])
+    (o,) = timings([e for e in open_events if e["event"] == "word"])
+    later = len(door) // 2 + gap
+    moved = {**o, "start": o["start"] + later, "end": o["end"] + later}
+    moved.update(start_s=round(moved["start"] / RATE, 3), end_s=round(moved["end"] / RATE, 3))
+    assert timings([e for e in events if e["event"] == "word"]) == [d, moved]
