@@ -20,7 +20,7 @@ import pytest
 from speakd.audio import AudioChunk, Word, join_chunks
 from speakd.engines.base import SynthesisConfig
 from speakd.engines.vits import VitsEngine, phonemize
-from speakd.engines.vits_words import word_spans
+from speakd.engines.vits_words import WordAligner
 from tests.daemon_proc import DaemonProc
 from tests.http_daemon import HttpDaemon, free_port, start_http_daemon
 from tests.tone_engine import ToneEngine
@@ -54,7 +54,8 @@ def sounding(text: str, engine: VitsEngine) -> tuple[int, int]:
 
 def spans(engine: VitsEngine, text: str) -> list[list[str]]:
     sentences = phonemize(engine.config.espeak_voice, text, engine.config.vowel_clusters)
-    return [[s.text for s in sentence] for sentence in word_spans(text, sentences, engine._alone)]
+    aligner = WordAligner(text, engine._alone)
+    return [[s.text for s in aligner.spans(sentence)] for sentence in sentences]
 
 
 def test_a_sentence_has_one_timing_per_word_in_order_covering_its_audio(

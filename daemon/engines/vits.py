@@ -38,7 +38,7 @@ from speakd.engines.base import (
 from speakd.engines.noise import SEED_INPUT, make_noise_deterministic
 from speakd.engines.options import Option
 from speakd.engines.vits_split import SplitVoice, WholeVoice, Window, voice_sessions
-from speakd.engines.vits_words import timings, word_spans
+from speakd.engines.vits_words import WordAligner, timings
 
 if TYPE_CHECKING:
     from speakd.npu import NpuPlan
@@ -484,7 +484,7 @@ class VitsEngine(VitsVoice):
         if not sentences:
             raise EngineError(f"nothing to say: no speakable sounds in {normalized[:60]!r}")
         seed = config.seed if config.seed is not None else derive_seed(normalized, asdict(params))
-        spans = word_spans(normalized, sentences, self._alone)
+        aligner = WordAligner(normalized, self._alone)
         silence = np.zeros(round(params.sentence_silence * self.sample_rate), np.float32)
         run = ort.RunOptions()
 
@@ -502,7 +502,7 @@ class VitsEngine(VitsVoice):
                 made = total = 0  # samples of the sentence yielded so far, and in all
                 while (window := self._next(windows, cancel)) is not None:
                     if made == 0 and window.id_samples is not None:
-                        words = timings(spans[i], window.id_samples)
+                        words = timings(aligner.spans(phonemes), window.id_samples)
                         total = int(window.id_samples.sum())
                     made += window.audio.size
                     here = [w for w in words if w.start < made or made >= total]

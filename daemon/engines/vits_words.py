@@ -5,13 +5,14 @@ text's: it expands numbers, symbols and abbreviations into several words (``5:30
 thirty*, ``$20`` → *twenty dollars*), joins some function words (``on the`` → ``ɔnðə``), and
 starts a new sentence after an abbreviation's stop (``Dr. Smith``). So each text token is
 phonemized alone too (cached), and the two phoneme strings, stress marks and punctuation
-removed, are aligned character by character (``difflib``). A phoneme word belongs to the tokens
-its matched characters come from; runs of phoneme words that share tokens make one ``WordSpan``
-(``5:30`` is one word spanning *five thirty*; ``on the`` one spanning ``ɔnðə``). A phoneme word
-with no matched character (said otherwise alone: *a* is ``ɐ`` in a sentence, ``eɪ`` alone)
-takes the next token not yet spoken when the word after it does not claim that token, else it
-joins the word before it. A span never crosses a sentence, whose durations come from its own
-run; a token espeak left unsaid (``—``) has no span.
+removed, are aligned character by character (``difflib``), one sentence at a time
+(``WordAligner``). A phoneme word belongs to the tokens its matched characters come from; runs
+of phoneme words that share tokens make one ``WordSpan`` (``5:30`` is one word spanning *five
+thirty*; ``on the`` one spanning ``ɔnðə``). A phoneme word with no matched character (said
+otherwise alone: *a* is ``ɐ`` in a sentence, ``eɪ`` alone) takes the next token not yet spoken
+when the word after it does not claim that token, else it joins the word before it. A span
+never crosses a sentence, whose durations come from its own run; a token espeak left unsaid
+(``—``) has no span.
 
 The duration predictor gives frames per phoneme id (``speakd.engines.vits_split.Latents``);
 Piper's ids are ``^ _ (phoneme _)* $``, so phoneme ``j`` is id ``2 + 2j`` and a word runs from
@@ -65,58 +66,72 @@ def _tokens(text: str) -> list[tuple[str, str | None]]:
     return tokens
 
 
-def word_spans(text: str, sentences: list[list[str]], phonemize: Phonemize) -> list[list[WordSpan]]:
-    """Each sentence's words: ``sentences`` are the phonemes espeak made of ``text`` (as the
-    engine runs them), ``phonemize`` phonemizes one token alone."""
-    tokens = _tokens(text)
-    said, owner_said = _concat(
-        [raw if raw is not None else _alone(phonemize, token) for token, raw in tokens]
-    )
-    # Phoneme words: (sentence, first phoneme, end phoneme, sounds)
-    pieces: list[tuple[int, int, int, str]] = []
-    for s, phonemes in enumerate(sentences):
+class WordAligner:
+    """The words of one text, sentence by sentence as the engine runs them (``spans``, in order):
+    each sentence is aligned with the tokens after those already spoken, a window of twice its
+    phoneme words and a few more, so the work grows with the text, not with its square."""
+
+    def __init__(self, text: str, phonemize: Phonemize) -> None:
+        self.tokens = _tokens(text)
+        self._phonemize = phonemize  # one token alone
+        self._said: dict[int, str] = {}
+        self.done = -1  # tokens up to here are spoken by earlier spans
+
+    def spans(self, phonemes: list[str]) -> list[WordSpan]:
+        """The words of the next sentence, as phonemes espeak made of it."""
+        pieces: list[tuple[int, int, str]] = []  # phoneme words: first, end, sounds
         start = 0
         for j in range(len(phonemes) + 1):
             if j == len(phonemes) or phonemes[j] == WORD_BREAK:
                 sounds = _sounds("".join(phonemes[start:j]))
                 if sounds:
-                    pieces.append((s, start, j, sounds))
+                    pieces.append((start, j, sounds))
                 start = j + 1
-    heard, owner_heard = _concat([sounds for *_, sounds in pieces])
-    owners: list[set[int]] = [set() for _ in pieces]
-    matcher = difflib.SequenceMatcher(None, said, heard, autojunk=False)
-    for a, b, size in matcher.get_matching_blocks():
-        for k in range(size):
-            owners[owner_heard[b + k]].add(owner_said[a + k])
-    spans: list[list[WordSpan]] = [[] for _ in sentences]
-    group: list[int] = []  # [sentence, first, end, lo token, hi token]
-    done = -1  # tokens up to here are spoken by earlier spans
-    for k, (s, first, end, _) in enumerate(pieces):
-        tok = {t for t in owners[k] if t > done}
-        lo, hi = (min(tok), max(tok)) if tok else (-1, -1)
-        if not owners[k]:  # nothing matched: the next token, unless the next word says it
-            ahead = min(owners[k + 1], default=len(tokens)) if k + 1 < len(pieces) else None
-            nxt = max(done, group[4] if group else -1) + 1
-            if nxt < len(tokens) and (ahead is None or ahead > nxt):
-                lo = hi = nxt
-        if group and group[0] == s and (lo < 0 or lo <= group[4]):
-            group[2], group[4] = end, max(group[4], hi)
-            continue
-        if group:
-            spans[group[0]].append(_span(group, tokens))
-            done = max(done, group[4])
-        if lo < 0:  # already spoken, yet in a sentence of its own: said again
-            lo = hi = max(0, done)
-        group = [s, first, end, lo, hi]
-    if group:
-        spans[group[0]].append(_span(group, tokens))
-    return spans
+        if not pieces:
+            return []
+        first_token = self.done + 1
+        window = range(first_token, min(len(self.tokens), first_token + 2 * len(pieces) + 8))
+        said, owner_said = _concat([self._sounds_of(t) for t in window])
+        heard, owner_heard = _concat([sounds for *_, sounds in pieces])
+        owners: list[set[int]] = [set() for _ in pieces]
+        matcher = difflib.SequenceMatcher(None, said, heard, autojunk=False)
+        for a, b, size in matcher.get_matching_blocks():
+            for k in range(size):
+                owners[owner_heard[b + k]].add(first_token + owner_said[a + k])
+        spans: list[WordSpan] = []
+        group: list[int] = []  # [first phoneme, end phoneme, lo token, hi token]
+        done = self.done
+        for k, (first, end, _) in enumerate(pieces):
+            tok = {t for t in owners[k] if t > done}
+            lo, hi = (min(tok), max(tok)) if tok else (-1, -1)
+            if not owners[k]:  # nothing matched: the next token, unless the next word says it
+                ahead = min(owners[k + 1], default=len(self.tokens)) if k + 1 < len(pieces) else -1
+                nxt = max(done, group[3] if group else -1) + 1
+                if nxt < len(self.tokens) and (ahead < 0 or ahead > nxt):
+                    lo = hi = nxt
+            if group and (lo < 0 or lo <= group[3]):
+                group[1], group[3] = end, max(group[3], hi)
+                continue
+            if group:
+                spans.append(self._span(group))
+                done = max(done, group[3])
+            if lo < 0:  # already spoken, yet in a sentence of its own: said again
+                lo = hi = max(0, done)
+            group = [first, end, lo, hi]
+        spans.append(self._span(group))
+        self.done = max(done, group[3])
+        return spans
 
+    def _sounds_of(self, t: int) -> str:
+        if t not in self._said:
+            token, raw = self.tokens[t]
+            self._said[t] = raw if raw is not None else _alone(self._phonemize, token)
+        return self._said[t]
 
-def _span(group: list[int], tokens: list[tuple[str, str | None]]) -> WordSpan:
-    _, first, end, lo, hi = group
-    words = [token.strip(_PUNCTUATION) or token for token, _ in tokens[lo : hi + 1]]
-    return WordSpan(" ".join(words), first, end)
+    def _span(self, group: list[int]) -> WordSpan:
+        first, end, lo, hi = group
+        words = [token.strip(_PUNCTUATION) or token for token, _ in self.tokens[lo : hi + 1]]
+        return WordSpan(" ".join(words), first, end)
 
 
 def _concat(parts: list[str]) -> tuple[str, list[int]]:
