@@ -1,22 +1,14 @@
-"""A real mosquitto broker for tests (free localhost port, temp config and persistence dir), and a
-recording MQTT 5 client to assert on what the daemon publishes.
-
-``stop()``/``start()`` restart it on the same port with the same persistence file, so sessions,
-subscriptions and retained messages survive a restart like on a real installation.
-"""
+"""A real mosquitto broker for tests (``speakd_tools.soak.mosquitto``: free localhost port, temp
+config and persistence dir, restartable), and a recording MQTT 5 client to assert on what the
+daemon publishes."""
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import socket
-import subprocess
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import paho.mqtt.client as mqtt
@@ -25,79 +17,9 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from tests.waits import wait_until
+from speakd_tools.soak.mosquitto import MOSQUITTO, Mosquitto, free_port
 
-MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Mosquitto:
-    def __init__(
-        self, directory: Path, port: int | None = None, listener: str = "", anonymous: bool = True
-    ) -> None:
-        """``listener``: more config lines for the listener (TLS files, password_file…)."""
-        self.directory = directory
-        self.port = port or free_port()
-        self.host = "127.0.0.1"
-        self.log = directory / "mosquitto.log"
-        self.config = directory / "mosquitto.conf"
-        directory.mkdir(parents=True, exist_ok=True)
-        # As root, mosquitto drops to user "mosquitto", which could not write in our temp dir.
-        user = "user root\n" if os.geteuid() == 0 else ""
-        self.config.write_text(
-            f"listener {self.port} 127.0.0.1\n"
-            f"{listener}"
-            f"allow_anonymous {'true' if anonymous else 'false'}\n"
-            f"{user}"
-            "persistence true\n"
-            f"persistence_location {directory}/\n"
-            f"log_dest file {self.log}\n"
-            "log_type all\n"
-        )
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self, timeout: float = 10.0) -> Mosquitto:
-        """Start and wait for *this* process to say it is running (not another broker's port)."""
-        offset = self.log.stat().st_size if self.log.exists() else 0
-        self.proc = subprocess.Popen(
-            [MOSQUITTO, "-c", str(self.config)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.STDOUT,
-        )
-        proc = self.proc
-
-        def running() -> bool:
-            if proc.poll() is not None:
-                raise RuntimeError(f"mosquitto exited:\n{self.log_text()[offset:]}")
-            return " running" in self.log_text()[offset:]
-
-        try:
-            wait_until(running, f"mosquitto on port {self.port}", timeout)
-        except AssertionError:
-            self.stop()
-            raise RuntimeError(
-                f"mosquitto did not start on port {self.port}:\n{self.log_text()}"
-            ) from None
-        return self
-
-    def stop(self) -> None:
-        """SIGTERM: mosquitto writes its persistence file, then exits."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(10)
-        self.proc = None
-
-    def restart(self) -> None:
-        self.stop()
-        self.start()
-
-    def log_text(self) -> str:
-        return self.log.read_text(errors="replace") if self.log.exists() else ""
+__all__ = ["MOSQUITTO", "Mosquitto", "Received", "Watcher", "free_port"]
 
 
 @dataclass(frozen=True)

@@ -2,9 +2,10 @@
 or vanishes, a corrupt or tampered bundle, a full disk under the cache.
 
 Engine faults run the real ``speakd.service.Daemon`` in this process (its loop on a thread) with
-the real embedded voice behind a wrapper that crashes on "CRASH" and hangs on "HANG" — no test
-hooks in the daemon. Everything else is a real ``speakd serve`` process, a real mosquitto, a real
-PortAudio stream into ALSA's ``file`` plugin, real SQLite files.
+the real embedded voice behind a wrapper that crashes on "CRASH" and hangs on "HANG"
+(``speakd_tools.soak.faulty``, which the soak runs its daemon through) — no test hooks in the
+daemon. Everything else is a real ``speakd serve`` process, a real mosquitto, a real PortAudio
+stream into ALSA's ``file`` plugin and a FIFO (``speakd_tools.soak.device``), real SQLite files.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from speakd.engines import load_engine
 from speakd.engines.base import SynthesisConfig
 from speakd.messages import SpeakRequest
 from speakd.resolver import Resolver
+from speakd_tools.soak.device import FifoDevice, asoundrc
+from speakd_tools.soak.faulty import FaultyEngine
 from tests.bench_report import report
 from tests.daemon_proc import DaemonProc, InProcessDaemon, start_daemon, write_config
 from tests.mosquitto import Mosquitto, Watcher
@@ -49,27 +52,6 @@ BROKER_ROUNDS = int(os.environ.get("SPEAKD_BROKER_ROUNDS", "1"))
 
 
 # ---- an in-process daemon whose engine can be made to fail -----------------------------------
-
-
-class FaultyEngine:
-    """The real engine, except that text with CRASH raises and text with HANG never yields (a
-    wedged onnxruntime run) until the watchdog gives up on it and cancels."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    def synthesize(
-        self, text: str, config: SynthesisConfig, cancel: threading.Event | None = None
-    ) -> Iterator[Any]:
-        if "CRASH" in text:
-            raise RuntimeError("simulated onnxruntime fault")
-        if "HANG" in text:
-            (cancel or threading.Event()).wait(120)
-            return
-        yield from self.inner.synthesize(text, config, cancel)
 
 
 class LogTimes(logging.Handler):
@@ -223,50 +205,6 @@ def test_broker_restart_reconnects_and_loses_no_qos1_command(
 # ---- audio device missing at start, vanishing mid-playback, coming back -----------------------
 
 
-class FifoDevice:
-    """The "device": ALSA's file plugin writes into a FIFO that this reader drains. No reader
-    (or no directory) = no device; a reader that goes away = a device unplugged mid-stream; a
-    reader that keeps the FIFO open but stops reading (``wedged``) = a driver that stops taking
-    audio: once the pipe is full, PortAudio's write blocks and never returns."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.got_data = threading.Event()  # audio arrived since the test last cleared it
-        self.wedged = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
-
-    def plug(self) -> None:
-        self.path.parent.mkdir(exist_ok=True)
-        if not self.path.exists():
-            os.mkfifo(self.path)
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._read, daemon=True)
-        self._thread.start()
-
-    def _read(self) -> None:
-        fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
-        try:
-            while not self._stop.is_set():
-                try:
-                    data = None if self.wedged.is_set() else os.read(fd, 4096)
-                except BlockingIOError:
-                    data = None
-                if data:
-                    self.got_data.set()
-                time.sleep(0.05)  # ~80 kB/s, about twice real time: playback takes a while
-        finally:
-            os.close(fd)
-
-    def wait_for_data(self, timeout: float = 10) -> bool:
-        return self.got_data.wait(timeout)
-
-    def unplug(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(5)
-
-
 def audio_state(d: DaemonProc) -> dict[str, Any]:
     with d.client() as c:
         return c.request({"op": "status"})["audio"]
@@ -295,9 +233,7 @@ def fifo_device_daemon(tmp_path: Path, plugged: bool) -> tuple[FifoDevice, Any]:
     home = tmp_path / "home"
     home.mkdir()
     device = FifoDevice(tmp_path / "dev" / "pcm.fifo")
-    (home / ".asoundrc").write_text(
-        f'pcm.!default {{ type file; slave.pcm "null"; file "{device.path}"; format "raw" }}\n'
-    )
+    (home / ".asoundrc").write_text(asoundrc(device.path))
     if plugged:
         device.plug()
     return device, start_daemon(write_config(tmp_path, sink="sounddevice"), env={"HOME": str(home)})

@@ -116,6 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_rknn(sub)
 
+    from .soak.cli import add_parser as add_soak
+
+    add_soak(sub)
+
     from .voice import add_parser as add_voice
 
     add_voice(sub)

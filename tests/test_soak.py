@@ -1,0 +1,52 @@
+"""``speakd-tools soak --minutes 2``: every front-end at once against a real daemon (a real
+mosquitto, ``spd-say``, the ``wyoming`` and ``openai`` clients, a FIFO for a speaker) while every
+fault arrives once: a reload, an engine crash and hang, a broker restart, a lost device, a full
+disk under the cache, a SIGKILL and restart. The tool's targets must be met (memory growth is
+left to the long run), and the report must show that each front-end and each fault was really
+exercised (a soak that sent nothing would pass its targets too)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from speakd_tools.soak.faults import ORDER
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("spd-say") is None or shutil.which("mosquitto") is None,
+    reason="spd-say (speech-dispatcher) or mosquitto missing",
+)
+
+
+def test_two_minute_soak_meets_every_target(tmp_path: Path) -> None:
+    out = tmp_path / "soak.json"
+    soak = ["soak", "--minutes", "2", "--think", "1.0", "--work", str(tmp_path / "work")]
+    r = subprocess.run(
+        [sys.executable, "-m", "speakd_tools.cli", *soak, "--json-out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert out.exists(), r.stdout[-3000:] + r.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert r.returncode == (0 if result["ok"] else 1), r.stderr[-3000:]
+    # Every target but the memory one: two minutes cannot tell a warm-up (allocator arenas,
+    # onnxruntime buffers, a plateau reached in the first minutes) from growth; the 30-minute
+    # run in docs/reliability.md judges that. It is measured all the same.
+    missed = [name for name, ok in result["targets"].items() if not ok]
+    assert set(missed) <= {"rss_growth_at_most_10_percent"}, r.stdout[-5000:]
+    assert all(i["rss_growth"] is not None for i in result["incarnations"]), result["incarnations"]
+    rows = result["frontends"]
+    for name in ("json", "ssip", "mqtt", "wyoming", "http"):
+        assert rows[name]["terminal"] > 0, (name, rows.get(name))
+    assert sum(row["outcomes"].get("done", 0) for row in rows.values()) > 20
+    assert rows["json"]["abandoned"] > 0  # clients that left mid-stream
+    assert {f["fault"] for f in result["faults"]} == set(ORDER), result["faults"]
+    assert [c["after"] for c in result["cache_checks"]][-1] == "the run"
+    assert len(result["cache_checks"]) >= 2  # after the kill, and at the end
+    assert "| json |" in r.stdout and "[ OK ] no traceback in the log" in r.stdout
