@@ -371,6 +371,15 @@ def test_the_readme_quotes_figures_that_are_in_benchmarks_md() -> None:
         )
 
 
+def test_benchmarks_md_holds_current_tables_only() -> None:
+    """One current table per benchmark; older runs go to benchmarks-archive.md, so the page a
+    newcomer reads stays short enough to read."""
+    lines = len(_read(DOCS / "benchmarks.md").splitlines())
+    assert lines < 400, (
+        f"docs/benchmarks.md has {lines} lines: move older runs to docs/benchmarks-archive.md"
+    )
+
+
 def test_the_readme_is_short_and_keeps_the_two_commands() -> None:
     readme = _read(README)
     lines = readme.count("\n")
