@@ -237,8 +237,7 @@ def _run(opts: Options, work: Path, log: Any) -> dict[str, Any]:
         log(f"soak: starting speakd ({daemon.start():.1f} s to serve)")
         with daemon.client() as c:
             voices = [v["name"] for v in c.request({"op": "voices"})["voices"]]
-        deadline_setup = time.monotonic()
-        ledger = Ledger(deadline=deadline_setup + duration)
+        ledger = Ledger(deadline=0.0)  # the clock starts with the traffic
         soak = Soak(opts, ledger, daemon=daemon)
         for voice in voices:  # references of the hit texts (cached now); the long text
             for text in [*HITS, *PINNED, traffic.LONG]:  # warms each voice's largest buffers
@@ -274,6 +273,8 @@ def _run(opts: Options, work: Path, log: Any) -> dict[str, Any]:
         ]
         sampler = threading.Thread(target=soak.sampler, args=(stop_sampling,), daemon=True)
         sampler.start()
+        t0 = time.monotonic()
+        ledger.deadline = t0 + duration
         ledger.open()
         for t in threads:
             t.start()
@@ -293,7 +294,7 @@ def _run(opts: Options, work: Path, log: Any) -> dict[str, Any]:
             if time.monotonic() > ledger.deadline - 10:
                 break
             result = faults.run(ORDER[i % len(ORDER)])
-            result["at_s"] = round(time.monotonic() - deadline_setup, 1)
+            result["at_s"] = round(time.monotonic() - t0, 1)
             log(f"soak: fault {result['fault']}: {'ok' if result['ok'] else 'FAILED'} "
                 f"({result['detail']})")  # fmt: skip
             done.append(result)
@@ -354,6 +355,7 @@ def result_of(
     from ..bench.machine import line as machine_line
 
     frontends = soak.ledger.tally(soak.references)
+    frontends_driven = ["json", "mqtt", "wyoming", "http", *(["ssip"] if traffic.SPD_SAY else [])]
     incarnations = [i.verdict() for i in sorted(soak.incarnations.values(), key=lambda i: i.epoch)]
     unexplained = sum(r["missing"] + r["duplicate"] for r in frontends.values())
     targets = {
@@ -372,7 +374,11 @@ def result_of(
             i["fds_threads_back"] for i in incarnations if i["end_fds_threads"] is not None
         ),
         "no_traceback_in_the_log": not tracebacks,
-        "every_fault_injected": all(f["ok"] for f in faults),
+        "every_front_end_answered": all(
+            frontends.get(name, {}).get("terminal", 0) > 0 for name in frontends_driven
+        ),
+        "every_fault_injected": {f["fault"] for f in faults} == set(ORDER)
+        and all(f["ok"] for f in faults),
         "clean_exit": exit_code == 0,
     }
     return {
