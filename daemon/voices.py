@@ -31,7 +31,7 @@ from typing import Any
 
 from speakd.bundle import INT8_SUFFIX
 from speakd.config import Config, ConfigError, EngineConfig
-from speakd.engines import describe_engine, load_engine, load_model
+from speakd.engines import accelerate, describe_engine, load_engine, load_model
 from speakd.engines.base import Engine, EngineError, SynthesisConfig, VoiceInfo, VoiceModel
 from speakd.engines.registry import KINDS, kind_of
 from speakd.errors import RequestError
@@ -418,4 +418,7 @@ def _describe(path: Path, kind: str) -> VoiceModel | VoiceProblem:
 
 
 def _voice(model: VoiceModel, source: str, config: EngineConfig) -> Voice:
+    """A voice of the folder or the embedded one, on the NPU when ``engine.accelerator`` and its
+    bundle's ``.rknn`` graphs allow, as the ``[engine]`` voice is."""
+    model = accelerate(model, config)
     return Voice(model, source, lambda: load_model(model, config))
