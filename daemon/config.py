@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 from urllib.parse import urlparse
 
+from speakd.loudness import DEFAULT_LUFS
 from speakd.npu import ACCELERATORS
 
 DEFAULT_CONFIG_PATH = Path("/etc/speakd/speakd.toml")
@@ -138,6 +139,12 @@ class AudioConfig:
     realtime: bool = False  # pace the wav/null sinks like a device (soak tests, emulation)
     tail_ms: int = 200  # silence played after the last sample, before the device drains
     sentence_silence_ms: int = 0  # silence between sentences (voices with sentence_silence)
+    loudness_lufs: float = DEFAULT_LUFS  # every voice's integrated loudness; 0 = as made
+
+    @property
+    def loudness(self) -> float | None:
+        """The loudness target, None when off."""
+        return self.loudness_lufs or None
 
     def validate(self) -> None:
         _choice("audio.sink", self.sink, ("sounddevice", "wav", "null"))
@@ -147,6 +154,7 @@ class AudioConfig:
         _range("audio.block_ms", self.block_ms, 5, 1000)
         _range("audio.tail_ms", self.tail_ms, 0, 5000)
         _range("audio.sentence_silence_ms", self.sentence_silence_ms, 0, 10000)
+        _range("audio.loudness_lufs", self.loudness_lufs, -70.0, 0.0)
 
 
 @dataclass(frozen=True)

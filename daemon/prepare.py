@@ -17,6 +17,7 @@ from speakd.engines.base import EngineError, SynthesisConfig, VoiceInfo, VoiceMo
 from speakd.engines.options import OptionError, validate
 from speakd.errors import RequestError
 from speakd.keys import key_of, seed_from_key
+from speakd.loudness import CALIBRATION
 
 DEFAULT_VOICE = "default"
 
@@ -59,12 +60,22 @@ Part = Speech | Silence | Marker
 
 
 def prepare(
-    engine: VoiceModel, text: str, config: SynthesisConfig, *, strict_lang: bool = True
+    engine: VoiceModel,
+    text: str,
+    config: SynthesisConfig,
+    *,
+    strict_lang: bool = True,
+    loudness: float | None = None,
 ) -> Prepared:
     """Resolve and validate ``config`` for ``engine``; RequestError says what is wrong.
 
     ``strict_lang`` False (SSIP's LANGUAGE setting) lets a language no voice speaks fall back to
     the default voice, as speech-dispatcher does, instead of failing the request.
+
+    ``loudness`` is the LUFS the clip is normalised to (``speakd.loudness``; None: as the engine
+    makes it; the daemon's is audio.loudness_lufs). It is in ``params`` and so in the key, since
+    it changes the clip's bytes, but not in the seed: the same request at another level is the
+    same speech, louder.
     """
     try:
         extra = validate(engine.options, config.extra)
@@ -79,9 +90,13 @@ def prepare(
         params = engine.audio_params(config)
     except EngineError as e:
         raise RequestError(getattr(e, "code", "bad_request"), str(e)) from None
-    key = key_of(normalized, params, engine.bundle_id, config.seed)
-    if config.seed is None:  # the same request always yields the same audio
+    seed = config.seed
+    key = key_of(normalized, params, engine.bundle_id, seed)
+    if seed is None:  # the same request always yields the same audio
         config = dataclasses.replace(config, seed=seed_from_key(key))
+    if loudness is not None:
+        params = {**params, "loudness": {"lufs": loudness, "calibration": CALIBRATION}}
+        key = key_of(normalized, params, engine.bundle_id, seed)
     return Prepared(text, normalized, config, key, engine.bundle_id, params)
 
 

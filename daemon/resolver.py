@@ -32,12 +32,13 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from speakd.audio import AudioChunk, join_chunks
+from speakd.audio import AudioChunk, join_chunks, scale_volume
 from speakd.breaker import CircuitBreaker, Guard
 from speakd.cache.store import CacheError, CacheStore, Clip
 from speakd.compose import compose
 from speakd.config import CacheConfig
 from speakd.engines.base import Engine, EngineError
+from speakd.loudness import VOICES as LOUDNESS
 from speakd.messages import SpeakRequest
 from speakd.prepare import Prepared
 from speakd.stream import AudioStream
@@ -277,12 +278,14 @@ class Resolver:
         admitted, t0 = False, 0.0
         try:
             with self.voices.using(prepared.bundle, stream.loaded_voice) as engine:
+                target = prepared.params.get("loudness", {}).get("lufs")
+                gain = 1.0 if target is None else LOUDNESS.gain(engine, target)
                 if not stream.cancel.is_set():
                     self.guard.admit()
                     admitted, t0 = True, time.monotonic()
                     stream.begin()
                     for chunk in engine.synthesize(prepared.text, prepared.config, stream.cancel):
-                        stream.put(chunk)
+                        stream.put(scale_volume(chunk, gain))  # normalised before it is stored
                         if stream.cancel.is_set():
                             break
         except Exception as e:

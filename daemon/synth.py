@@ -12,6 +12,7 @@ from speakd.bundle import load_bundle
 from speakd.config import EngineConfig
 from speakd.engines import load_engine
 from speakd.engines.base import EngineError, SynthesisConfig
+from speakd.loudness import DEFAULT_LUFS
 from speakd.markup.plan import prepare_request
 from speakd.markup.ssml import is_ssml
 from speakd.messages import SpeakRequest
@@ -40,12 +41,14 @@ def synthesize_to_wav(
     lang: str | None = None,
     params: dict[str, Any] | None = None,
     threads: int = 2,
+    loudness: float | None = DEFAULT_LUFS,
 ) -> float:
     engine = load_engine(engine_config_for(bundle, threads))
     config = SynthesisConfig(
         voice=voice, speaker=speaker, speed=speed, seed=seed, lang=lang, extra=params or {}
     )
-    prepared = prepare_request(VoiceLibrary.of(engine), text, config, ssml=is_ssml(text))
+    library = VoiceLibrary.of(engine, loudness)  # the daemon's audio.loudness_lufs by default
+    prepared = prepare_request(library, text, config, ssml=is_ssml(text))
     request = SpeakRequest(text=text, config=config, prepared=prepared)
     audio = join_chunks(Resolver(engine).stream(request, Cancel()))
     if audio is None:

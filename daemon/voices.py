@@ -88,6 +88,7 @@ class VoiceLibrary:
         max_bytes: int = 0,
         problems: tuple[VoiceProblem, ...] = (),
         sentence_silence_ms: int = 0,
+        loudness: float | None = None,
     ) -> None:
         if not voices:
             raise ConfigError("voices: no voice at all (voices.embedded = false and none found)")
@@ -117,12 +118,13 @@ class VoiceLibrary:
         self.max_bytes = max_bytes
         self.problems = problems
         self.sentence_silence_ms = sentence_silence_ms
+        self.loudness = loudness  # the LUFS every clip is normalised to; None: as made
         self._lock = threading.Lock()
 
     @classmethod
-    def of(cls, engine: Engine) -> VoiceLibrary:
+    def of(cls, engine: Engine, loudness: float | None = None) -> VoiceLibrary:
         """One loaded engine as a library (tests, the library API, ``speakd synth``)."""
-        return cls([Voice(engine, engine.kind, lambda: engine, engine=engine)])
+        return cls([Voice(engine, engine.kind, lambda: engine, engine=engine)], loudness=loudness)
 
     # ---- choosing ---------------------------------------------------------------------------
 
@@ -168,7 +170,7 @@ class VoiceLibrary:
         if self.sentence_silence_ms and piper_like and "sentence_silence" not in extra:
             extra = {**extra, "sentence_silence": self.sentence_silence_ms / 1000}
         config = dataclasses.replace(config, voice=name, lang=lang, extra=extra)
-        return prepare(voice.model, text, config, strict_lang=strict_lang)
+        return prepare(voice.model, text, config, strict_lang=strict_lang, loudness=self.loudness)
 
     # ---- using ------------------------------------------------------------------------------
 
@@ -362,6 +364,7 @@ def build_library(
         max_bytes=config.limits.max_voice_bytes,
         problems=tuple(problems),
         sentence_silence_ms=config.audio.sentence_silence_ms,
+        loudness=config.audio.loudness,
     )
     for name in config.voices.preload:
         if name not in library.by_name:

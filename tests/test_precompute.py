@@ -10,10 +10,12 @@ import pytest
 
 from speakd.cache.store import CacheStore
 from speakd.engines.base import SynthesisConfig
+from speakd.loudness import DEFAULT_LUFS
 from speakd.markup.lexicon import Lexicon
 from speakd.markup.plan import prepare_request
 from speakd.messages import SpeakRequest
 from speakd.resolver import Resolver
+from speakd.voices import VoiceLibrary
 from speakd_tools.precompute import Prompt, PromptError, precompute, read_prompts
 from tests.tone_engine import ToneEngine
 
@@ -82,7 +84,7 @@ def test_pack_keys_match_the_daemon_and_reruns_are_idempotent(tmp_path: Path) ->
         clips = list(store.clips())
     assert all(c.pinned and c.expires is None and c.bundle == "tone-1" for c in clips)
     # the daemon, asked with cache_only, finds every prompt: the keys are the same
-    source = Resolver(engine, CacheStore(pack))
+    source = Resolver(VoiceLibrary.of(engine, DEFAULT_LUFS), CacheStore(pack))  # as the daemon
     engine.calls.clear()
     for text, voice, speed, seed in [
         ("Front door open.", "high", None, None),
@@ -135,7 +137,7 @@ def test_an_ssml_prompt_packs_the_runs_the_daemon_plays(tmp_path: Path) -> None:
     pack = tmp_path / "pack.db"
     report = precompute([Prompt(ssml)], pack, lambda: engine, progress=False)
     assert report.synthesized == 3 and report.failed == []
-    source = Resolver(engine, CacheStore(pack))
+    source = Resolver(VoiceLibrary.of(engine, DEFAULT_LUFS), CacheStore(pack))  # as the daemon
     engine.calls.clear()
     prepared = prepare_request(source.voices, ssml, SynthesisConfig(), ssml=True)
     request = SpeakRequest(ssml, cache_only=True, prepared=prepared)
@@ -155,7 +157,7 @@ def test_a_lexicon_packs_the_prompts_as_the_board_says_them(tmp_path: Path) -> N
     )
     with CacheStore(pack) as store:
         assert [c.text for c in store.clips()] == ["Restart engine x."]
-    source = Resolver(engine, CacheStore(pack))
+    source = Resolver(VoiceLibrary.of(engine, DEFAULT_LUFS), CacheStore(pack))  # as the daemon
     config = SynthesisConfig(lang="en")
     prepared = prepare_request(source.voices, "Restart nginx.", config, lexicon=lexicon)
     request = SpeakRequest("Restart nginx.", config=config, cache_only=True, prepared=prepared)

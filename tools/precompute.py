@@ -43,11 +43,12 @@ from speakd.audio import join_chunks
 from speakd.bundle import BundleError
 from speakd.cache.store import CacheError, CacheStore, Clip
 from speakd.engines.base import Engine, EngineError, SynthesisConfig
+from speakd.loudness import DEFAULT_LUFS
 from speakd.markup.lexicon import Lexicon, LexiconError
 from speakd.markup.plan import prepare_request
 from speakd.markup.ssml import is_ssml
 from speakd.messages import SpeakRequest
-from speakd.prepare import Speech, prepare
+from speakd.prepare import Prepared, Speech, prepare
 from speakd.resolver import Resolver
 from speakd.stream import Cancel
 from speakd.voices import VoiceLibrary
@@ -173,9 +174,7 @@ def _keys(prompts: list[Prompt]) -> tuple[str, list[Keyed | Exception]]:
     keys: list[Keyed | Exception] = []
     for p in prompts:
         try:
-            keys.append(
-                [(part, prepare(_engine, part.text, part.config()).key) for part in _parts(p)]
-            )
+            keys.append([(part, _prepare(_engine, part).key) for part in _parts(p)])
         except Exception as e:
             keys.append(e)
     return _engine.bundle_id, keys
@@ -188,7 +187,7 @@ def _parts(p: Prompt) -> list[Prompt]:
     assert _engine is not None
     if not is_ssml(p.text) and not _lexicon.languages:
         return [p]
-    library = VoiceLibrary.of(_engine)
+    library = VoiceLibrary.of(_engine, DEFAULT_LUFS)
     prepared = prepare_request(library, p.text, p.config(), ssml=is_ssml(p.text), lexicon=_lexicon)
     runs = [s.prepared for s in prepared.parts if isinstance(s, Speech)]
     return [
@@ -211,7 +210,7 @@ def synthesize_batch(engine: Engine, prompts: Sequence[Prompt]) -> list[Clip | E
 
 def _clip(engine: Engine, p: Prompt) -> Clip | Exception:
     try:
-        prepared = prepare(engine, p.text, p.config())
+        prepared = _prepare(engine, p)
         request = SpeakRequest(text=p.text, config=p.config(), prepared=prepared)
         audio = join_chunks(Resolver(engine).stream(request, Cancel()))
         if audio is None:
@@ -229,6 +228,12 @@ def _clip(engine: Engine, p: Prompt) -> Clip | Exception:
         )
     except Exception as e:
         return e
+
+
+def _prepare(engine: Engine, p: Prompt) -> Prepared:
+    """A prompt prepared as the daemon prepares it, normalised to audio.loudness_lufs's default
+    (``speakd.loudness``): a board with another level needs a pack made at it."""
+    return prepare(engine, p.text, p.config(), loudness=DEFAULT_LUFS)
 
 
 def _synthesize(prompts: list[Prompt]) -> list[Clip | Exception]:
