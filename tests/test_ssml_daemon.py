@@ -280,7 +280,9 @@ def test_ssip_index_marks_reach_a_libspeechd_client(tmp_path: Path) -> None:
     with wav_server(tmp_path / "ssip.sock", tmp_path / "wav") as server:
         # The first mark comes after a word: libspeechd registers a message's callback when the
         # SPEAK reply arrives, so an event at offset 0 can beat it (as with speech-dispatcher).
-        ssml = '<speak>The <mark name="one"/>door <break time="100ms"/><mark name="two"/>open</speak>'
+        ssml = (
+            '<speak>The <mark name="one"/>door <break time="100ms"/><mark name="two"/>open</speak>'
+        )
         r = subprocess.run(
             [str(SPEECHD), "-c", SPEECHD_CLIENT, str(server.path), ssml],
             capture_output=True,
