@@ -421,7 +421,9 @@ def _describe(path: Path, kind: str) -> VoiceModel | VoiceProblem:
 
 
 def _voice(model: VoiceModel, source: str, config: EngineConfig) -> Voice:
-    """A voice of the folder or the embedded one, on the NPU when ``engine.accelerator`` and its
-    bundle's ``.rknn`` graphs allow, as the ``[engine]`` voice is."""
-    model = accelerate(model, config)
+    """A voice of the folder or the embedded one; a bundle's voice runs on the NPU when
+    ``engine.accelerator`` and its ``.rknn`` graphs allow, as the ``[engine]`` voice does (a
+    bare Piper file has no ``.rknn`` graphs: nothing to decide, nothing logged)."""
+    if getattr(model, "bundle_dir", None) is not None:
+        model = accelerate(model, config)
     return Voice(model, source, lambda: load_model(model, config))
