@@ -18,17 +18,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from speakd.audio import AudioChunk, join_chunks, write_wav
+from speakd.audio import AudioChunk, join_chunks, scale_volume, write_wav
 from speakd.engines.base import Engine, EngineError, SynthesisConfig
 from speakd.errors import RequestError
+from speakd.loudness import DEFAULT_LUFS
+from speakd.loudness import VOICES as LOUDNESS
 from speakd.prepare import Prepared, prepare
 
 
 @dataclass
 class LoadedEngine:
-    """A loaded model; ``synthesize`` may be called from several threads."""
+    """A loaded model; ``synthesize`` may be called from several threads. Its audio is at the
+    daemon's loudness (``audio.loudness_lufs``'s default; None: as the model makes it)."""
 
     engine: Engine
+    loudness: float | None = DEFAULT_LUFS
 
     @property
     def sample_rate(self) -> int:
@@ -45,7 +49,7 @@ class LoadedEngine:
     def prepare(self, text: str, config: SynthesisConfig | None = None) -> Prepared:
         """The request as the daemon sees it: resolved voice, validated options, key, seed.
         Raises ValueError (``RequestError``) saying what is wrong with it."""
-        return prepare(self.engine, text, config or SynthesisConfig())
+        return prepare(self.engine, text, config or SynthesisConfig(), loudness=self.loudness)
 
     def synthesize(
         self,
@@ -53,9 +57,12 @@ class LoadedEngine:
         config: SynthesisConfig | None = None,
         cancel: threading.Event | None = None,
     ) -> Iterator[AudioChunk]:
-        """PCM chunks as the engine makes them; setting ``cancel`` stops within one step."""
+        """PCM chunks as the engine makes them, scaled to ``loudness`` by the one gain the daemon
+        uses for this voice; setting ``cancel`` stops within one step."""
         prepared = self.prepare(text, config)
-        return self.engine.synthesize(prepared.text, prepared.config, cancel)
+        gain = 1.0 if self.loudness is None else LOUDNESS.gain(self.engine, self.loudness)
+        chunks = self.engine.synthesize(prepared.text, prepared.config, cancel)
+        return (scale_volume(chunk, gain) for chunk in chunks)
 
     def synthesize_wav(self, text: str, path: Path, config: SynthesisConfig | None = None) -> float:
         """The whole text into a WAV file; returns its duration in seconds."""
