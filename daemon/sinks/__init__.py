@@ -197,6 +197,9 @@ class _DeviceCalls:
         return True
 
 
+CLOSE_WAIT_S = 2.0  # how long a new stream waits for an abandoned one's close (it may be stuck)
+
+
 def _close_stream(stream: Any) -> None:
     try:
         stream.abort()
@@ -220,6 +223,7 @@ class SoundDeviceSink:
         self._last_try = 0.0
         self._wedged = False  # the last stream stopped taking writes: reopen at once
         self._device: _DeviceCalls | None = None
+        self._closing: threading.Thread | None = None  # an abandoned stream being closed
         self._lock = threading.Lock()
 
     def _sd(self) -> Any:
@@ -233,6 +237,10 @@ class SoundDeviceSink:
 
     def _open(self, sample_rate: int) -> None:
         sd = self._sd()
+        closing = self._closing
+        if closing is not None:  # PortAudio opening a stream while closing one can crash
+            closing.join(CLOSE_WAIT_S)
+            self._closing = None
         if self._error and not self._wedged:  # (no re-init under a write that is still stuck)
             # Devices are enumerated at PortAudio init: re-init to see a device that came back.
             if time.monotonic() - self._last_try < self.RETRY_S:
@@ -306,9 +314,10 @@ class SoundDeviceSink:
         with self._lock:
             stuck, self._stream = self._stream, None
         self._device, self._wedged = None, True
-        threading.Thread(
+        self._closing = threading.Thread(
             target=_close_stream, args=(stuck,), name="speakd-audio-close", daemon=True
-        ).start()
+        )
+        self._closing.start()
         raise SinkUnavailable(self._error)
 
     def abort(self) -> None:
