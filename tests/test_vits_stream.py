@@ -23,7 +23,7 @@ from speakd.engines.vits_split import Reach, SplitVoice, WholeVoice, WindowPlan,
 from speakd.stream import Cancel
 from speakd_tools.bench.vits import LONG_SENTENCE
 from speakd_tools.calibrate.metrics import snr_db
-from tests.tiny_voices import tiny_multispeaker_voice
+from tests.tiny_voices import piper_model, tiny_multispeaker_voice
 from tests.waits import wait_until
 
 LONG = LONG_SENTENCE  # 60 words in one sentence: some 18 s of audio, 9 windows
@@ -307,20 +307,7 @@ def piper_shaped_voice(tmp_path) -> Path:
         init("w_pre", 0.3 * rng.standard_normal((c, c, 5)).astype(np.float32)),
         init("w_up", 0.3 * rng.standard_normal((c, 1, 4)).astype(np.float32)),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "piper_shaped",
-        [
-            helper.make_tensor_value_info("input", TensorProto.INT64, [1, None]),
-            helper.make_tensor_value_info("input_lengths", TensorProto.INT64, [1]),
-            helper.make_tensor_value_info("scales", TensorProto.FLOAT, [3]),
-            helper.make_tensor_value_info("sid", TensorProto.INT64, [1]),
-        ],
-        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 1, 1, None])],
-        initializer=inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)])
-    model.ir_version = 8
+    model = piper_model(nodes, inits, "piper_shaped")
     onnx.checker.check_model(model)
     path = tiny_multispeaker_voice(tmp_path, name="xx_XX-shaped-low")  # its JSON, two speakers
     onnx.save(model, path)

