@@ -199,6 +199,9 @@ def test_from_config_reports_a_recovered_cache_and_reloads_leak_nothing(tmp_path
         return sum(1 for fd in os.listdir("/proc/self/fd") if "cache.db" in _target(fd))
 
     pcm(source, "before reload")
+    # stored after its readers heard the end, on the synthesis thread: the reloads below must
+    # not lose it, not race it
+    wait_until(lambda: source.counters["stored"] == 1)
     counts = []
     for _ in range(20):  # SIGHUP: a new source, the old one closed
         old, source = source, Resolver.from_config(engine, config.cache)
