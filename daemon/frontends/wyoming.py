@@ -23,6 +23,8 @@ Events, on the ``wyoming`` package's own server and event classes:
   "start_s", "end_s"}`` in samples and seconds from ``audio-start`` (``speakd.audio.Word.event``),
   for satellites and robots that move with the speech; Home Assistant reads up to ``audio-stop``
   and skips event types it does not know.
+* ``speakd-mark`` (out, the same way): an SSML ``<mark>``, ``{"name", "sample"}``, ahead of the
+  audio that follows it (after the last chunk, before ``audio-stop``, for a mark at the end).
 
 Work runs in the connection's own task, one request after another, while its events keep being
 read: ``describe`` is answered even mid-synthesis, and a client that goes away cancels what it was
@@ -67,6 +69,7 @@ from speakd.frontends.sentences import SentenceSplitter
 from speakd.frontends.unixserver import widen_backlog
 from speakd.frontends.wyoming_wire import WireError, build_info, read_event
 from speakd.messages import SpeakRequest, error_data
+from speakd.stream import AudioStream
 
 log = logging.getLogger(__name__)
 
@@ -383,8 +386,9 @@ class WyomingHandler(AsyncEventHandler):
             request = self._request(say.text, say.voice)
             rid = self._owed.current = request.id
             async with self.control.stream(request) as stream:
-                offset = 0  # samples sent before this chunk
+                index = offset = 0  # chunks and samples sent before this chunk
                 async for chunk in stream.aread():
+                    await self._marks(stream, index, offset)
                     fmt = {
                         "rate": chunk.sample_rate,
                         "width": chunk.sample_width,
@@ -396,11 +400,12 @@ class WyomingHandler(AsyncEventHandler):
                     for word in chunk.words:
                         timing = word.event(offset, chunk.sample_rate)
                         await self.write_event(Event(f"speakd-{word.kind}", timing))
-                    offset += chunk.frames
+                    index, offset = index + 1, offset + chunk.frames
                     step = SAMPLES_PER_CHUNK * chunk.sample_width * chunk.channels
                     for i in range(0, len(chunk.pcm), step):
                         piece = chunk.pcm[i : i + step]
                         await self.write_event(AudioChunk(audio=piece, **fmt).event())
+                await self._marks(stream, index, offset)
                 if not started:  # no audio at all: still a well-formed answer
                     rate = self.control.sample_rate(request)
                     await self.write_event(AudioStart(rate=rate, width=2, channels=1).event())
@@ -419,6 +424,12 @@ class WyomingHandler(AsyncEventHandler):
         finally:
             self._owed.current = None
         await self.write_event(AudioStop().event())
+
+    async def _marks(self, stream: AudioStream, index: int, offset: int) -> None:
+        """The SSML marks before chunk ``index``, as ``speakd-mark`` events at their offset in
+        samples from ``audio-start`` (the socket's ``mark`` event)."""
+        for name in stream.marks_before(index):
+            await self.write_event(Event("speakd-mark", {"name": name, "sample": offset}))
 
     async def _error(self, e: BaseException) -> None:
         data = error_data(e)
