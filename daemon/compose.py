@@ -1,12 +1,14 @@
 """A marked-up request's audio: the streams of its parts in order, with silences and marks.
 
-SSML (``speakd.markup``) makes a request of several parts: runs of text, each prepared and keyed
-on its own (``speakd.markup.plan``), silences and marks. ``compose`` produces the
-request's one ``AudioStream``: it opens each text part's own stream — a cache hit, or a synthesis
-shared with every other reader of that key — and copies its chunks in, scaled by the part's volume
-and resampled to the request's rate; a silence is zeros; a mark is noted before the chunk it
-precedes (``AudioStream.marks``). Only the parts are cached, so the same sentence in other markup
-shares its clip, and a mark's sample offset is exact whichever parts were cached.
+SSML (``speakd.markup``) and a request's ``chime`` make a request of several parts: runs of text,
+each prepared and keyed on its own (``speakd.markup.plan``), silences, marks and sounds.
+``compose`` produces the request's one ``AudioStream``: it opens each text part's own stream — a
+cache hit, or a synthesis shared with every other reader of that key — and copies its chunks in,
+scaled by the part's volume and resampled to the request's rate; a silence is zeros; a mark is
+noted before the chunk it precedes (``AudioStream.marks``); a sound (``speakd.sounds``) is its
+samples, resampled whole, so the next part follows its last sample with no gap. Only the parts
+are cached, so the same sentence in other markup shares its clip, and a mark's sample offset is
+exact whichever parts were cached.
 """
 
 from __future__ import annotations
@@ -18,16 +20,23 @@ import numpy as np
 import soxr
 
 from speakd.audio import AudioChunk, scale_volume
-from speakd.prepare import Marker, Part, Prepared, Silence
+from speakd.prepare import Marker, Part, Prepared, Silence, Sound
 from speakd.stream import AudioStream
 
 OpenPart = Callable[[Prepared], AudioStream]
+OpenSound = Callable[[Sound], AudioChunk]
 
 
-def compose(out: AudioStream, parts: Sequence[Part], sample_rate: int, open_part: OpenPart) -> None:
+def compose(
+    out: AudioStream,
+    parts: Sequence[Part],
+    sample_rate: int,
+    open_part: OpenPart,
+    open_sound: OpenSound,
+) -> None:
     """Fill ``out`` from ``parts`` (on a thread of its own): ``open_part`` returns a text part's
-    stream with a reader attached. Ends ``out`` cleanly, with the first part's error, or early
-    when ``out`` is cancelled (its last reader left)."""
+    stream with a reader attached, ``open_sound`` a sound's samples. Ends ``out`` cleanly, with
+    the first part's error, or early when ``out`` is cancelled (its last reader left)."""
     out.begin()
     cached = True
     try:
@@ -39,6 +48,8 @@ def compose(out: AudioStream, parts: Sequence[Part], sample_rate: int, open_part
             elif isinstance(part, Silence):
                 frames = part.ms * sample_rate // 1000
                 out.put(AudioChunk(bytes(2 * frames), sample_rate))
+            elif isinstance(part, Sound):
+                out.put(_at_rate(open_sound(part), sample_rate))
             else:
                 cached &= _copy(out, open_part(part.prepared), part.volume, sample_rate)
     except Exception as e:  # a part's failure is the request's
@@ -64,6 +75,14 @@ def _copy(out: AudioStream, stream: AudioStream, volume: float, sample_rate: int
         return stream.from_cache
     finally:
         stream.release()
+
+
+def _at_rate(chunk: AudioChunk, rate: int) -> AudioChunk:
+    """A whole sound at the request's rate, resampled in one go (no stream delay to flush)."""
+    if chunk.sample_rate == rate:
+        return chunk
+    pcm = soxr.resample(chunk.samples(), chunk.sample_rate, rate)
+    return AudioChunk(np.asarray(pcm, dtype="<i2").tobytes(), rate)
 
 
 def _resampled(resampler: soxr.ResampleStream, chunk: AudioChunk, rate: int) -> AudioChunk:

@@ -20,11 +20,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 from speakd.engines.base import SynthesisConfig
 from speakd.errors import RequestError
 from speakd.markup.lexicon import Lexicon
-from speakd.markup.plan import prepare_request
+from speakd.markup.plan import prepare_request, with_chime
 from speakd.markup.ssml import is_ssml
 from speakd.messages import Event, EventCallback, Priority, SpeakRequest, validate_text
-from speakd.prepare import Marker, Part, Silence, Speech
+from speakd.prepare import Marker, Part, Silence, Sound, Speech
 from speakd.scheduler import Scheduler
+from speakd.sounds import CHIMES, Sounds
 from speakd.stream import AudioStream
 from speakd.voices import VoiceLibrary
 
@@ -91,7 +92,7 @@ class Control:
         ``text``, ``format`` (``text`` or ``ssml``; a text whose root is ``<speak>`` is SSML
         either way), ``id``, ``voice``, ``speaker``, ``lang``, ``priority``, ``speed``,
         ``volume``, ``seed``, ``params`` (the engine's options), ``cache_only``, ``words`` (word
-        events, ``speakd.audio.Word``)."""
+        events, ``speakd.audio.Word``), ``chime`` (a sound played first, ``speakd.sounds``)."""
         text = validate_text(fields.get("text"), self.max_text_chars)
         text_format = fields.get("format") or "text"
         if text_format not in FORMATS:
@@ -101,6 +102,7 @@ class Control:
         if isinstance(speaker, int) and not isinstance(speaker, bool):
             speaker = str(speaker)  # a speaker id
         speaker = _string({"speaker": speaker}, "speaker")
+        chime = _string(fields, "chime")
         speed = _number(fields, "speed", 0.25, 4.0)
         volume = _number(fields, "volume", 0.0, 4.0)
         seed = fields.get("seed")
@@ -121,7 +123,10 @@ class Control:
             ssml=text_format == "ssml" or is_ssml(text),
             lexicon=self.lexicon,
             strict_lang=strict_lang,
+            sounds=self.sounds,
         )
+        if chime is not None:
+            prepared = with_chime(prepared, self._chime(chime, prepared.bundle, prepared.config))
         request = SpeakRequest(
             text=text,
             priority=Priority.parse(fields.get("priority")),
@@ -138,6 +143,16 @@ class Control:
         if request_id is not None:
             request.id = _request_id(request_id)
         return request
+
+    def _chime(self, name: str, bundle: str, config: SynthesisConfig) -> Sound:
+        sound = self.sounds.find(name, bundle, config.voice or "")
+        if sound is None:
+            raise RequestError(
+                "unknown_chime",
+                f"unknown chime {name!r} (built-in: {', '.join(CHIMES)}; or the text of a "
+                "pinned clip)",
+            )
+        return sound
 
     def explain(self, request: SpeakRequest) -> dict[str, Any]:
         """What a prepared request will say, part by part (``speakd say --explain``): each run of
@@ -271,6 +286,15 @@ class Control:
         if listener in self.scheduler.listeners:
             self.scheduler.listeners.remove(listener)
 
+    @property
+    def sounds(self) -> Sounds:
+        """The sounds requests name now (built-in chimes and the cache's pinned clips)."""
+        return self.scheduler.resolver.sounds
+
+    def chimes(self) -> list[str]:
+        """The names a ``chime`` may take: the built-in chimes, then pinned clips' texts."""
+        return self.sounds.names()
+
     def cache_store(self) -> CacheStore | None:
         """The cache the daemon plays from now (a reload may replace it), None when it is off:
         where prompt packs arriving over MQTT are imported (mqtt/packs.py)."""
@@ -294,6 +318,7 @@ class Control:
             "streams": {"active": self.streaming, "max": self.max_streams, **self.counters},
             "uptime_s": round(time.monotonic() - self.started, 1),
             "reloads": self.reloads,
+            "chimes": self.chimes(),
             "lexicon": {  # what a reload read: the digest changes when an entry does
                 lex.lang: {"file": lex.path, "digest": lex.digest[:16]}
                 for lex in self.lexicon.languages
@@ -306,6 +331,8 @@ def _explained(part: Part) -> dict[str, Any]:
         return {"silence_ms": part.ms}
     if isinstance(part, Marker):
         return {"mark": part.name}
+    if isinstance(part, Sound):
+        return {"sound": part.name, "key": part.key}
     p = part.prepared
     return {
         "text": p.text,

@@ -56,7 +56,17 @@ class Marker:
     name: str
 
 
-Part = Speech | Silence | Marker
+@dataclass(frozen=True)
+class Sound:
+    """A sound played as it is (``speakd.sounds``): a built-in chime or a pinned clip, by
+    ``name``; ``key`` says which audio, ``loudness`` the LUFS it plays at (None: as stored)."""
+
+    name: str
+    key: str
+    loudness: float | None = None
+
+
+Part = Speech | Silence | Marker | Sound
 
 
 def prepare(

@@ -41,6 +41,7 @@ from speakd.engines.base import Engine, EngineError
 from speakd.loudness import VOICES as LOUDNESS
 from speakd.messages import SpeakRequest
 from speakd.prepare import Prepared
+from speakd.sounds import Sounds
 from speakd.stream import AudioStream
 from speakd.voices import VoiceLibrary
 
@@ -90,6 +91,7 @@ class Resolver:
         if store is not None:
             self._prewarm(prewarm_bytes)
             self._refresh_stats()
+        self.sounds = Sounds(store, self.voices.loudness)  # chimes and pinned clips by name
 
     @classmethod
     def from_config(
@@ -170,6 +172,7 @@ class Resolver:
                 prepared.parts,
                 voice.model.sample_rate,
                 lambda part: self._open(part, cache_only),
+                lambda sound: self.sounds.audio(sound, self._lookup),
             ),
             name=f"speakd-compose-{prepared.key[:8]}",
             daemon=True,

@@ -1,5 +1,6 @@
 """A marked-up request's audio (speakd.compose): parts in order, exact silences, marks at their
-sample offsets, per-part volume, another voice's rate resampled, errors and cancellation."""
+sample offsets, per-part volume, another voice's rate resampled, sounds, errors and
+cancellation."""
 
 from __future__ import annotations
 
@@ -11,10 +12,17 @@ import pytest
 
 from speakd.audio import AudioChunk
 from speakd.compose import compose
-from speakd.prepare import Marker, Silence, Speech
+from speakd.prepare import Marker, Silence, Sound, Speech
 from speakd.stream import AudioStream
 
 RATE = 16000
+
+
+RAMP = np.arange(-800, 800, dtype="<i2")  # a sound whose every sample differs
+SOUNDS = {
+    Sound("ramp", "ramp"): AudioChunk(RAMP.tobytes(), RATE),
+    Sound("ramp-22k", "ramp-22k"): AudioChunk(RAMP.tobytes(), 22050),
+}
 
 
 def tone(frames: int, rate: int = RATE, level: int = 8000) -> AudioChunk:
@@ -50,7 +58,7 @@ class Parts:
 
 def run(parts: list[Any], opener: Parts, rate: int = RATE) -> AudioStream:
     out = AudioStream("request").attach()
-    compose(out, parts, rate, opener.open)
+    compose(out, parts, rate, opener.open, SOUNDS.__getitem__)
     return out
 
 
@@ -100,6 +108,22 @@ def test_another_voices_rate_is_resampled_to_the_requests() -> None:
     assert abs(frames - (1600 + 3200)) <= 2  # 0.2 s at 22.05 kHz is 0.2 s at 16 kHz
 
 
+def test_a_sound_is_its_samples_and_the_next_part_follows_its_last() -> None:
+    p = Parts()
+    out = run([Sound("ramp", "ramp"), Marker("text"), p.hit("a", tone(100))], p)
+    pcm = np.concatenate([c.samples() for c in out.read()])
+    assert np.array_equal(pcm, np.concatenate([RAMP, tone(100).samples()]))
+    assert marks_at(out) == {"text": len(RAMP)}
+
+
+def test_a_sound_of_another_rate_is_resampled_whole() -> None:
+    """One resampling of the whole sound: its length scales exactly, nothing held back."""
+    p = Parts()
+    out = run([Sound("ramp-22k", "ramp-22k"), p.hit("a", tone(100))], p)
+    assert {c.sample_rate for c in out.chunks} == {RATE}
+    assert [c.frames for c in out.chunks] == [round(len(RAMP) * RATE / 22050), 100]
+
+
 def test_a_parts_error_ends_the_request_with_it() -> None:
     p = Parts()
     out = run([p.hit("a", tone(100)), p.miss("b", tone(100), error=RuntimeError("engine died"))], p)
@@ -114,7 +138,7 @@ def test_a_cancelled_request_stops_and_releases_its_part() -> None:
     out = AudioStream("request").attach()
     worker = threading.Thread(
         target=compose,
-        args=(out, [Speech("slow"), Silence(100)], RATE, p.open),  # type: ignore[arg-type]
+        args=(out, [Speech("slow"), Silence(100)], RATE, p.open, SOUNDS.__getitem__),  # type: ignore[arg-type]
     )
     worker.start()
     slow.put(tone(100))

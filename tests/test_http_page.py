@@ -1,8 +1,8 @@
 """The page at ``/`` in a real headless Chromium (Debian's ``chromium``): it asks for the token,
-loads the voices and options, says a text on the board, plays every format it offers in the
-browser, missed (streamed) and hit (whole), to the clip's length, numbers its log in full and
-counts streams with the requests. The screenshot stays in the test's tmp directory (the path is
-printed)."""
+loads the voices, options and chimes, says a text on the board (and one with a chime), plays
+every format it offers in the browser, missed (streamed) and hit (whole), to the clip's length,
+numbers its log in full and counts streams with the requests. The screenshot stays in the test's
+tmp directory (the path is printed)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+import speakd
 from speakd.audio import read_wav
 from speakd.encode import ENCODER_DELAY
 from tests.cdp import Page, chromium
@@ -88,6 +89,25 @@ async def test_the_page_loads_voices_says_plays_and_shows_status(tmp_path: Path)
             await page.evaluate(
                 "const w = document.getElementById('voice'); w.value = 'en_US-joe-medium';"
                 "w.dispatchEvent(new Event('change')); delete document.body.dataset.said"
+            )
+
+            # A chime from the menu (the daemon's list) plays first: loudness off, as shipped.
+            chimes = await page.evaluate(
+                "[...document.getElementById('chime').options].map(o => o.value)"
+            )
+            assert chimes == ["", "ding", "ding-dong", "attention"]
+            await page.evaluate(
+                "document.getElementById('chime').value = 'ding';"
+                "document.getElementById('text').value = 'Chimed.';"
+                "document.getElementById('say').click()"
+            )
+            said = await page.wait_for("document.body.dataset.said", timeout=60)
+            assert said.split()[1] == "done"
+            chimed = read_wav(d.proc.config.parent / "wav" / f"{said.split()[0]}.wav")
+            ding = read_wav(Path(speakd.__file__).parent / "data" / "chime-ding.wav")
+            assert chimed.pcm.startswith(ding.pcm) and len(chimed.pcm) > len(ding.pcm)
+            await page.evaluate(
+                "document.getElementById('chime').value = ''; delete document.body.dataset.said"
             )
 
             # On the board: the daemon's WAV sink gets the request the page names.

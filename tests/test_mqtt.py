@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import speakd.service
@@ -30,6 +31,7 @@ from speakd.mqtt.topics import parse_command_topic
 from speakd.resolver import Resolver
 from speakd.scheduler import Scheduler
 from speakd.sinks import NullSink
+from speakd.sounds import Sounds
 from tests.daemon_proc import DaemonProc, InProcessDaemon, start_daemon, write_config
 from tests.mosquitto import Mosquitto, Received, Watcher
 from tests.test_scheduler import Recorder, settle
@@ -317,6 +319,28 @@ def test_ssml_marks_are_replies_as_playback_reaches_them(
     assert replies[2] == {"id": "marks1", "status": "mark", "name": "b", "sample": len(played)}
 
 
+def test_a_chime_plays_before_the_text_on_both_say_topics(
+    kitchen: DaemonProc, watcher: Watcher
+) -> None:
+    """Hermes and speakd's own say take the socket's ``chime``; an unknown one is an error."""
+    sounds = Sounds(loudness=-20.0)
+    ding = sounds.audio(sounds.find("ding"), lambda key: None).samples()
+    since = watcher.mark()
+    watcher.publish(
+        "hermes/tts/say",
+        json.dumps({"text": "Dinner.", "siteId": "kitchen", "id": "ch1", "chime": "ding"}),
+    )
+    watcher.publish("speakd/kitchen/say", json.dumps({"text": "Dinner.", "id": "ch2"}))
+    watcher.publish("speakd/kitchen/say", json.dumps({"text": "Hi.", "id": "ch3", "chime": "x"}))
+    for rid in ("ch1", "ch2", "ch3"):
+        watcher.wait("hermes/tts/sayFinished", finished(rid), since)
+    chimed, plain = (read_wav(wav_dir(kitchen) / f"{r}.wav").samples() for r in ("ch1", "ch2"))
+    assert np.array_equal(chimed, np.concatenate([ding, plain]))
+    [error] = watcher.matching("hermes/error/tts", since=since)
+    assert error.json()["error"].startswith("unknown_chime: unknown chime 'x'")
+    assert not (wav_dir(kitchen) / "ch3.wav").exists()
+
+
 def test_mosquitto_rr_request_response_with_correlation_data(
     kitchen: DaemonProc, broker: Mosquitto
 ) -> None:
@@ -373,6 +397,10 @@ def test_home_assistant_discovery(kitchen: DaemonProc, watcher: Watcher) -> None
     assert button["command_topic"] == "speakd/kitchen/stop"
     assert sensor["state_topic"] == "speakd/kitchen/status"
     assert sensor["value_template"] == "{{ value_json.state }}"
+    # The chimes a say may name are the sensor's attributes, from the status.
+    assert '"chimes": value_json.chimes' in sensor["json_attributes_template"]
+    status = watcher.wait("speakd/kitchen/status", lambda m: m.retain).json()
+    assert status["chimes"] == ["ding", "ding-dong", "attention"]
     # What Home Assistant sends for notify.send_message: the template rendered around the text.
     message = 'Dinner "is" ready'
     rendered = notify["command_template"].replace("{{ value | to_json }}", json.dumps(message))

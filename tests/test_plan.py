@@ -9,10 +9,11 @@ import pytest
 
 from speakd.engines.base import SynthesisConfig
 from speakd.markup.lexicon import Lexicon
-from speakd.markup.plan import plan, plan_key, prepare_request
+from speakd.markup.plan import plan, plan_key, prepare_request, with_chime
 from speakd.markup.ssml import parse_ssml
 from speakd.messages import RequestError
-from speakd.prepare import Marker, Part, Prepared, Silence, Speech
+from speakd.prepare import Marker, Part, Prepared, Silence, Sound, Speech
+from speakd.sounds import Sounds, chime_key
 from speakd.voices import VoiceLibrary
 from tests.tone_engine import ToneEngine
 
@@ -88,9 +89,45 @@ def test_equal_markup_has_one_key_and_any_change_changes_it() -> None:
         assert key_of(other) != base, other
 
 
-def test_audio_is_its_content_for_now() -> None:
-    [part] = speech(parts_of('<speak><audio src="ding">ding dong</audio></speak>'))
-    assert part.prepared.text == "ding dong"
+def test_audio_is_its_sound_else_its_content_else_unknown_clip() -> None:
+    """SSML's rule: the alternate content is said when the source cannot be played."""
+    sounds = Sounds(loudness=-20.0)
+
+    def parts(document: str) -> list[Part]:
+        return plan(parse_ssml(document), SynthesisConfig(), prepare_text, find_sound=sounds.find)
+
+    said = parts('<speak>Doors <audio src="ding">ding dong</audio> closing</speak>')
+    assert [type(p) for p in said] == [Speech, Sound, Speech]
+    assert said[1] == Sound("ding", chime_key("ding"), -20.0)
+    [alt] = speech(parts('<speak><audio src="no such clip">ding dong</audio></speak>'))
+    assert alt.prepared.text == "ding dong"
+    with pytest.raises(RequestError) as e:
+        parts('<speak>Doors <audio src="no such clip"/></speak>')
+    assert e.value.code == "unknown_clip"
+
+
+def test_a_sound_is_in_the_key() -> None:
+    def key(src: str, loudness: float | None = -20.0) -> str:
+        sounds = Sounds(loudness=loudness)
+        document = f'<speak>Doors <audio src="{src}"/></speak>'
+        return plan_key(
+            plan(parse_ssml(document), SynthesisConfig(), prepare_text, find_sound=sounds.find)
+        )
+
+    assert key("ding") == key("ding")
+    assert len({key("ding"), key("ding-dong"), key("ding", -23.0), key("ding", None)}) == 4
+
+
+def test_a_chime_goes_before_the_request_and_changes_its_key() -> None:
+    prepared = LIBRARY.prepare("Doors closing", SynthesisConfig())
+    chime = Sounds().find("ding")
+    assert chime is not None
+    chimed = with_chime(prepared, chime)
+    assert chimed.parts == (chime, Speech(prepared)) and chimed.key != prepared.key
+    marked = prepare_request(
+        LIBRARY, "<speak>a<break time='1s'/>b</speak>", SynthesisConfig(), ssml=True
+    )
+    assert with_chime(marked, chime).parts == (chime, *marked.parts)
 
 
 # ---- a whole request -------------------------------------------------------------------------

@@ -147,6 +147,16 @@ def test_an_ssml_prompt_packs_the_runs_the_daemon_plays(tmp_path: Path) -> None:
     source.close()
 
 
+def test_an_audio_element_packs_the_text_around_it_not_its_content(tmp_path: Path) -> None:
+    """Its sound (a pinned clip, say) is the board's; its content is said only without one."""
+    pack = tmp_path / "pack.db"
+    ssml = '<speak>Front door <audio src="Door chime.">ding dong</audio> open.</speak>'
+    report = precompute([Prompt(ssml)], pack, lambda: ToneEngine(), progress=False)
+    assert report.failed == []
+    with CacheStore(pack) as store:
+        assert sorted(c.text for c in store.clips()) == ["Front door", "open."]
+
+
 def test_a_lexicon_packs_the_prompts_as_the_board_says_them(tmp_path: Path) -> None:
     engine = ToneEngine()
     (tmp_path / "en.toml").write_text('lang = "en"\n[replace]\n"nginx" = "engine x"\n')

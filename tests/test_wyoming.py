@@ -38,6 +38,7 @@ import speakd
 import speakd.service
 from speakd.audio import read_wav
 from speakd.config import ConfigError, load_config
+from speakd.sounds import Sounds
 from tests.daemon_proc import DaemonProc, InProcessDaemon, start_daemon, write_config
 from tests.tiny_voices import tiny_multispeaker_voice
 from tests.tone_engine import ToneEngine
@@ -245,6 +246,35 @@ async def test_ssml_text_format_on_synthesize_and_on_a_text_stream(
         await client.write_event(SynthesizeStop().event())
         streamed = await read_until(client, "synthesize-stopped")
         assert audio_of(streamed) == whole
+
+
+async def test_speakd_chime_plays_before_a_synthesize_and_a_streams_first_sentence(
+    daemon: tuple[DaemonProc, int],
+) -> None:
+    """speakd's ``speakd_chime`` field (Home Assistant sends none): the chime's samples, then the
+    text's, in one answer; on a text stream only the first sentence has it."""
+    _, port = daemon
+    sounds = Sounds(loudness=-20.0)
+    ding = sounds.audio(sounds.find("ding"), lambda key: None).pcm
+    async with tcp(port) as client:
+        first, second = [audio_of(await synthesize(client, s)) for s in SENTENCES[:2]]
+        chimed = Synthesize(SENTENCES[0]).event()
+        chimed.data["speakd_chime"] = "ding"
+        await client.write_event(chimed)
+        assert audio_of(await read_until(client, "audio-stop")) == ding + first
+        start = SynthesizeStart().event()
+        start.data["speakd_chime"] = "ding"
+        await client.write_event(start)
+        await client.write_event(SynthesizeChunk(" ".join(SENTENCES[:2])).event())
+        await client.write_event(SynthesizeStop().event())
+        streamed = await read_until(client, "synthesize-stopped")
+        stops = [i for i, e in enumerate(streamed) if e.type == "audio-stop"]
+        assert audio_of(streamed[: stops[0]]) == ding + first
+        assert audio_of(streamed[stops[0] :]) == second
+        unknown = Synthesize(SENTENCES[0]).event()
+        unknown.data["speakd_chime"] = "klaxon"
+        await client.write_event(unknown)
+        assert error_of(await read_until(client, "audio-stop")) == "unknown_chime"
 
 
 async def test_ssml_marks_are_speakd_mark_events_ahead_of_the_audio_that_follows(

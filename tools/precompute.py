@@ -48,8 +48,9 @@ from speakd.markup.lexicon import Lexicon, LexiconError
 from speakd.markup.plan import prepare_request
 from speakd.markup.ssml import is_ssml
 from speakd.messages import SpeakRequest
-from speakd.prepare import Prepared, Speech, prepare
+from speakd.prepare import Prepared, Sound, Speech, prepare
 from speakd.resolver import Resolver
+from speakd.sounds import Sounds
 from speakd.stream import Cancel
 from speakd.voices import VoiceLibrary
 
@@ -188,7 +189,9 @@ def _parts(p: Prompt) -> list[Prompt]:
     if not is_ssml(p.text) and not _lexicon.languages:
         return [p]
     library = VoiceLibrary.of(_engine, DEFAULT_LUFS)
-    prepared = prepare_request(library, p.text, p.config(), ssml=is_ssml(p.text), lexicon=_lexicon)
+    prepared = prepare_request(
+        library, p.text, p.config(), ssml=is_ssml(p.text), lexicon=_lexicon, sounds=_EverySound()
+    )
     runs = [s.prepared for s in prepared.parts if isinstance(s, Speech)]
     return [
         dataclasses.replace(
@@ -196,6 +199,13 @@ def _parts(p: Prompt) -> list[Prompt]:
         )
         for r in (runs if prepared.parts else [prepared])
     ]
+
+
+class _EverySound(Sounds):
+    """An ``<audio src>`` is the board's sound (docs/ssml.md): its content is not packed."""
+
+    def find(self, name: str, bundle: str = "", voice: str = "") -> Sound:
+        return Sound(name, name)
 
 
 def synthesize_batch(engine: Engine, prompts: Sequence[Prompt]) -> list[Clip | Exception]:

@@ -73,6 +73,12 @@ async function loadVoices() {
   for (const f of info.formats) option(format, f, f, f === "wav");
   showVoice();
   document.body.dataset.voices = String(info.voices.length);
+  // the built-in chimes and the pinned clips a request may play first (speakd's chime field)
+  const chimes = (await (await api("v1/status")).json()).chimes;
+  const chime = $("chime");
+  chime.replaceChildren();
+  option(chime, "", "none", true);
+  for (const c of chimes) option(chime, c, c, false);
 }
 
 // The chosen voice's speakers (a multi-speaker Piper voice, ChatTTS's embeddings) and options.
@@ -123,6 +129,7 @@ function request() {
     speaker: $("speaker").parentElement.hidden ? null : $("speaker").value,
     speed: Number($("speed").value) || 1,
     params: params(),
+    chime: $("chime").value || null,
   };
 }
 
@@ -150,7 +157,7 @@ async function play() {
   const r = request();
   const response = await api("v1/audio/speech", {
     model: "speakd", input: r.text, voice: r.voice, speaker: r.speaker, speed: r.speed,
-    params: r.params,
+    params: r.params, chime: r.chime,
     response_format: $("format").value,
   });
   let blob = await response.blob();

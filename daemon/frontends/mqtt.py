@@ -2,7 +2,7 @@
 
 In (QoS 1; only for our site ids — ``site_id`` and ``site_ids``):
   ``hermes/tts/say``          ``{"text", "siteId"="default", "id"?, "sessionId"?, "lang"?,
-                              "volume"?}`` plus speakd's say fields (voice, priority, speed, …)
+                              "volume"?}`` plus speakd's say fields (voice, priority, chime, …)
   ``<prefix>/<site>/say``     the same JSON; the site comes from the topic
   ``<prefix>/<site>/stop``    any payload: stop speaking and drop the queue
   ``<prefix>/<site>/cancel``  empty (the current request) or ``{"id": …}``

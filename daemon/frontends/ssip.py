@@ -10,8 +10,10 @@ applied to each SPEAK: PRIORITY → the scheduler's priority, RATE −100..100 �
 SYNTHESIS_VOICE → the voice when speakd knows it (else the default voice, as speechd's modules
 fall back), LANGUAGE → a voice of that language when the default voice is of another one,
 SSML_MODE on → the text is SSML (docs/ssml.md; a fragment without ``<speak>`` is wrapped in
-one), SPELLING on → letters spoken one by one. PITCH, PITCH_RANGE, PUNCTUATION, CAP_LET_RECOGN,
-VOICE_TYPE and OUTPUT_MODULE are accepted, stored and reported by GET, but change nothing.
+one), SPELLING on → letters spoken one by one, and speakd's own CHIME <name> (``NONE``: off) → that
+sound before each SPEAK (a request's ``chime``, ``speakd.sounds``). PITCH, PITCH_RANGE,
+PUNCTUATION, CAP_LET_RECOGN, VOICE_TYPE and OUTPUT_MODULE are accepted, stored and reported by
+GET, but change nothing.
 Events 700 (an SSML mark reached, ``INDEX MARK`` with its name) and 701–705 go out (when the
 client turned them on with ``SET SELF NOTIFICATION``) only between complete replies. Framing
 rules live in ``ssip_parser``.
@@ -282,13 +284,15 @@ class SsipFrontend:
             return ERR_INVALID_COMMAND
         if conn.in_block and sub in ("output_module", "spelling"):
             return ERR_NOT_ALLOWED_INSIDE_BLOCK
-        if sub == "synthesis_voice":  # the rest of the line: voice names may contain spaces
+        if sub in ("synthesis_voice", "chime"):  # the rest of the line: names may have spaces
             value = " ".join(words[3:]).strip()
         if not value:
             return ERR_MISSING_PARAMETER
         parsed = setting_value(sub, value)
         if isinstance(parsed, bytes):
             return parsed
+        if sub == "chime" and parsed and self.control.sounds.find(parsed) is None:
+            return reply(418, "ERR UNKNOWN CHIME")
         targets = self._targets(conn, who)
         if targets is None:
             return ERR_PARAMETER_INVALID
@@ -345,13 +349,15 @@ class SsipFrontend:
         settings = conn.settings
         if settings.ssml_mode and settings.spelling:
             text = strip_ssml(text)  # spelled letter by letter: the markup has no say
+        chime = settings.chime or None
         if settings.spelling:
-            return self._queue(conn, " ".join(c for c in text if not c.isspace()))
+            return self._queue(conn, " ".join(c for c in text if not c.isspace()), chime=chime)
         if settings.ssml_mode:
             if not strip_ssml(text):
                 return self._queue(conn, "")  # tags only: nothing to say
-            return self._queue(conn, text if is_ssml(text) else f"<speak>{text}</speak>", ssml=True)
-        return self._queue(conn, text)
+            document = text if is_ssml(text) else f"<speak>{text}</speak>"
+            return self._queue(conn, document, ssml=True, chime=chime)
+        return self._queue(conn, text, chime=chime)
 
     def _event_message(self, conn: Connection, words: list[str], line: str) -> bytes:
         """CHAR, KEY and SOUND_ICON: one short message each, answered like SPEAK."""
@@ -365,7 +371,9 @@ class SsipFrontend:
             return self._queue(conn, param.replace("_", " "))
         return self._queue(conn, param if param != "space" else "space")
 
-    def _queue(self, conn: Connection, text: str, *, ssml: bool = False) -> bytes:
+    def _queue(
+        self, conn: Connection, text: str, *, ssml: bool = False, chime: str | None = None
+    ) -> bytes:
         """Hand one message to the scheduler; reply 225 with its id (or the error)."""
         msg = Message(next(self._msg_ids), conn.client_id, conn)
         if not text.strip():
@@ -377,6 +385,7 @@ class SsipFrontend:
         fields: dict[str, Any] = {
             "text": text,
             "format": "ssml" if ssml else None,
+            "chime": chime,
             "id": f"ssip-{msg.msg_id}",
             "priority": conn.settings.priority.name.lower(),
             "voice": self._voice(conn.settings),

@@ -40,6 +40,7 @@ SET_REPLIES: dict[str, tuple[int, str, int]] = {
     "volume": (218, "OK VOLUME SET", 314),
     "ssml_mode": (219, "OK SSML MODE SET", 315),
     "pitch_range": (263, "OK PITCH RANGE SET", 340),
+    "chime": (280, "OK CHIME SET", 341),  # speakd's own: a sound before each SPEAK
 }
 # Settings older libspeechd clients still send. Before speech-dispatcher 0.10 the voice type was
 # ``SET … VOICE`` (and ``GET VOICE``); before 0.2 a client could load character, key, sound,
@@ -96,6 +97,7 @@ class Settings:
     cap_let_recogn: str = "none"
     spelling: bool = False
     ssml_mode: bool = False
+    chime: str = ""  # a sound's name (speakd.sounds); "" none
     pause_context: int = 0
     notify: set[str] = field(default_factory=set)
 
@@ -124,7 +126,9 @@ def setting_value(sub: str, value: str) -> Any:
         return value if value in VOICE_TYPES else reply(309, "ERR COULDNT SET VOICE")
     if sub in ("language", "output_module"):
         return value.lower()
-    return value  # synthesis_voice keeps its case
+    if sub == "chime" and value.lower() == "none":
+        return ""
+    return value  # synthesis_voice and chime keep their case
 
 
 def apply_setting(settings: Settings, sub: str, value: Any) -> None:

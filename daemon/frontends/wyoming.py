@@ -17,6 +17,9 @@ Events, on the ``wyoming`` package's own server and event classes:
 * ``text_format: "ssml"`` on ``synthesize`` or ``synthesize-start`` makes the text SSML
   (docs/ssml.md); a streamed SSML text is spoken whole at ``synthesize-stop``, since markup cannot
   be cut into sentences before it is complete.
+* ``speakd_chime`` (speakd's own field) on ``synthesize`` or ``synthesize-start``: a request's
+  ``chime`` (``speakd.sounds``), played first in the same audio; a streamed text's first
+  sentence has it.
 * ``ping`` → ``pong``. Other event types are dropped, as the protocol asks of servers.
 * ``speakd-word`` (out, between ``audio-start`` and ``audio-stop``, ahead of the audio it starts
   in; ``speakd-sentence`` after a ChatTTS sentence): a word's timing, ``{"word", "start", "end",
@@ -82,7 +85,7 @@ class _Say:
     answered in order and a reload's new engine is the one that checks it."""
 
     text: Any
-    voice: dict[str, str]
+    voice: dict[str, Any]  # the request's fields but its text
 
 
 STOPPED = None  # a job: the text stream's last sentence is out, send synthesize-stopped
@@ -163,6 +166,7 @@ class _TextStream:
 
     voice: dict[str, str]
     splitter: SentenceSplitter
+    chime: dict[str, Any] = field(default_factory=dict)  # the first sentence's
     ssml: bool = False  # text_format "ssml": one document, spoken whole at synthesize-stop
     document: str = ""
     failed: bool = False
@@ -269,6 +273,7 @@ class WyomingHandler(AsyncEventHandler):
             try:
                 synthesize = _parse(Synthesize.from_event, event)
                 fields = _voice_fields(synthesize.voice) | _format(synthesize.text_format)
+                fields |= _chime(event)
                 self._enqueue(_Say(synthesize.text, fields))
             except RequestError as e:  # answered as a failed synthesis is (see _speak)
                 self.control.refused(self.origin, e.code)
@@ -276,7 +281,7 @@ class WyomingHandler(AsyncEventHandler):
                 await self.write_event(AudioStop().event())
         elif SynthesizeStart.is_type(kind):
             start = _parse(SynthesizeStart.from_event, event)
-            self._start_text(start.voice, start.text_format)
+            self._start_text(start.voice, start.text_format, _chime(event))
         elif SynthesizeChunk.is_type(kind):
             text = self._open_text(kind)
             chunk = _parse(SynthesizeChunk.from_event, event).text
@@ -305,12 +310,14 @@ class WyomingHandler(AsyncEventHandler):
 
     # ---- text streamed in -------------------------------------------------------------------
 
-    def _start_text(self, voice: SynthesizeVoice | None, text_format: str | None) -> None:
+    def _start_text(
+        self, voice: SynthesizeVoice | None, text_format: str | None, chime: dict[str, Any]
+    ) -> None:
         if self._text is not None:
             raise RequestError("bad_event", "synthesize-start inside an open text stream")
         fields = _voice_fields(voice) | _format(text_format)
         splitter = SentenceSplitter(self.control.max_text_chars)
-        self._text = _TextStream(fields, splitter, ssml="format" in fields)
+        self._text = _TextStream(fields, splitter, chime, ssml="format" in fields)
         try:  # refuse an unknown voice once, here, rather than once per sentence
             self.control.select_voice(
                 fields.get("voice"), fields.get("lang"), fields.get("speaker")
@@ -340,13 +347,16 @@ class WyomingHandler(AsyncEventHandler):
     def _sentences(self, text: _TextStream, sentences: list[str], *end: Job) -> None:
         jobs: list[Job] = []
         if not text.failed:
-            jobs = [_Say(s, text.voice) for s in sentences]
+            jobs = [
+                _Say(s, text.voice | (text.chime if text.sentences + i == 0 else {}))
+                for i, s in enumerate(sentences)
+            ]
             text.sentences += len(jobs)
         self._enqueue(*jobs, *end)
 
     # ---- the work ---------------------------------------------------------------------------
 
-    def _request(self, text: Any, voice: dict[str, str]) -> SpeakRequest:
+    def _request(self, text: Any, voice: dict[str, Any]) -> SpeakRequest:
         return self.control.build_request(
             {"text": text, **voice}, origin=self.origin, client=self.client
         )
@@ -450,6 +460,12 @@ def _parse(parser: Any, event: Event) -> Any:
 def _format(text_format: str | None) -> dict[str, str]:
     """``text_format: "ssml"`` makes the text SSML (docs/ssml.md); any other is plain text."""
     return {"format": "ssml"} if text_format == "ssml" else {}
+
+
+def _chime(event: Event) -> dict[str, Any]:
+    """speakd's ``speakd_chime`` field as the request's ``chime``."""
+    chime = event.data.get("speakd_chime")
+    return {} if chime is None else {"chime": chime}
 
 
 def _voice_fields(voice: SynthesizeVoice | None) -> dict[str, str]:

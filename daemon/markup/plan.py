@@ -3,10 +3,12 @@
 Neighbouring text and phonemes of one voice, language and prosody are one part, prepared and keyed
 like any plain request (so the same sentence in other markup, or sent as plain text, shares its
 clip). Phonemes go inline as Piper's ``[[ … ]]`` to a voice that takes them (``phoneme_input``), and
-as the word they stand for to one that does not. A break is a silence, a mark a marker; an
-``<audio>`` clip is said by its content for now. The request's key hashes the parts' keys, silences
-and marks in order: equal markup gives an equal key, and any change of a part, a pause or a mark
-changes it.
+as the word they stand for to one that does not. A break is a silence, a mark a marker, an
+``<audio src>`` the sound of that name (``speakd.sounds``: a built-in chime or a pinned clip), or,
+when there is none, its content (SSML's alternate text), else ``unknown_clip``. A request's
+``chime`` is a sound before its parts (``with_chime``). The request's key hashes the parts' keys,
+silences, marks and sounds in order: equal markup gives an equal key, and any change of a part, a
+pause, a mark or a sound changes it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from speakd.engines.base import SynthesisConfig
+from speakd.errors import RequestError
 from speakd.keys import canonical_json
 from speakd.markup.lexicon import Lexicon
 from speakd.markup.sayas import guess_language
@@ -33,7 +36,8 @@ from speakd.markup.segments import (
     speakable,
 )
 from speakd.markup.ssml import parse_ssml
-from speakd.prepare import Marker, Part, Prepared, Silence, Speech
+from speakd.prepare import Marker, Part, Prepared, Silence, Sound, Speech
+from speakd.sounds import Sounds
 
 if TYPE_CHECKING:
     from speakd.voices import VoiceLibrary
@@ -44,6 +48,7 @@ NO_LEXICON = Lexicon()
 
 PrepareText = Callable[[str, SynthesisConfig], Prepared]
 TakesPhonemes = Callable[[SynthesisConfig], bool]
+FindSound = Callable[[str], Sound | None]
 
 
 def prepare_request(
@@ -54,9 +59,12 @@ def prepare_request(
     ssml: bool = False,
     lexicon: Lexicon = NO_LEXICON,
     strict_lang: bool = True,
+    sounds: Sounds | None = None,
 ) -> Prepared:
     """What a request means with its markup and the lexicon: SSML is parsed (``bad_ssml``), the
-    lexicon applied to each run of text in its language. Plain text whose lexicon entries only
+    lexicon applied to each run of text in its language, an ``<audio src>`` found in ``sounds``
+    (None: the built-in chimes only), the request's voice's clip first. Plain text whose lexicon
+    entries only
     replace words stays plain text (its whitespace and line breaks kept), and markup that comes
     down to one run of plain text (``<speak>Hello</speak>``) is prepared as that text, with its
     key; anything else has parts."""
@@ -73,6 +81,7 @@ def prepare_request(
             said = "".join(p.text for p in pieces)
             return library.prepare(said, config, strict_lang=strict_lang)
         segments = list(pieces)
+    sounds = sounds or Sounds(loudness=library.loudness)
     parts = plan(
         segments,
         config,
@@ -80,6 +89,7 @@ def prepare_request(
         lambda c: getattr(
             library.select(c.voice, c.lang, strict=False)[0].model, "phoneme_input", False
         ),
+        lambda src: sounds.find(src, voice.model.bundle_id, name),
     )
     speech = [p.prepared for p in parts if isinstance(p, Speech)]
     if len(parts) == 1 and speech and parts[0] == Speech(speech[0]):
@@ -110,10 +120,12 @@ def plan(
     config: SynthesisConfig,
     prepare_text: PrepareText,
     takes_phonemes: TakesPhonemes = lambda config: False,
+    find_sound: FindSound = lambda src: None,
 ) -> list[Part]:
     """The parts of ``segments`` for a request of ``config``; ``prepare_text`` prepares one run
     of text (RequestError for a voice or language that does not exist), ``takes_phonemes`` says
-    whether the voice a config chooses reads ``[[ phonemes ]]``."""
+    whether the voice a config chooses reads ``[[ phonemes ]]``, ``find_sound`` finds an
+    ``<audio src>``'s sound by name."""
     parts: list[Part] = []
     run: list[Text | Phonemes] = []
 
@@ -127,40 +139,66 @@ def plan(
                 parts.append(Speech(prepare_text(text, run_config), style.volume))
             run.clear()
 
-    for seg in _flat(segments):
+    for seg in _flat(segments, find_sound):
         if isinstance(seg, Text | Phonemes):
             if run and run[0].style != seg.style:
                 flush()
             run.append(seg)
             continue
         flush()
-        parts.append(Silence(seg.ms) if isinstance(seg, Break) else Marker(seg.name))
+        if isinstance(seg, Sound):
+            parts.append(seg)
+        else:
+            parts.append(Silence(seg.ms) if isinstance(seg, Break) else Marker(seg.name))
     flush()
     return parts
 
 
+def with_chime(prepared: Prepared, chime: Sound) -> Prepared:
+    """The request with ``chime`` played before it: one composed stream (``speakd.compose``),
+    gapless, keyed by its parts as marked-up text is; its text parts keep their own clips."""
+    parts = (chime, *(prepared.parts or (Speech(prepared),)))
+    return dataclasses.replace(prepared, parts=parts, key=plan_key(parts))
+
+
 def plan_key(parts: Iterable[Part]) -> str:
-    """The request's audio key: its parts' keys and volumes, silences and marks, in order."""
-    material = [
-        {"key": p.prepared.key, "volume": p.volume}
-        if isinstance(p, Speech)
-        else {"silence": p.ms}
-        if isinstance(p, Silence)
-        else {"mark": p.name}
-        for p in parts
-    ]
+    """The request's audio key: its parts' keys and volumes, silences, marks and sounds (their
+    audio and loudness), in order."""
+    material = [_material(p) for p in parts]
     return hashlib.sha256(
         canonical_json({"v": PLAN_VERSION, "parts": material}).encode()
     ).hexdigest()
 
 
-def _flat(segments: Iterable[Segment]) -> Iterable[Text | Phonemes | Break | Mark]:
-    """Clips by name are not played yet: an ``<audio>`` is its content."""
+def _material(part: Part) -> dict[str, object]:
+    if isinstance(part, Speech):
+        return {"key": part.prepared.key, "volume": part.volume}
+    if isinstance(part, Silence):
+        return {"silence": part.ms}
+    if isinstance(part, Sound):
+        return {"sound": part.key, "loudness": part.loudness}
+    return {"mark": part.name}
+
+
+def _flat(
+    segments: Iterable[Segment], find_sound: FindSound
+) -> Iterable[Text | Phonemes | Break | Mark | Sound]:
+    """An ``<audio>`` is its sound, or its content when there is no such sound."""
     for seg in segments:
-        if isinstance(seg, Audio):
-            yield from _flat(seg.alt)
-        else:
+        if not isinstance(seg, Audio):
             yield seg
+            continue
+        sound = find_sound(seg.src)
+        if sound is not None:
+            yield sound
+        elif seg.alt:
+            yield from _flat(seg.alt, find_sound)
+        else:
+            raise RequestError(
+                "unknown_clip",
+                f"<audio src={seg.src!r}>: no built-in chime or pinned clip has that name, and "
+                "the element has no content to say instead",
+            )
 
 
 def _words(seg: Text | Phonemes, inline: bool) -> str:

@@ -360,8 +360,8 @@ class Discovery(Message):
 def discovery_messages(
     discovery_prefix: str, topics: SiteTopics, version: str, voices: list[str]
 ) -> list[Discovery]:
-    """A notify entity that speaks, a stop button, a state sensor and the default voice's
-    select, on one device."""
+    """A notify entity that speaks, a stop button, a state sensor (its attributes list the
+    chimes a say may name) and the default voice's select, on one device."""
     base = object_id(f"{topics.prefix}_{topics.site}")
     common = {
         "availability_topic": topics.availability,
@@ -407,8 +407,8 @@ def discovery_messages(
                 "value_template": "{{ value_json.state }}",
                 "json_attributes_topic": topics.status,
                 "json_attributes_template": (
-                    '{{ {"current": value_json.current, "queue_length": value_json.queue_length}'
-                    " | to_json }}"
+                    '{{ {"current": value_json.current, "queue_length": value_json.queue_length,'
+                    ' "chimes": value_json.chimes} | to_json }}'
                 ),
                 "icon": "mdi:account-voice",
             },

@@ -1,0 +1,188 @@
+"""Chimes and ``<audio src>`` end to end: a real ``speakd serve`` (embedded Piper voice, realtime
+WAV sink) whose cache holds a prompt pack made by ``speakd-tools precompute`` and imported, driven
+over its JSON socket, HTTP and SSIP sockets. A chime and the text are one stream with no gap, at
+the loudness target; a cancel during the chime ends all of it; unknown names are coded errors."""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from speakd.audio import read_wav
+from speakd.cache.packs import import_pack
+from speakd.cache.store import CacheStore
+from speakd.loudness import integrated_loudness
+from speakd.sounds import Sounds
+from tests.http_daemon import HttpDaemon, start_http_daemon
+from tests.ssip_harness import SsipClient
+
+RATE = 22050  # the embedded voice's, and the built-in chimes'
+PROMPT = "Mind the gap."
+TEXT = "Doors closing."
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory):
+    from speakd_tools.precompute import main as precompute_main
+
+    tmp = tmp_path_factory.mktemp("chimes")
+    prompts, pack = tmp / "prompts.txt", tmp / "pack.db"
+    prompts.write_text(PROMPT + "\n")
+    assert precompute_main([str(prompts), "--out", str(pack), "--no-progress"]) == 0
+    with CacheStore(tmp / "daemon" / "cache.db") as store:
+        assert import_pack(store, pack) == (1, 1)
+    d = start_http_daemon(tmp / "daemon", realtime=True)
+    yield d
+    assert d.stop() == 0, d.proc.log_text()
+
+
+@pytest.fixture(scope="module")
+def clip(served: HttpDaemon) -> np.ndarray:
+    """The pinned clip's samples as the pack stored them (made at the daemon's -20 LUFS)."""
+    with CacheStore(served.proc.config.parent / "cache.db") as store:
+        [pinned] = [c for c in store.clips(pinned_only=True) if c.text == PROMPT]
+    assert pinned.sample_rate == RATE and pinned.params["loudness"]["lufs"] == -20.0
+    return np.frombuffer(pinned.audio, dtype="<i2")
+
+
+def chime(name: str) -> np.ndarray:
+    """A built-in chime at the daemon's loudness target (-20 LUFS, the default)."""
+    sounds = Sounds(loudness=-20.0)
+    sound = sounds.find(name)
+    assert sound is not None
+    return sounds.audio(sound, lambda key: None).samples()
+
+
+def synth(d: HttpDaemon, **fields: Any) -> tuple[np.ndarray, list[dict[str, Any]]]:
+    """A socket ``synth``: its PCM and every event but the audio ones."""
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(60)
+        s.connect(d.proc.socket)
+        s.sendall(json.dumps({"op": "synth", "id": "s", **fields}).encode() + b"\n")
+        pcm, events = [], []
+        for line in s.makefile("rb"):
+            event = json.loads(line)
+            if event["event"] == "audio":
+                assert event["format"]["rate"] == RATE
+                pcm.append(np.frombuffer(base64.b64decode(event["data"]), dtype="<i2"))
+            else:
+                events.append(event)
+            if event["event"] in ("finished", "error"):
+                break
+    return (np.concatenate(pcm) if pcm else np.zeros(0, dtype="<i2")), events
+
+
+def played(d: HttpDaemon, request_id: str) -> np.ndarray:
+    return read_wav(d.proc.config.parent / "wav" / f"{request_id}.wav").samples()
+
+
+def zeros_at_end(pcm: np.ndarray) -> int:
+    return len(pcm) - (np.flatnonzero(pcm)[-1] + 1)
+
+
+def zeros_at_start(pcm: np.ndarray) -> int:
+    return int(np.flatnonzero(pcm)[0])
+
+
+def test_a_chime_and_the_text_are_one_gapless_stream_at_the_target(served: HttpDaemon) -> None:
+    """The chime's samples, then the text's own clip from its first sample: no gap but the
+    chime's own fade and the voice's leading silence."""
+    pcm, events = synth(served, text=TEXT, chime="ding")
+    text, _ = synth(served, text=TEXT)
+    ding = chime("ding")
+    assert events[-1]["event"] == "finished" and events[-1]["status"] == "done"
+    assert np.array_equal(pcm, np.concatenate([ding, text]))
+    junction = pcm[len(ding) - zeros_at_end(ding) : len(ding) + zeros_at_start(text)]
+    assert not junction[1:-1].any() and len(junction) < 0.05 * RATE
+    measured = integrated_loudness(pcm[: len(ding)] / 32768.0, RATE)
+    assert measured == pytest.approx(-20.0, abs=1.0)
+
+
+def test_a_pinned_clip_is_a_chime_by_its_text_on_http_say(served: HttpDaemon, clip) -> None:
+    said = httpx.post(
+        f"{served.url}/v1/say",
+        json={"text": TEXT, "chime": PROMPT, "wait": True, "id": "h-chime"},
+        headers=served.auth,
+        timeout=60,
+    ).json()
+    assert said["status"] == "done", said
+    text, _ = synth(served, text=TEXT)
+    assert np.array_equal(played(served, "h-chime"), np.concatenate([clip, text]))
+
+
+def test_audio_src_plays_the_pinned_clip_else_its_content(served: HttpDaemon, clip) -> None:
+    text, _ = synth(served, text=TEXT)
+    pcm, events = synth(served, text=f'<speak><audio src="{PROMPT}"/> {TEXT}</speak>')
+    assert events[-1]["status"] == "done"
+    assert np.array_equal(pcm, np.concatenate([clip, text]))
+    alt, _ = synth(served, text=f'<speak><audio src="Not a clip.">{TEXT}</audio></speak>')
+    assert np.array_equal(alt, text)  # SSML's alternate content, said instead
+    _, events = synth(served, text='<speak>Hello <audio src="Not a clip."/></speak>')
+    assert events[-1]["event"] == "error" and events[-1]["code"] == "unknown_clip"
+
+
+def test_an_unknown_chime_is_refused_counted_and_the_daemon_serves_on(
+    served: HttpDaemon,
+) -> None:
+    _, events = synth(served, text=TEXT, chime="klaxon")
+    assert events == [
+        {
+            "event": "error",
+            "id": "s",
+            "code": "unknown_chime",
+            "message": "unknown chime 'klaxon' (built-in: ding, ding-dong, attention; or the "
+            "text of a pinned clip)",
+        }
+    ]
+    r = httpx.post(
+        f"{served.url}/v1/say",
+        json={"text": TEXT, "chime": "klaxon"},
+        headers=served.auth,
+        timeout=30,
+    )
+    assert r.status_code == 400 and r.json()["error"]["code"] == "unknown_chime"
+    refused = {"kind": "refused", "outcome": "unknown_chime"}
+    assert served.metric("speakd_requests_total", frontend="json", **refused) == 1
+    assert served.metric("speakd_requests_total", frontend="http", **refused) == 1
+    assert served.proc.say(TEXT, id="after")[-1]["status"] == "done"
+    assert served.status()["chimes"] == ["ding", "ding-dong", "attention", PROMPT]
+
+
+def test_a_cancel_during_the_chime_ends_the_whole_request(served: HttpDaemon) -> None:
+    """Played in real time: cancelled once playback started, within the 1.4 s chime, the file
+    holds part of the chime and nothing of the text."""
+    with served.proc.client() as c, served.proc.client() as other:
+        events = []
+        for event in c.say({"text": TEXT, "chime": "attention", "id": "c1"}, wait=True):
+            events.append(event)
+            if event["event"] == "started":
+                assert other.request({"op": "cancel", "id": "c1"})["cancelled"] == 1
+    assert events[-1] == {"event": "finished", "id": "c1", "status": "cancelled"}
+    pcm = played(served, "c1")
+    attention = chime("attention")
+    assert 0 < len(pcm) < len(attention)
+    assert np.array_equal(pcm, attention[: len(pcm)])
+
+
+def test_ssip_set_self_chime_plays_it_before_each_speak(served: HttpDaemon) -> None:
+    text, _ = synth(served, text=TEXT)
+    with SsipClient(served.proc.config.parent / "ssip.sock", timeout=30) as c:
+        assert c.code("SET SELF NOTIFICATION END ON") == 220
+        assert c.command("SET SELF CHIME klaxon") == ["418 ERR UNKNOWN CHIME"]
+        assert c.command("SET SELF CHIME ding-dong") == ["280 OK CHIME SET"]
+        first = c.speak(TEXT)
+        c.wait_event(702, first, timeout=30)
+        assert c.command(f"SET SELF CHIME {PROMPT}") == ["280 OK CHIME SET"]  # spaces and all
+        assert c.command("SET SELF CHIME NONE") == ["280 OK CHIME SET"]
+        second = c.speak(TEXT)
+        c.wait_event(702, second, timeout=30)
+    assert np.array_equal(
+        played(served, f"ssip-{first}"), np.concatenate([chime("ding-dong"), text])
+    )
+    assert np.array_equal(played(served, f"ssip-{second}"), text)
