@@ -18,7 +18,7 @@ from speakd.audio import read_wav
 from speakd.cache.packs import import_pack
 from speakd.cache.store import CacheStore
 from speakd.loudness import integrated_loudness
-from speakd.sounds import Sounds
+from speakd.sounds import Sounds, chime_key
 from tests.http_daemon import HttpDaemon, start_http_daemon
 from tests.ssip_harness import SsipClient
 
@@ -102,6 +102,14 @@ def test_a_chime_and_the_text_are_one_gapless_stream_at_the_target(served: HttpD
     assert not junction[1:-1].any() and len(junction) < 0.05 * RATE
     measured = integrated_loudness(pcm[: len(ding)] / 32768.0, RATE)
     assert measured == pytest.approx(-20.0, abs=1.0)
+
+
+def test_explain_shows_the_chime_before_the_text(served: HttpDaemon) -> None:
+    with served.proc.client() as c:
+        explained = c.request({"op": "explain", "text": TEXT, "chime": "ding"})
+    sound, text = explained["parts"]
+    assert sound == {"sound": "ding", "key": chime_key("ding")}
+    assert text["text"] == TEXT
 
 
 def test_a_pinned_clip_is_a_chime_by_its_text_on_http_say(served: HttpDaemon, clip) -> None:
