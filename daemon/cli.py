@@ -69,7 +69,7 @@ def _add_request_arguments(p: argparse.ArgumentParser) -> None:
 
 def cmd_say(args: argparse.Namespace) -> int:
     fields: dict[str, Any] = {"text": _text(args.text), "priority": args.priority}
-    for key in ("voice", "speaker", "lang", "speed", "volume", "id", "seed"):
+    for key in ("voice", "speaker", "lang", "speed", "volume", "id", "seed", "punctuation"):
         if getattr(args, key) is not None:
             fields[key] = getattr(args, key)
     if args.params:
@@ -216,9 +216,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("-o", "--output", help="write the audio to this WAV file instead of playing it")
     p.add_argument(
+        "--punctuation",
+        metavar="LEVEL",
+        help="say symbols by name: none (default), some, most or all, as speech-dispatcher",
+    )
+    p.add_argument(
         "--explain",
         action="store_true",
-        help="print the text as each voice will read it (markup and lexicon applied), say nothing",
+        help="print the text as each voice would read it (markup, lexicon, punctuation)",
     )
     p.add_argument("--id", help="request id (default: generated)")
     p.add_argument("--json", action="store_true", help="print every event as JSON")

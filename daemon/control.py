@@ -21,6 +21,7 @@ from speakd.engines.base import SynthesisConfig
 from speakd.errors import RequestError
 from speakd.markup.lexicon import Lexicon
 from speakd.markup.plan import prepare_request, with_chime
+from speakd.markup.punctuation import Punctuation
 from speakd.markup.ssml import is_ssml
 from speakd.messages import Event, EventCallback, Priority, SpeakRequest, validate_text
 from speakd.prepare import Marker, Part, Silence, Sound, Speech
@@ -92,7 +93,9 @@ class Control:
         ``text``, ``format`` (``text`` or ``ssml``; a text whose root is ``<speak>`` is SSML
         either way), ``id``, ``voice``, ``speaker``, ``lang``, ``priority``, ``speed``,
         ``volume``, ``seed``, ``params`` (the engine's options), ``cache_only``, ``words`` (word
-        events, ``speakd.audio.Word``), ``chime`` (a sound played first, ``speakd.sounds``)."""
+        events, ``speakd.audio.Word``), ``chime`` (a sound played first, ``speakd.sounds``),
+        ``punctuation`` and ``punctuation_important`` (symbols said by name,
+        ``speakd.markup.punctuation``)."""
         text = validate_text(fields.get("text"), self.max_text_chars)
         text_format = fields.get("format") or "text"
         if text_format not in FORMATS:
@@ -122,6 +125,9 @@ class Control:
             config,
             ssml=text_format == "ssml" or is_ssml(text),
             lexicon=self.lexicon,
+            punctuation=Punctuation.of(
+                fields.get("punctuation"), fields.get("punctuation_important")
+            ),
             strict_lang=strict_lang,
             sounds=self.sounds,
         )

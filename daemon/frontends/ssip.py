@@ -11,8 +11,9 @@ SYNTHESIS_VOICE → the voice when speakd knows it (else the default voice, as s
 fall back), LANGUAGE → a voice of that language when the default voice is of another one,
 SSML_MODE on → the text is SSML (docs/ssml.md; a fragment without ``<speak>`` is wrapped in
 one), SPELLING on → letters spoken one by one, and speakd's own CHIME <name> (``NONE``: off) → that
-sound before each SPEAK (a request's ``chime``, ``speakd.sounds``). PITCH, PITCH_RANGE,
-PUNCTUATION, CAP_LET_RECOGN, VOICE_TYPE and OUTPUT_MODULE are accepted, stored and reported by
+sound before each SPEAK (a request's ``chime``, ``speakd.sounds``), PUNCTUATION (and the old
+PUNCTUATION_IMPORTANT) → the request's ``punctuation`` (``speakd.markup.punctuation``). PITCH,
+PITCH_RANGE, CAP_LET_RECOGN, VOICE_TYPE and OUTPUT_MODULE are accepted, stored and reported by
 GET, but change nothing.
 Events 700 (an SSML mark reached, ``INDEX MARK`` with its name) and 701–705 go out (when the
 client turned them on with ``SET SELF NOTIFICATION``) only between complete replies. Framing
@@ -27,6 +28,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+from xml.sax.saxutils import quoteattr
 
 from speakd.control import Control
 from speakd.frontends.ssip_parser import (
@@ -284,7 +286,7 @@ class SsipFrontend:
             return ERR_INVALID_COMMAND
         if conn.in_block and sub in ("output_module", "spelling"):
             return ERR_NOT_ALLOWED_INSIDE_BLOCK
-        if sub in ("synthesis_voice", "chime"):  # the rest of the line: names may have spaces
+        if sub in ("synthesis_voice", "chime", "punctuation_important"):  # the rest of the line
             value = " ".join(words[3:]).strip()
         if not value:
             return ERR_MISSING_PARAMETER
@@ -365,8 +367,10 @@ class SsipFrontend:
         if not param:
             return ERR_MISSING_PARAMETER
         kind = words[0].lower()
-        if kind == "sound_icon":
-            return self._queue(conn, "")  # speakd has no sound icons: nothing to play
+        if kind == "sound_icon":  # a sound speakd has (speakd.sounds) plays alone; others not
+            if self.control.sounds.find(param) is None:
+                return self._queue(conn, "")
+            return self._queue(conn, f"<speak><audio src={quoteattr(param)}/></speak>", ssml=True)
         if kind == "key":
             return self._queue(conn, param.replace("_", " "))
         return self._queue(conn, param if param != "space" else "space")
@@ -392,6 +396,8 @@ class SsipFrontend:
             "lang": request_lang(conn.settings.language),
             "speed": rate_to_speed(conn.settings.rate),
             "volume": volume_to_gain(conn.settings.volume),
+            "punctuation": conn.settings.punctuation,
+            "punctuation_important": conn.settings.punctuation_important,
         }
         try:
             request = self.control.build_request(

@@ -31,6 +31,9 @@ SET_REPLIES: dict[str, tuple[int, str, int]] = {
     "rate": (203, "OK RATE SET", 303),
     "pitch": (204, "OK PITCH SET", 304),
     "punctuation": (205, "OK PUNCTUATION SET", 305),
+    # libspeechd before 0.2 (and speechd's own punctuation.test) sent the "some" set; today's
+    # speech-dispatcher answers 500: speakd takes it, with the PUNCTUATION replies
+    "punctuation_important": (205, "OK PUNCTUATION SET", 305),
     "cap_let_recogn": (206, "OK CAP LET RECOGNITION SET", 306),
     "spelling": (207, "OK SPELLING SET", 308),
     "voice_type": (209, "OK VOICE SET", 309),
@@ -94,6 +97,7 @@ class Settings:
     synthesis_voice: str = ""
     output_module: str = ""
     punctuation: str = "none"
+    punctuation_important: str | None = None  # the characters named at "some"; None: the table's
     cap_let_recogn: str = "none"
     spelling: bool = False
     ssml_mode: bool = False
@@ -124,6 +128,9 @@ def setting_value(sub: str, value: str) -> Any:
     if sub == "voice_type":
         value = value.lower()
         return value if value in VOICE_TYPES else reply(309, "ERR COULDNT SET VOICE")
+    if sub == "punctuation_important":  # SET SELF PUNCTUATION_IMPORTANT ".,;"; "" the table's
+        chars = value[1:-1] if len(value) >= 2 and value[0] == value[-1] == '"' else value
+        return chars or None
     if sub in ("language", "output_module"):
         return value.lower()
     if sub == "chime" and value.lower() == "none":

@@ -2,6 +2,6 @@
 
 ``segments`` holds the canonical form (text with its voice and prosody, a break, a mark, a clip,
 phonemes) and its serialisation for the audio key; ``ssml`` parses the SSML subset into it,
-``sayas`` reads ``<say-as>`` numbers in English and Chinese, and ``lexicon`` applies a user's
-pronunciations. docs/ssml.md describes the subset.
+``sayas`` reads ``<say-as>`` numbers in English and Chinese, ``lexicon`` applies a user's
+pronunciations and ``punctuation`` says symbols by name. docs/ssml.md describes the subset.
 """

@@ -22,6 +22,7 @@ from speakd.engines.base import SynthesisConfig
 from speakd.errors import RequestError
 from speakd.keys import canonical_json
 from speakd.markup.lexicon import Lexicon
+from speakd.markup.punctuation import NO_PUNCTUATION, Punctuation
 from speakd.markup.sayas import guess_language
 from speakd.markup.segments import (
     Audio,
@@ -58,11 +59,13 @@ def prepare_request(
     *,
     ssml: bool = False,
     lexicon: Lexicon = NO_LEXICON,
+    punctuation: Punctuation = NO_PUNCTUATION,
     strict_lang: bool = True,
     sounds: Sounds | None = None,
 ) -> Prepared:
     """What a request means with its markup and the lexicon: SSML is parsed (``bad_ssml``), the
-    lexicon applied to each run of text in its language, an ``<audio src>`` found in ``sounds``
+    lexicon applied to each run of text in its language, then the symbols of ``punctuation``
+    said by name (``speakd.markup.punctuation``), an ``<audio src>`` found in ``sounds``
     (None: the built-in chimes only), the request's voice's clip first. Plain text whose lexicon
     entries only
     replace words stays plain text (its whitespace and line breaks kept), and markup that comes
@@ -76,11 +79,11 @@ def prepare_request(
     if ssml:
         segments: list[Segment] = lexicon.apply_segments(parse_ssml(text, config.lang), lang)
     else:
-        pieces = lexicon.apply(text, lang)
-        if all(isinstance(p, Text) for p in pieces):
-            said = "".join(p.text for p in pieces)
-            return library.prepare(said, config, strict_lang=strict_lang)
-        segments = list(pieces)
+        segments = list(lexicon.apply(text, lang))
+    segments = punctuation.apply_segments(segments, lang)
+    if not ssml and all(isinstance(p, Text) for p in segments):
+        said = "".join(p.text for p in segments if isinstance(p, Text))
+        return library.prepare(said, config, strict_lang=strict_lang)
     sounds = sounds or Sounds(loudness=library.loudness)
     parts = plan(
         segments,
