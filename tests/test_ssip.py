@@ -381,6 +381,12 @@ def test_reply_bodies(server: SsipServer) -> None:
         assert c.code("SET SELF VOICE child_female") == 209  # the pre-0.10 spelling
         assert c.command("GET VOICE") == ["251-CHILD_FEMALE", "251 OK GET RETURNED"]
         assert c.command("GET VOICE_TYPE") == ["251-CHILD_FEMALE", "251 OK GET RETURNED"]
+        # no such client: speech-dispatcher's own wording of each "couldn't set"
+        assert c.command("SET 9999 PUNCTUATION all") == ["305 ERR COULDNT SET PUNCT MODE"]
+        assert c.command("SET 9999 CAP_LET_RECOGN spell") == [
+            "306 ERR COULDNT SET CAP LET RECOGNITION"
+        ]
+        assert c.command("SET 9999 OUTPUT_MODULE x") == ["312 ERR COULDNT SET OUTPUT MODULE"]
         client_id = c.command("HISTORY GET CLIENT_ID")[0]
         assert re.fullmatch(r"245-\d+", client_id)
         assert c.command("QUIT") == ["231 HAPPY HACKING"]

@@ -298,9 +298,9 @@ class SsipFrontend:
         targets = self._targets(conn, who)
         if targets is None:
             return ERR_PARAMETER_INVALID
-        code, text, err = SET_REPLIES[sub]
+        code, text, err, err_text = SET_REPLIES[sub]
         if not targets:
-            return reply(err, f"ERR COULDNT SET {sub.upper()}")
+            return reply(err, err_text)
         for target in targets:
             apply_setting(target.settings, sub, parsed)
         return reply(code, text)

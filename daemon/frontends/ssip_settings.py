@@ -25,25 +25,32 @@ VOICE_TYPES = (
     "child_male",
     "child_female",
 )
-# SET parameters: (reply code, reply text, code of "couldn't set" for an unknown client id).
-SET_REPLIES: dict[str, tuple[int, str, int]] = {
-    "language": (201, "OK LANGUAGE SET", 302),
-    "rate": (203, "OK RATE SET", 303),
-    "pitch": (204, "OK PITCH SET", 304),
-    "punctuation": (205, "OK PUNCTUATION SET", 305),
+# SET parameters: (reply code, reply text, "couldn't set" code and text for an unknown client id),
+# as speech-dispatcher's msg.h words them.
+SET_REPLIES: dict[str, tuple[int, str, int, str]] = {
+    "language": (201, "OK LANGUAGE SET", 302, "ERR COULDNT SET LANGUAGE"),
+    "rate": (203, "OK RATE SET", 303, "ERR COULDNT SET RATE"),
+    "pitch": (204, "OK PITCH SET", 304, "ERR COULDNT SET PITCH"),
+    "punctuation": (205, "OK PUNCTUATION SET", 305, "ERR COULDNT SET PUNCT MODE"),
     # libspeechd before 0.2 (and speechd's own punctuation.test) sent the "some" set; today's
     # speech-dispatcher answers 500: speakd takes it, with the PUNCTUATION replies
-    "punctuation_important": (205, "OK PUNCTUATION SET", 305),
-    "cap_let_recogn": (206, "OK CAP LET RECOGNITION SET", 306),
-    "spelling": (207, "OK SPELLING SET", 308),
-    "voice_type": (209, "OK VOICE SET", 309),
-    "synthesis_voice": (209, "OK VOICE SET", 309),
-    "output_module": (216, "OK OUTPUT MODULE SET", 312),
-    "pause_context": (217, "OK PAUSE CONTEXT SET", 313),
-    "volume": (218, "OK VOLUME SET", 314),
-    "ssml_mode": (219, "OK SSML MODE SET", 315),
-    "pitch_range": (263, "OK PITCH RANGE SET", 340),
-    "chime": (280, "OK CHIME SET", 341),  # speakd's own: a sound before each SPEAK
+    "punctuation_important": (205, "OK PUNCTUATION SET", 305, "ERR COULDNT SET PUNCT MODE"),
+    "cap_let_recogn": (
+        206,
+        "OK CAP LET RECOGNITION SET",
+        306,
+        "ERR COULDNT SET CAP LET RECOGNITION",
+    ),
+    "spelling": (207, "OK SPELLING SET", 308, "ERR COULDNT SET SPELLING"),
+    "voice_type": (209, "OK VOICE SET", 309, "ERR COULDNT SET VOICE"),
+    "synthesis_voice": (209, "OK VOICE SET", 309, "ERR COULDNT SET VOICE"),
+    "output_module": (216, "OK OUTPUT MODULE SET", 312, "ERR COULDNT SET OUTPUT MODULE"),
+    "pause_context": (217, "OK PAUSE CONTEXT SET", 313, "ERR COULDNT SET PAUSE CONTEXT"),
+    "volume": (218, "OK VOLUME SET", 314, "ERR COULDNT SET VOLUME"),
+    "ssml_mode": (219, "OK SSML MODE SET", 315, "ERR COULDNT SET SSML MODE"),
+    "pitch_range": (263, "OK PITCH RANGE SET", 340, "ERR COULDNT SET PITCH RANGE"),
+    # speakd's own: a sound before each SPEAK
+    "chime": (280, "OK CHIME SET", 341, "ERR COULDNT SET CHIME"),
 }
 # Settings older libspeechd clients still send. Before speech-dispatcher 0.10 the voice type was
 # ``SET … VOICE`` (and ``GET VOICE``); before 0.2 a client could load character, key, sound,
