@@ -178,7 +178,7 @@ def test_a_cancel_during_the_chime_ends_the_whole_request(served: HttpDaemon) ->
     assert np.array_equal(pcm, attention[: len(pcm)])
 
 
-def test_ssip_set_self_chime_plays_it_before_each_speak(served: HttpDaemon) -> None:
+def test_ssip_chime_before_each_speak_and_a_sound_icon_alone(served: HttpDaemon) -> None:
     text, _ = synth(served, text=TEXT)
     with SsipClient(served.proc.config.parent / "ssip.sock", timeout=30) as c:
         assert c.code("SET SELF NOTIFICATION END ON") == 220
@@ -190,7 +190,12 @@ def test_ssip_set_self_chime_plays_it_before_each_speak(served: HttpDaemon) -> N
         assert c.command("SET SELF CHIME NONE") == ["280 OK CHIME SET"]
         second = c.speak(TEXT)
         c.wait_event(702, second, timeout=30)
+        unit = c.command("SOUND_ICON attention")  # a sound alone, as speechd's sound icons
+        assert unit[-1] == "225 OK MESSAGE QUEUED"
+        icon = int(unit[0][4:])
+        c.wait_event(702, icon, timeout=30)
     assert np.array_equal(
         played(served, f"ssip-{first}"), np.concatenate([chime("ding-dong"), text])
     )
     assert np.array_equal(played(served, f"ssip-{second}"), text)
+    assert np.array_equal(played(served, f"ssip-{icon}"), chime("attention"))
