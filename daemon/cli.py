@@ -69,7 +69,8 @@ def _add_request_arguments(p: argparse.ArgumentParser) -> None:
 
 def cmd_say(args: argparse.Namespace) -> int:
     fields: dict[str, Any] = {"text": _text(args.text), "priority": args.priority}
-    for key in ("voice", "speaker", "lang", "speed", "volume", "id", "seed", "punctuation"):
+    keys = ("voice", "speaker", "lang", "speed", "volume", "id", "seed", "punctuation", "chime")
+    for key in keys:
         if getattr(args, key) is not None:
             fields[key] = getattr(args, key)
     if args.params:
@@ -106,6 +107,8 @@ def _explain(args: argparse.Namespace, fields: dict[str, Any]) -> int:
             print(f"(silence {part['silence_ms']} ms)")
         elif "mark" in part:
             print(f"(mark {part['mark']})")
+        elif "sound" in part:
+            print(f"(sound {part['sound']})")
         else:
             how = f"{part['voice']}, {part['lang'] or '-'}, speed {part['speed']:g}"
             volume = f", volume {part['volume']:g}" if part["volume"] != 1.0 else ""
@@ -219,6 +222,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--punctuation",
         metavar="LEVEL",
         help="say symbols by name: none (default), some, most or all, as speech-dispatcher",
+    )
+    p.add_argument(
+        "--chime",
+        metavar="NAME",
+        help="a sound before the text: ding, ding-dong, attention or a pinned clip's text",
     )
     p.add_argument(
         "--explain",

@@ -112,6 +112,16 @@ def test_explain_shows_the_chime_before_the_text(served: HttpDaemon) -> None:
     assert text["text"] == TEXT
 
 
+def test_speakd_say_takes_a_chime_and_explains_it(served: HttpDaemon) -> None:
+    r = served.proc.cli("say", TEXT, "--chime", "ding-dong", "--explain")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0] == "(sound ding-dong)"
+    r = served.proc.cli("say", TEXT, "--chime", "ding", "--id", "cli-chime", "--wait")
+    assert r.returncode == 0, r.stderr
+    text, _ = synth(served, text=TEXT)
+    assert np.array_equal(played(served, "cli-chime"), np.concatenate([chime("ding"), text]))
+
+
 def test_a_pinned_clip_is_a_chime_by_its_text_on_http_say(served: HttpDaemon, clip) -> None:
     said = httpx.post(
         f"{served.url}/v1/say",
