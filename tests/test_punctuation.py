@@ -1,7 +1,8 @@
 """Punctuation as speech-dispatcher reads it (speakd.markup.punctuation): the levels and the tables
 in English and Chinese, then the stock ``spd-say -m`` and raw SSIP (``PUNCTUATION``,
 ``PUNCTUATION_IMPORTANT``) against the in-process SSIP server (tone engine: what the engine was
-given), and the ``punctuation`` field on a real ``speakd serve``'s socket (audio, key, explain)."""
+given), and the ``punctuation`` field on a real ``speakd serve``: its socket (audio, key, explain)
+and HTTP (``/v1/say``, ``/v1/audio/speech``)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
+import numpy as np
 import pytest
 
 from speakd.errors import RequestError
 from speakd.markup.punctuation import LEVELS, Punctuation, table
 from speakd.markup.segments import Break, Mark, Style, Text
-from tests.daemon_proc import DaemonProc, start_daemon, write_config
+from tests.daemon_proc import DaemonProc
+from tests.http_daemon import HttpDaemon, start_http_daemon, wav_samples
 from tests.ssip_harness import SsipClient, SsipServer, wav_server
 from tests.test_ssip import needs_spd_say, spd_say
 
@@ -165,10 +169,15 @@ def test_ssip_punctuation_settings_and_replies(server: SsipServer) -> None:
 
 
 @pytest.fixture(scope="module")
-def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProc]:
-    d = start_daemon(write_config(tmp_path_factory.mktemp("punctuation"), sink="null"))
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpDaemon]:
+    d = start_http_daemon(tmp_path_factory.mktemp("punctuation"), sink="null")
     yield d
-    assert d.stop() == 0, d.log_text()
+    assert d.stop() == 0, d.proc.log_text()
+
+
+@pytest.fixture
+def daemon(served: HttpDaemon) -> DaemonProc:
+    return served.proc
 
 
 def synth(d: DaemonProc, **fields: Any) -> tuple[bytes, dict[str, Any]]:
@@ -216,3 +225,28 @@ def test_say_explain_shows_the_text_as_read(daemon: DaemonProc) -> None:
     r = daemon.cli("say", "Call me at 5 (today).", "--punctuation", "most", "--explain")
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[0].endswith("] Call me at 5 left paren today right paren.")
+
+
+def test_http_takes_the_field_on_v1_say_and_v1_audio_speech(served: HttpDaemon) -> None:
+    text = "Doors closing; stand clear!"
+    named, _ = synth(served.proc, text="Doors closing semicolon; stand clear exclamation mark!")
+    answer = httpx.post(
+        f"{served.url}/v1/audio/speech",
+        json={"model": "tts-1", "input": text, "response_format": "wav", "punctuation": "all"},
+        headers=served.auth,
+        timeout=60,
+    )
+    assert answer.status_code == 200, answer.text
+    samples, _ = wav_samples(answer.content)
+    assert np.array_equal(samples, np.frombuffer(named, dtype="<i2"))
+    said = httpx.post(
+        f"{served.url}/v1/say",
+        json={"text": text, "punctuation": "most", "wait": True},
+        headers=served.auth,
+        timeout=60,
+    )
+    assert said.status_code == 200 and said.json()["status"] == "done", said.text
+    refused = httpx.post(
+        f"{served.url}/v1/say", json={"text": text, "punctuation": 1}, headers=served.auth
+    )
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "bad_field"

@@ -6,11 +6,11 @@ with nothing changed but the base URL and the key (docs/http.md).
 ``instructions`` and any field speakd does not know are ignored, as OpenAI's clients expect.
 OpenAI's voice names (alloy, echo…) mean the default voice; speakd's own voice names work as
 themselves, each at its own sample rate. speakd's request fields ``speaker``, ``lang``, ``seed``,
-``params``, ``cache_only``, ``chime`` and ``id`` may ride along (the SDK's ``extra_body``), and
-``"timestamps": true`` makes the answer JSON lines of audio and word events. The audio is the
-request path's (``Control.stream``): from the cache on a hit, else sent as it is synthesised, chunk
-by chunk, encoded by ``speakd.encode`` — except FLAC, whose header needs the whole clip, so a FLAC
-miss is sent once its synthesis has finished.
+``params``, ``cache_only``, ``chime``, ``punctuation`` and ``id`` may ride along (the SDK's
+``extra_body``), and ``"timestamps": true`` makes the answer JSON lines of audio and word events.
+The audio is the request path's (``Control.stream``): from the cache on a hit, else sent as it is
+synthesised, chunk by chunk, encoded by ``speakd.encode`` — except FLAC, whose header needs the
+whole clip, so a FLAC miss is sent once its synthesis has finished.
 """
 
 from __future__ import annotations
@@ -46,7 +46,10 @@ OPENAI_VOICES = (
     "marin", "nova", "onyx", "sage", "shimmer", "verse",
 )  # fmt: skip
 MODELS = ("speakd", "tts-1", "tts-1-hd", "gpt-4o-mini-tts")
-SPEAKD_FIELDS = ("speaker", "lang", "seed", "params", "cache_only", "chime", "id")
+SPEAKD_FIELDS = (
+    "speaker", "lang", "seed", "params", "cache_only", "chime", "punctuation",
+    "punctuation_important", "id",
+)  # fmt: skip
 DEFAULT_FORMAT = "mp3"  # OpenAI's default
 CHEAP_FORMATS = ("wav", "pcm")  # encoded on the event loop; the others on a worker thread
 LINES_TYPE = "application/x-ndjson"  # "timestamps": true: JSON lines of audio and word events
