@@ -14,7 +14,7 @@ import httpx
 import numpy as np
 import pytest
 
-from speakd.audio import read_wav
+from speakd.audio import AudioChunk, read_wav, scale_volume
 from speakd.cache.packs import import_pack
 from speakd.cache.store import CacheStore
 from speakd.loudness import integrated_loudness
@@ -120,6 +120,14 @@ def test_speakd_say_takes_a_chime_and_explains_it(served: HttpDaemon) -> None:
     assert r.returncode == 0, r.stderr
     text, _ = synth(served, text=TEXT)
     assert np.array_equal(played(served, "cli-chime"), np.concatenate([chime("ding"), text]))
+
+
+def test_the_requests_volume_applies_to_the_chime_too(served: HttpDaemon) -> None:
+    events = served.proc.say(TEXT, chime="ding", volume=0.5, priority="important", id="soft")
+    assert events[-1]["status"] == "done"
+    text, _ = synth(served, text=TEXT)
+    whole = AudioChunk(np.concatenate([chime("ding"), text]).tobytes(), RATE)
+    assert np.array_equal(played(served, "soft"), scale_volume(whole, 0.5).samples())
 
 
 def test_a_pinned_clip_is_a_chime_by_its_text_on_http_say(served: HttpDaemon, clip) -> None:
