@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+import soxr
 
 from speakd.audio import AudioChunk, read_wav, scale_volume
 from speakd.cache.packs import import_pack
@@ -21,9 +22,11 @@ from speakd.loudness import integrated_loudness
 from speakd.sounds import Sounds, chime_key
 from tests.http_daemon import HttpDaemon, start_http_daemon
 from tests.ssip_harness import SsipClient
+from tests.tiny_voices import tiny_multispeaker_voice
 
 RATE = 22050  # the embedded voice's, and the built-in chimes'
 PROMPT = "Mind the gap."
+TINY, TINY_RATE = "xx_XX-tiny-low", 16000  # a generated voice (tests/tiny_voices.py)
 TEXT = "Doors closing."
 
 
@@ -37,6 +40,11 @@ def served(tmp_path_factory: pytest.TempPathFactory):
     assert precompute_main([str(prompts), "--out", str(pack), "--no-progress"]) == 0
     with CacheStore(tmp / "daemon" / "cache.db") as store:
         assert import_pack(store, pack) == (1, 1)
+    (tmp / "daemon" / "voices").mkdir(parents=True)
+    tiny = tiny_multispeaker_voice(tmp / "daemon" / "voices", TINY)
+    config = json.loads(tiny.with_suffix(".onnx.json").read_text())
+    config["audio"]["sample_rate"] = TINY_RATE  # a voice at another rate than the chimes'
+    tiny.with_suffix(".onnx.json").write_text(json.dumps(config))
     d = start_http_daemon(tmp / "daemon", realtime=True)
     yield d
     assert d.stop() == 0, d.proc.log_text()
@@ -59,8 +67,10 @@ def chime(name: str) -> np.ndarray:
     return sounds.audio(sound, lambda key: None).samples()
 
 
-def synth(d: HttpDaemon, **fields: Any) -> tuple[np.ndarray, list[dict[str, Any]]]:
-    """A socket ``synth``: its PCM and every event but the audio ones."""
+def synth(
+    d: HttpDaemon, rate: int = RATE, **fields: Any
+) -> tuple[np.ndarray, list[dict[str, Any]]]:
+    """A socket ``synth`` (its audio at ``rate``): its PCM and every event but the audio ones."""
     with socket.socket(socket.AF_UNIX) as s:
         s.settimeout(60)
         s.connect(d.proc.socket)
@@ -69,7 +79,7 @@ def synth(d: HttpDaemon, **fields: Any) -> tuple[np.ndarray, list[dict[str, Any]
         for line in s.makefile("rb"):
             event = json.loads(line)
             if event["event"] == "audio":
-                assert event["format"]["rate"] == RATE
+                assert event["format"]["rate"] == rate
                 pcm.append(np.frombuffer(base64.b64decode(event["data"]), dtype="<i2"))
             else:
                 events.append(event)
@@ -102,6 +112,15 @@ def test_a_chime_and_the_text_are_one_gapless_stream_at_the_target(served: HttpD
     assert not junction[1:-1].any() and len(junction) < 0.05 * RATE
     measured = integrated_loudness(pcm[: len(ding)] / 32768.0, RATE)
     assert measured == pytest.approx(-20.0, abs=1.0)
+
+
+def test_a_chime_is_resampled_whole_to_a_voice_of_another_rate(served: HttpDaemon) -> None:
+    pcm, events = synth(served, TINY_RATE, text=TEXT, chime="ding", voice=TINY)
+    text, _ = synth(served, TINY_RATE, text=TEXT, voice=TINY)
+    assert events[-1]["status"] == "done"
+    ding = soxr.resample(chime("ding"), RATE, TINY_RATE)  # one call: no delay, no tail held
+    assert len(ding) == round(len(chime("ding")) * TINY_RATE / RATE)
+    assert np.array_equal(pcm, np.concatenate([ding, text]))
 
 
 def test_explain_shows_the_chime_before_the_text(served: HttpDaemon) -> None:
