@@ -20,7 +20,7 @@ from speakd.cache.packs import import_pack
 from speakd.cache.store import CacheStore
 from speakd.loudness import integrated_loudness
 from speakd.sounds import Sounds, chime_key
-from tests.http_daemon import HttpDaemon, start_http_daemon
+from tests.http_daemon import HttpDaemon, start_http_daemon, wav_samples
 from tests.ssip_harness import SsipClient
 from tests.tiny_voices import tiny_multispeaker_voice
 
@@ -159,6 +159,26 @@ def test_a_pinned_clip_is_a_chime_by_its_text_on_http_say(served: HttpDaemon, cl
     assert said["status"] == "done", said
     text, _ = synth(served, text=TEXT)
     assert np.array_equal(played(served, "h-chime"), np.concatenate([clip, text]))
+
+
+def test_openai_speech_takes_a_chime_as_speakd_field(served: HttpDaemon) -> None:
+    """``chime`` rides along ``/v1/audio/speech`` as the SDK's ``extra_body`` would send it."""
+    r = httpx.post(
+        f"{served.url}/v1/audio/speech",
+        json={
+            "model": "tts-1",
+            "input": TEXT,
+            "voice": "alloy",
+            "response_format": "wav",
+            "chime": "ding",
+        },
+        headers=served.auth,
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+    pcm, rate = wav_samples(r.content)
+    text, _ = synth(served, text=TEXT)
+    assert rate == RATE and np.array_equal(pcm, np.concatenate([chime("ding"), text]))
 
 
 def test_audio_src_plays_the_pinned_clip_else_its_content(served: HttpDaemon, clip) -> None:
