@@ -81,7 +81,9 @@ class Resolver:
             "errors": 0,
         }
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)  # a flight ended or was cancelled
         self._inflight: dict[str, AudioStream] = {}
+        self._finishing: set[AudioStream] = set()  # flights past their engine, not cancelled
         self._closed = False
         self._ram: dict[str, Clip] = {}
         self._ram_bytes = 0
@@ -95,21 +97,36 @@ class Resolver:
 
     @classmethod
     def from_config(
-        cls, voices: VoiceLibrary, config: CacheConfig, guard: Guard | None = None
+        cls,
+        voices: VoiceLibrary,
+        config: CacheConfig,
+        guard: Guard | None = None,
+        current: CacheStore | None = None,
     ) -> Resolver:
-        """The cache in front of the voices when configured (and openable), else the voices."""
+        """The cache in front of the voices when configured (and openable), else the voices.
+
+        ``current`` (on a reload: the running resolver's store) is kept, with the new limits, when
+        it is open on the configured file. A second connection would cost the old one's
+        descriptor: SQLite does not close a file while another connection of the process holds a
+        lock on it (a WAL connection always does), so the closed one's stays open until the
+        next one closes."""
         if not config.enabled:
             return cls(voices, guard=guard)
-        try:
-            store = CacheStore(
-                config.path,
-                max_bytes=config.max_bytes,
-                ttl_s=config.ttl_s,
-                ttl_jitter=config.ttl_jitter,
-            )
-        except CacheError as e:
-            log.error("audio cache disabled: %s", e)
-            return cls(voices, guard=guard)
+        if current is not None and current.is_open_on(config.path):
+            store = current
+            store.max_bytes, store.ttl_s = config.max_bytes, config.ttl_s
+            store.ttl_jitter = config.ttl_jitter
+        else:
+            try:
+                store = CacheStore(
+                    config.path,
+                    max_bytes=config.max_bytes,
+                    ttl_s=config.ttl_s,
+                    ttl_jitter=config.ttl_jitter,
+                )
+            except CacheError as e:
+                log.error("audio cache disabled: %s", e)
+                return cls(voices, guard=guard)
         return cls(
             voices,
             store,
@@ -205,17 +222,44 @@ class Resolver:
         info["recovered"] = info.get("recovered_from") is not None
         return {"cache": info, "breaker": breaker}
 
-    def close(self) -> None:
-        """Stop background refreshes; the file closes once the last running flight has stored."""
+    def close(self, successor: Resolver | None = None) -> None:
+        """Stop background refreshes, and close the file once no flight can store into it any
+        more: each has ended, or was cancelled before it finished (its readers left, or gave up
+        on a hung engine, whose flight may never return). A ``successor`` (a reload) that plays
+        from the same store keeps it open."""
         with self._lock:
             self._closed = True
-            for stream in self._inflight.values():
-                if stream.detached:
-                    stream.cancel.set()
-            idle = not self._inflight
+            detached = [stream for stream in self._inflight.values() if stream.detached]
+        for stream in detached:  # outside the lock: a cancel wakes the closer, which takes it
+            stream.cancel.set()
         self._writer.shutdown(wait=True)
-        if idle and self.store is not None:
+        if self.store is None or (successor is not None and successor.store is self.store):
+            return
+        with self._lock:
+            quiet = self._quiet()
+        if quiet:
             self.store.close()
+        else:
+            closer = threading.Thread(
+                target=self._close_when_quiet, name="speakd-cache-close", daemon=True
+            )
+            closer.start()
+
+    def _quiet(self) -> bool:
+        """No flight will store (call with self._lock held): a flight cancelled before its engine
+        was done never does."""
+        return not self._finishing and all(s.cancel.is_set() for s in self._inflight.values())
+
+    def _close_when_quiet(self) -> None:
+        assert self.store is not None
+        with self._lock:
+            while not self._quiet():
+                self._changed.wait()
+        self.store.close()
+
+    def _cancelled(self) -> None:
+        with self._lock:
+            self._changed.notify_all()
 
     # ---- hits -------------------------------------------------------------------------------
 
@@ -269,6 +313,7 @@ class Resolver:
             daemon=True,
         )
         self._inflight[prepared.key] = stream
+        stream.cancel.add_hook(self._cancelled)
         self.counters["synth"] += 1
         thread.start()
         return stream
@@ -293,7 +338,10 @@ class Resolver:
                             break
         except Exception as e:
             error = e
-        cancelled = stream.cancel.is_set()
+        with self._lock:  # decided under the lock: a closing resolver waits for what stores
+            cancelled = stream.cancel.is_set()
+            if not cancelled:
+                self._finishing.add(stream)
         if admitted and not stream.done:  # judged before readers hear the end; a hang already was
             self.guard.judge(error, cancelled, time.monotonic() - t0, stream.duration)
         ended_here = stream.finish(error)
@@ -307,9 +355,8 @@ class Resolver:
         with self._lock:
             if self._inflight.get(prepared.key) is stream:
                 del self._inflight[prepared.key]
-            close_now = self._closed and not self._inflight
-        if close_now and self.store is not None:
-            self.store.close()
+            self._finishing.discard(stream)
+            self._changed.notify_all()
 
     def _store(self, stream: AudioStream, prepared: Prepared) -> None:
         if self.store is None:

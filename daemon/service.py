@@ -331,11 +331,12 @@ class Daemon:
             await self._replace_sink(scheduler, make_sink(new.audio))
         assert guard is not None
         library = await self._library(new, engine, self.control.library)
+        old_resolver = scheduler.resolver
         resolver = await asyncio.to_thread(  # prewarm reads from disk
-            Resolver.from_config, library, new.cache, guard
+            Resolver.from_config, library, new.cache, guard, old_resolver.store
         )
-        old_resolver, scheduler.resolver = scheduler.resolver, resolver
-        await asyncio.to_thread(old_resolver.close)
+        scheduler.resolver = resolver
+        await asyncio.to_thread(old_resolver.close, resolver)
         if new_model or new.engine.fallback_text != self.config.engine.fallback_text:
             self._prepare_fallback(scheduler, new.engine.fallback_text)
         scheduler.max_queue = new.limits.max_queue

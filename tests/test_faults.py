@@ -10,6 +10,7 @@ stream into ALSA's ``file`` plugin and a FIFO (``speakd_tools.soak.device``), re
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
@@ -27,6 +28,8 @@ from typing import Any
 import pytest
 
 import speakd.service
+from speakd.audio import AudioChunk
+from speakd.breaker import CircuitBreaker, Guard
 from speakd.bundle import BundleError, file_entry
 from speakd.cache.store import CacheStore
 from speakd.config import EngineConfig
@@ -35,8 +38,9 @@ from speakd.engines import load_engine
 from speakd.engines.base import SynthesisConfig
 from speakd.messages import SpeakRequest
 from speakd.resolver import Resolver
+from speakd.stream import EngineTimeout
 from speakd_tools.soak.device import FifoDevice, asoundrc
-from speakd_tools.soak.faulty import FaultyEngine
+from speakd_tools.soak.faulty import HANG, FaultyEngine
 from tests.bench_report import report
 from tests.daemon_proc import DaemonProc, InProcessDaemon, start_daemon, write_config
 from tests.mosquitto import Mosquitto, Watcher
@@ -200,6 +204,123 @@ def test_broker_restart_reconnects_and_loses_no_qos1_command(
         assert reconnected < 5.0, reconnected
         errors = watcher.matching("hermes/error/tts", since=since)
         assert not errors, [m.payload for m in errors]
+
+
+# ---- a hung engine and a reload: the old cache file is closed, no descriptor left ------------
+
+
+def cache_fds(pid: int | str, db: Path) -> int:
+    """How many of the process's descriptors are open on ``db`` itself."""
+    n = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):  # the listing's own descriptor is gone by now
+            n += os.readlink(f"/proc/{pid}/fd/{fd}") == str(db)
+    return n
+
+
+def test_reloads_keep_the_cache_connection_and_leave_no_descriptor(tmp_path: Path) -> None:
+    """SIGHUP with a changed ``[cache]`` (the soak saw one more cache.db descriptor after its
+    reloads): a second connection to the same file would leave the first one's descriptor open
+    on closing it — SQLite does not close a file while another connection of the process holds
+    a lock on it, and a WAL connection always does."""
+    db = tmp_path / "cache.db"
+    config = write_config(tmp_path)
+    original = config.read_text()
+    d = start_daemon(config)
+    try:
+        assert d.say("Before the reloads.")[-1]["status"] == "done"
+        before = cache_fds(d.proc.pid, db)
+        assert before >= 1
+        for max_bytes in (50_000_000, 60_000_000):
+            config.write_text(original + f"max_bytes = {max_bytes}\n")  # inside [cache]
+            d.reload()
+            assert d.say(f"After a reload to {max_bytes}.")[-1]["status"] == "done"
+            with d.client() as c:
+                assert c.request({"op": "status"})["source"]["cache"]["max_bytes"] == max_bytes
+            assert cache_fds(d.proc.pid, db) == before
+        assert d.say("Before the reloads.")[-1]["status"] == "done"  # a hit, from the same file
+        moved = tmp_path / "moved.db"  # another file: the old one is closed
+        config.write_text(original.replace(str(db), str(moved)))
+        d.reload()
+        assert d.say("On another file.")[-1]["status"] == "done"
+        assert cache_fds(d.proc.pid, db) == 0 and cache_fds(d.proc.pid, moved) == before
+    finally:
+        assert d.stop() == 0, d.log_text()[-3000:]
+
+
+class WedgedEngine(ToneEngine):
+    """A tone engine whose synthesis waits for ``go`` first, deaf to cancel (an engine stuck in
+    native code); with HANG in the text it then returns nothing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.go = threading.Event()
+        self.entered = threading.Event()
+
+    def synthesize(
+        self, text: str, config: SynthesisConfig, cancel: threading.Event | None = None
+    ) -> Iterator[AudioChunk]:
+        self.entered.set()
+        assert self.go.wait(60), "the test never let the engine go"
+        if HANG not in text:
+            yield from super().synthesize(text, config, cancel)
+
+
+def test_a_closed_resolver_closes_its_cache_once_a_hung_flight_is_abandoned(
+    tmp_path: Path,
+) -> None:
+    """A reload while an engine is wedged, or after it was: the old resolver's file closes once
+    the watchdog has given up on the flight, though the flight never returns; a flight that
+    finishes after the close still stores its clip first."""
+
+    def resolver(engine: WedgedEngine, db: Path) -> Resolver:
+        return Resolver(engine, CacheStore(db), guard=Guard(CircuitBreaker(), hang_timeout_s=0.5))
+
+    # finishing after the close: stored, then closed
+    held = WedgedEngine()
+    old = resolver(held, tmp_path / "finishing.db")
+    request = SpeakRequest(text="Held words.")
+    stream = old.open(request)
+    assert held.entered.wait(30)
+    old.close()
+    assert not old.store.closed  # the flight may still store
+    held.go.set()
+    assert len(list(stream.read())) == 2
+    stream.release()
+    wait_until(lambda: old.store.closed, "the old cache closed after the store")
+    with CacheStore(tmp_path / "finishing.db") as store:
+        assert store.get(old.prepare(request).key) is not None
+
+    # wedged: closed during the hang (the watchdog gives up later), and after it
+    for when in ("during", "after"):
+        close_while_wedged(resolver(WedgedEngine(), tmp_path / f"hung-{when}.db"), when)
+
+
+def close_while_wedged(old: Resolver, when: str) -> None:
+    assert old.store is not None
+    wedged = old.voices.primary.engine
+    assert isinstance(wedged, WedgedEngine)
+    timed_out = threading.Event()
+
+    def hear_the_hang() -> None:
+        with pytest.raises(EngineTimeout):
+            list(old.stream(SpeakRequest(text=f"{HANG} forever."), threading.Event()))
+        timed_out.set()
+
+    reader = threading.Thread(target=hear_the_hang)
+    reader.start()
+    assert wedged.entered.wait(30)
+    if when == "after":
+        reader.join(30)
+        assert timed_out.is_set()
+    old.close()
+    reader.join(30)
+    assert timed_out.is_set()
+    wait_until(lambda: old.store.closed, f"the cache closed (closed {when} the hang)")
+    assert cache_fds("self", old.store.path) == 0
+    wedged.go.set()  # the engine returns at last: nothing stored, nothing raised
+    wait_until(lambda: not old.status()["cache"]["inflight"], "the flight to end")
+    assert old.counters["stored"] == 0 and old.counters["errors"] == 0
 
 
 # ---- audio device missing at start, vanishing mid-playback, coming back -----------------------

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 import sqlite3
 import threading
@@ -229,6 +230,7 @@ class CacheStore:
         self._last_flush = time.monotonic()
         self._over_budget = False
         self._db: Database | None = None
+        self._file: tuple[int, int] | None = None  # (device, inode) of the file connected to
         self._open()
 
     # ---- lifecycle --------------------------------------------------------------------------
@@ -263,6 +265,8 @@ class CacheStore:
         except BaseException:
             conn.close()
             raise
+        st = self.path.stat()
+        self._file = (st.st_dev, st.st_ino)
         return db
 
     def _migrate(self, db: Database) -> None:
@@ -320,6 +324,15 @@ class CacheStore:
     @property
     def closed(self) -> bool:
         return self._db is None
+
+    def is_open_on(self, path: Path | str) -> bool:
+        """Open, and on the file at ``path`` now: the same file under another spelling counts, a
+        file removed or replaced since does not."""
+        try:
+            st = os.stat(path)
+        except OSError:
+            return False
+        return not self.closed and (st.st_dev, st.st_ino) == self._file
 
     def __enter__(self) -> CacheStore:
         return self
