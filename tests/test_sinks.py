@@ -24,8 +24,10 @@ from tests.tone_engine import ToneEngine
 
 
 class FakeStream:
-    """``sounddevice.RawOutputStream``: ``write`` returns at once, or never while ``wedged``;
-    ``stop`` (which waits for the buffered audio) never returns while ``stop_wedged``."""
+    """``sounddevice.RawOutputStream``: ``write`` returns at once, or not until the test lets it
+    while ``wedged``; ``stop`` (which waits for the buffered audio) likewise while
+    ``stop_wedged``. Aborting or closing it while another thread is inside a call for it (what
+    crashes PortAudio) is noted in the device's ``overlaps``."""
 
     latency = 0.1
 
@@ -37,6 +39,7 @@ class FakeStream:
         self.written = 0
         self.stopped = True
         self.aborted_playing = False
+        self.inside = ""  # the blocking call a thread is in
         self.closed = threading.Event()
         fake.streams.append(self)
 
@@ -45,31 +48,56 @@ class FakeStream:
 
     def write(self, pcm: bytes) -> None:
         if self.wedged:
-            self.fake.release.wait()  # only the test's teardown lets it return
+            self._blocked("write")
         self.written += len(pcm)
 
     def stop(self) -> None:
         if self.stop_wedged:
-            self.fake.release.wait()
+            self._blocked("stop")
         self.stopped = True
 
+    def _blocked(self, call: str) -> None:
+        self.inside = call
+        self.fake.release.wait()  # the test (at the latest its teardown) lets it return
+        self.inside = ""
+
     def abort(self) -> None:
+        self._destroying("abort")
         self.aborted_playing = not self.stopped  # aborting a stream that still plays cuts it
         self.stopped = True
 
     def close(self) -> None:
+        self._destroying("close")
         self.drained_before_close = self.stopped and not self.aborted_playing
         self.closed.set()
+
+    def _destroying(self, call: str) -> None:
+        if self.inside:
+            self.fake.overlaps.append(f"{call} during {self.inside}")
 
 
 class FakeDevice:
     def __init__(self) -> None:
         self.streams: list[FakeStream] = []
         self.wedge_next = self.wedge_stop_next = False
+        self.fail_next_open = False
         self.release = threading.Event()
+        self.overlaps: list[str] = []
 
     def module(self) -> Any:
-        return SimpleNamespace(RawOutputStream=lambda **kw: FakeStream(self, **kw))
+        return SimpleNamespace(
+            RawOutputStream=self._open, _terminate=self._terminate, _initialize=lambda: None
+        )
+
+    def _open(self, **kw: Any) -> FakeStream:
+        if self.fail_next_open:
+            self.fail_next_open = False
+            raise RuntimeError("Error opening RawOutputStream: Device unavailable")
+        return FakeStream(self, **kw)
+
+    def _terminate(self) -> None:
+        """PortAudio's terminate closes every stream: one whose call is stuck crashes."""
+        self.overlaps += [f"terminate during {s.inside}" for s in self.streams if s.inside]
 
 
 @pytest.fixture
@@ -108,14 +136,18 @@ async def test_a_write_that_never_returns_fails_the_utterance_and_the_stream_is_
         assert "did not return within 0.5 s" in error.data["message"], error.data
         assert 0.5 <= waited < 3.0
         assert sink.status()["available"] is False
-        # the wedged stream is closed off the playback thread
-        assert await asyncio.to_thread(device.streams[0].closed.wait, 2)
 
         sched.submit(req(rec, "four five", "next"))  # the daemon goes on, on a new stream
         await settle(rec, "next")
         assert rec.final("next").data["status"] == "done"
         assert len(device.streams) == 2 and device.streams[1].written == 2 * 2 * 1600
         assert sink.status()["available"] is True
+        # the wedged stream is left alone while its write is in the driver, closed once it returns
+        wedged = device.streams[0]
+        assert wedged.inside == "write" and not wedged.closed.is_set()
+        device.release.set()
+        assert await asyncio.to_thread(wedged.closed.wait, 5)
+        assert device.overlaps == []
 
 
 async def test_a_stop_that_never_returns_fails_the_utterance_and_the_stream_is_reopened(
@@ -135,6 +167,32 @@ async def test_a_stop_that_never_returns_fails_the_utterance_and_the_stream_is_r
         sched.submit(req(rec, "three", "next"))
         await settle(rec, "next")
         assert rec.final("next").data["status"] == "done" and len(device.streams) == 2
+        device.release.set()
+        assert await asyncio.to_thread(device.streams[0].closed.wait, 5)
+        assert device.overlaps == []
+
+
+async def test_no_portaudio_reinit_while_a_stuck_write_holds_its_stream(
+    device: FakeDevice, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a wedge the next stream cannot be opened (the device is gone too): the retries that
+    re-initialise PortAudio to find a device that came back wait until the stuck write has
+    returned and its stream is closed — PortAudio's terminate would close it under the write."""
+    monkeypatch.setattr(SoundDeviceSink, "RETRY_S", 0.0)
+    async with running(monkeypatch) as (sched, rec):
+        device.wedge_next = True
+        sched.submit(req(rec, "one two three", "wedged"))
+        await settle(rec, "wedged")
+        device.fail_next_open = True
+        for rid in ("gone", "retry"):  # the open fails, then the retry opens (no re-init)
+            sched.submit(req(rec, "four", rid))
+            await settle(rec, rid)
+        assert rec.final("gone").data["code"] == "audio_unavailable"
+        assert rec.final("retry").data["status"] == "done"
+        assert device.streams[0].inside == "write" and device.overlaps == []
+        device.release.set()
+        assert await asyncio.to_thread(device.streams[0].closed.wait, 5)
+        assert device.overlaps == []
 
 
 class RateTone(ToneEngine):

@@ -162,50 +162,65 @@ class WavSink:
         pass
 
 
+# Held while PortAudio makes or destroys streams (open, close, re-init), never during a write
+# or a stop: one of those can block for good on a wedged device.
+PORTAUDIO = threading.Lock()
+CLOSE_WAIT_S = 2.0  # how long opening a stream waits for an abandoned one's close (may be stuck)
+
+
+def _close_stream(stream: Any) -> None:
+    with PORTAUDIO:
+        try:
+            stream.abort()
+            stream.close()
+        except Exception:  # the device may already be gone
+            log.debug("closing a broken stream failed", exc_info=True)
+
+
 class _DeviceCalls:
     """Runs device calls (writes, the end-of-utterance stop) on a thread of their own, so the
-    caller can give up on one that never returns (a wedged driver); the stuck thread is then
-    abandoned with its stream."""
+    caller can give up on one that never returns (a wedged driver). The abandoned thread closes
+    the stream itself once that call returns, and ends: aborting or closing a stream while
+    another thread is inside PortAudio for it crashes the process (SIGSEGV in the stuck write,
+    seen in tests/test_faults.py::test_audio_device_that_stops_taking_audio). A call that never
+    returns leaves its stream open."""
 
     def __init__(self) -> None:
-        self._calls: queue.Queue[tuple[Any, tuple[Any, ...]]] = queue.Queue(maxsize=1)
-        self._results: queue.Queue[BaseException | None] = queue.Queue(maxsize=1)
-        self._abandoned = False
+        self._calls: queue.Queue[tuple[Any, tuple[Any, ...]] | None] = queue.Queue()
+        self._results: queue.Queue[BaseException | None] = queue.Queue()
+        self._orphan: Any = None
+        self.ended = threading.Event()  # abandoned, and its stream closed
         threading.Thread(target=self._run, name="speakd-audio-device", daemon=True).start()
 
     def _run(self) -> None:
-        while not self._abandoned:  # a stuck call that returns after all ends the thread
-            fn, args = self._calls.get()
+        while (call := self._calls.get()) is not None:
+            fn, args = call
             try:
                 fn(*args)
             except Exception as e:  # handed to the caller
                 self._results.put(e)
             else:
                 self._results.put(None)
+        if self._orphan is not None:
+            _close_stream(self._orphan)
+        self.ended.set()
 
     def call(self, timeout: float, fn: Any, *args: Any) -> bool:
         """``fn(*args)`` on the device thread; False when it has not returned within ``timeout``
-        (the thread is then unusable), its exception re-raised."""
+        (then ``abandon``), its exception re-raised."""
         self._calls.put((fn, args))
         try:
             error = self._results.get(timeout=timeout)
         except queue.Empty:
-            self._abandoned = True
             return False
         if error is not None:
             raise error
         return True
 
-
-CLOSE_WAIT_S = 2.0  # how long a new stream waits for an abandoned one's close (it may be stuck)
-
-
-def _close_stream(stream: Any) -> None:
-    try:
-        stream.abort()
-        stream.close()
-    except Exception:  # the device may already be gone
-        log.debug("closing a broken stream failed", exc_info=True)
+    def abandon(self, stream: Any) -> None:
+        """Give up on the stuck call: this thread closes ``stream`` once it returns, if ever."""
+        self._orphan = stream
+        self._calls.put(None)
 
 
 class SoundDeviceSink:
@@ -223,7 +238,7 @@ class SoundDeviceSink:
         self._last_try = 0.0
         self._wedged = False  # the last stream stopped taking writes: reopen at once
         self._device: _DeviceCalls | None = None
-        self._closing: threading.Thread | None = None  # an abandoned stream being closed
+        self._abandoned: list[_DeviceCalls] = []  # stuck calls whose stream is not closed yet
         self._lock = threading.Lock()
 
     def _sd(self) -> Any:
@@ -237,18 +252,19 @@ class SoundDeviceSink:
 
     def _open(self, sample_rate: int) -> None:
         sd = self._sd()
-        closing = self._closing
-        if closing is not None:  # PortAudio opening a stream while closing one can crash
-            closing.join(CLOSE_WAIT_S)
-            self._closing = None
-        if self._error and not self._wedged:  # (no re-init under a write that is still stuck)
-            # Devices are enumerated at PortAudio init: re-init to see a device that came back.
-            if time.monotonic() - self._last_try < self.RETRY_S:
-                raise SinkUnavailable(self._error)
-            sd._terminate()
-            sd._initialize()
-        self._last_try, self._wedged = time.monotonic(), False
+        self._abandoned = [d for d in self._abandoned if not d.ended.is_set()]
+        if self._error and not self._wedged and time.monotonic() - self._last_try < self.RETRY_S:
+            raise SinkUnavailable(self._error)
+        if not PORTAUDIO.acquire(timeout=CLOSE_WAIT_S):
+            self._error = self._error or "an abandoned output stream is still being closed"
+            raise SinkUnavailable(self._error)
         try:
+            # Devices are enumerated at PortAudio init: re-init to see a device that came back;
+            # not after a wedge, nor under an abandoned stream (re-init closes every stream).
+            if self._error and not self._wedged and not self._abandoned:
+                sd._terminate()
+                sd._initialize()
+            self._last_try, self._wedged = time.monotonic(), False
             stream = sd.RawOutputStream(
                 samplerate=sample_rate, channels=1, dtype="int16", device=self.device
             )
@@ -256,6 +272,8 @@ class SoundDeviceSink:
         except Exception as e:  # PortAudioError, ValueError for unknown device names
             self._error = f"cannot open output device {self.device or 'default'!s}: {e}"
             raise SinkUnavailable(self._error) from e
+        finally:
+            PORTAUDIO.release()
         if self._error:
             log.info("audio device is back: %s", self.device or "default")
         self._stream, self._rate, self._error = stream, sample_rate, ""
@@ -304,8 +322,8 @@ class SoundDeviceSink:
             self._abandon(timeout, what)
 
     def _abandon(self, timeout: float, what: str) -> None:
-        """A call is stuck in the driver: leave it and its stream behind (closed on a thread of
-        their own, in case closing blocks too); the next utterance opens a new stream."""
+        """A call is stuck in the driver: leave it and its stream behind (its thread closes the
+        stream once the call returns); the next utterance opens a new stream."""
         self._error = (
             f"output device {self.device or 'default'!s} stopped taking audio: {what} did not "
             f"return within {timeout:.1f} s; the stream is reopened for the next utterance"
@@ -313,11 +331,10 @@ class SoundDeviceSink:
         log.error("%s", self._error)
         with self._lock:
             stuck, self._stream = self._stream, None
+        assert self._device is not None
+        self._device.abandon(stuck)
+        self._abandoned.append(self._device)
         self._device, self._wedged = None, True
-        self._closing = threading.Thread(
-            target=_close_stream, args=(stuck,), name="speakd-audio-close", daemon=True
-        )
-        self._closing.start()
         raise SinkUnavailable(self._error)
 
     def abort(self) -> None:
