@@ -35,8 +35,10 @@ def _text(value: str) -> str:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from speakd.memory import bound_heap
     from speakd.service import serve
 
+    bound_heap()
     return serve(args.config)
 
 

@@ -19,8 +19,34 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def trim_heap() -> None:
-    """``malloc_trim(0)``: return freed heap to the system (a no-op where libc has none)."""
-    name = ctypes.util.find_library("c")
+# glibc's mallopt parameters (malloc.h)
+M_MMAP_THRESHOLD = -3
+M_ARENA_MAX = -8
+MMAP_THRESHOLD = 256 * 1024  # twice glibc's starting value, held fixed
+ARENA_MAX = 2
+
+
+def _glibc(function: str, *args: int) -> None:
+    """Call one of glibc's malloc functions; a no-op where libc has none (musl, macOS)."""
     with contextlib.suppress(OSError, AttributeError, TypeError):
-        ctypes.CDLL(name).malloc_trim(0)
+        getattr(ctypes.CDLL(ctypes.util.find_library("c")), function)(*args)
+
+
+def trim_heap() -> None:
+    """``malloc_trim(0)``: return freed heap to the system."""
+    _glibc("malloc_trim", 0)
+
+
+def bound_heap() -> None:
+    """Keep glibc's heap from growing with the traffic; call before the daemon starts threads.
+
+    Under mixed requests the heap in use stayed flat while the freed heap glibc kept grew
+    (mallinfo2: ~215 MB in use throughout, 170 → 320 MB free): once a large block (a long
+    text's audio) is freed, glibc raises its mmap threshold to that size, so the next ones come
+    from the heap and leave holes it cannot return, in up to 8 arenas per core (one per
+    synthesis thread at a time). A fixed threshold keeps every block over 256 KiB in a mapping of
+    its own, unmapped when freed, and two arenas bound the rest (docs/reliability.md §8 has the
+    measurements). A no-op without glibc.
+    """
+    _glibc("mallopt", M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+    _glibc("mallopt", M_ARENA_MAX, ARENA_MAX)

@@ -79,9 +79,10 @@ def bench_precompute(
     }
 
 
-def serve(work: Path, engine: str = "", extra: str = "") -> Any:
+def serve(work: Path, engine: str = "", extra: str = "", env: dict[str, str] | None = None) -> Any:
     """A real daemon on a null sink, cache in ``work``; ``engine`` holds [engine] lines, ``extra``
-    more TOML sections (``bench wyoming`` adds [wyoming]). Returns the Popen and socket path."""
+    more TOML sections (``bench wyoming`` adds [wyoming]), ``env`` more environment variables.
+    Returns the Popen and socket path."""
     import os
     import subprocess
     import sys
@@ -100,7 +101,7 @@ def serve(work: Path, engine: str = "", extra: str = "") -> Any:
         [sys.executable, "-m", "speakd", "serve", "--config", str(config)],
         stdout=log,
         stderr=subprocess.STDOUT,
-        env={**os.environ, "SPEAKD_LOG_LEVEL": "WARNING"},
+        env={**os.environ, "SPEAKD_LOG_LEVEL": "WARNING", **(env or {})},
     )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:

@@ -23,6 +23,7 @@ BENCHMARKS = {
     "http": "HTTP API: a cached /v1/audio/speech, p50/p99 alone and requests/s under load",
     "voices": "many voices: RSS with 1, 2, 3 loaded, cold vs warm first audio, LRU at limit 1",
     "ssml": "SSML parser: a document, and the refusal of a billion laughs, a blowup, deep nesting",
+    "memory": "daemon RSS at READY, after a warm-up and after N mixed socket requests",
     "words": "Piper word timings against faster-whisper's word timestamps on the same audio",
 }
 
