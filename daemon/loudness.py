@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import Any
 
 import numpy as np
 
@@ -107,9 +108,27 @@ def calibration_text(lang: str | None) -> str:
     return CALIBRATION_TEXT.get(base, CALIBRATION_TEXT["en"])
 
 
+def record(engine: Engine, measured: float) -> dict[str, Any]:
+    """A measurement as the tools write it into a bundle's manifest (``loudness``): it holds for
+    that bundle id (an NPU plan's audio is another precision, with an id of its own) and that
+    calibration text only. Silence is recorded as None (JSON has no -inf)."""
+    lufs = round(measured, 2) if np.isfinite(measured) else None
+    return {"calibration": CALIBRATION, "bundle_id": engine.bundle_id, "lufs": lufs}
+
+
+def recorded(engine: Engine) -> float | None:
+    """The voice's level as its bundle records it, when the record holds for this engine."""
+    entry = engine.loudness_record
+    if not entry or entry.get("calibration") != CALIBRATION:
+        return None
+    if entry.get("bundle_id") != engine.bundle_id:
+        return None
+    return float("-inf") if entry.get("lufs") is None else float(entry["lufs"])
+
+
 class VoiceLoudness:
-    """Each voice's measured loudness, by bundle id, measured once per process (a voice unloaded
-    and loaded again is not measured again: its model is the same)."""
+    """Each voice's loudness, by bundle id: as its bundle records it, else measured once per
+    process (a voice unloaded and loaded again is not measured again: its model is the same)."""
 
     def __init__(self) -> None:
         self._measured: dict[str, float] = {}
@@ -117,17 +136,20 @@ class VoiceLoudness:
 
     def gain(self, engine: Engine, target: float) -> float:
         """The voice's one gain to ``target`` LUFS; the first call measures (a synthesis of the
-        calibration text in the voice's first language; call it holding the voice)."""
+        calibration text in the voice's first language; call it holding the voice) unless the
+        bundle records the level."""
         with self._lock:
             measured = self._measured.get(engine.bundle_id)
         if measured is None:
-            measured = self._measure(engine)
+            measured = recorded(engine)
+        if measured is None:
+            measured = self.measure(engine)
             with self._lock:
                 self._measured[engine.bundle_id] = measured
         return gain_for(measured, target)
 
     @staticmethod
-    def _measure(engine: Engine) -> float:
+    def measure(engine: Engine) -> float:
         languages = engine.voices()[0].languages
         text = calibration_text(languages[0] if languages else None)
         chunks = list(engine.synthesize(text, SynthesisConfig(seed=CALIBRATION_SEED)))

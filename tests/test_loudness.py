@@ -3,7 +3,9 @@ audio.loudness_lufs through the daemon's own request path (library, resolver, ca
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from unittest.mock import ANY
 
 import numpy as np
 import pyloudnorm
@@ -13,8 +15,9 @@ from speakd.audio import join_chunks
 from speakd.cache.store import CacheStore
 from speakd.config import load_config
 from speakd.engines.base import SynthesisConfig
-from speakd.engines.vits import VitsEngine
-from speakd.loudness import integrated_loudness
+from speakd.engines.chattts.engine import ChatTTSEngine
+from speakd.engines.vits import EMBEDDED_LOUDNESS, VitsEngine
+from speakd.loudness import CALIBRATION, VoiceLoudness, integrated_loudness, recorded
 from speakd.messages import SpeakRequest
 from speakd.resolver import Resolver
 from speakd.stream import Cancel
@@ -95,3 +98,45 @@ def test_the_daemon_config_sets_the_target_and_0_turns_it_off(tmp_path: Path) ->
     library = build_library(load_config(path))
     assert library.loudness is None
     assert "loudness" not in library.prepare("Hello.", SynthesisConfig()).params
+
+
+def test_a_bundle_records_its_level_and_a_board_trusts_only_its_own_record(
+    tiny_bundle: Path,
+) -> None:
+    """Export measured the ChatTTS voice over the calibration text into its manifest: the daemon
+    takes that level without a synthesis of its own (seconds on a board). A record made for
+    other bytes (an NPU plan's id) or another calibration text is not trusted: the board
+    measures, and finds what the record says. (The tiny random-weight voice is near silence,
+    which is recorded as None and gets no gain.)"""
+    record = json.loads((tiny_bundle / "manifest.json").read_text())["loudness"]
+    engine = ChatTTSEngine.load(tiny_bundle, threads=1)
+    assert record == {"calibration": CALIBRATION, "bundle_id": engine.bundle_id, "lufs": ANY}
+    level = float("-inf") if record["lufs"] is None else record["lufs"]
+    assert recorded(engine) == level
+
+    calls = []
+    synthesize = engine.synthesize
+    engine.synthesize = lambda *a, **kw: (calls.append(a[0]), (yield from synthesize(*a, **kw)))[1]
+    target = -20.0
+    gain = VoiceLoudness().gain(engine, target)
+    assert calls == []  # the record, not a synthesis
+
+    for stale in ({"calibration": CALIBRATION + 1}, {"bundle_id": f"{engine.bundle_id}+rknn"}):
+        engine.loudness_record = {**record, **stale}
+        assert recorded(engine) is None, stale
+    assert VoiceLoudness().gain(engine, target) == pytest.approx(gain, rel=0.01)
+    assert calls  # measured on this board instead
+
+
+def test_the_embedded_voice_ships_the_level_speakd_tools_measures(capsys) -> None:
+    """The record shipped in the code is what `speakd-tools loudness embedded` measures now (a
+    changed calibration text, meter or voice package breaks it)."""
+    from speakd_tools.cli import main
+
+    assert main(["loudness", "embedded"]) == 0
+    name, printed = capsys.readouterr().out.strip().split(": ", 1)
+    measured = json.loads(printed)
+    assert name == "embedded"
+    assert {**measured, "lufs": ANY} == EMBEDDED_LOUDNESS
+    assert measured["lufs"] == pytest.approx(EMBEDDED_LOUDNESS["lufs"], abs=0.05)
+    assert recorded(VitsEngine.embedded()) == EMBEDDED_LOUDNESS["lufs"]

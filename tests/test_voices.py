@@ -103,9 +103,7 @@ def test_each_voice_speaks_at_its_own_rate_and_speakers_differ(
     assert anna.pcm != bert.pcm
 
 
-def test_a_name_clash_is_a_config_error_naming_both_files(
-    tmp_path: Path, voices_dir: Path
-) -> None:
+def test_a_name_clash_is_a_config_error_naming_both_files(tmp_path: Path, voices_dir: Path) -> None:
     sub = tmp_path / "elsewhere"
     sub.mkdir()
     clash = tiny_multispeaker_voice(sub, PIPER)  # the embedded voice's name

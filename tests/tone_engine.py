@@ -23,6 +23,7 @@ class ToneEngine:
     sample_rate = 16000
     bundle_id = "tone-1"
     precision = "fp32"
+    loudness_record = None
     options = (Option("pitch", float, "a tone option, for front-end tests", 0.0, 2.0),)
 
     def __init__(self, word_s: float = 0.1, compute_s: float = 0.0) -> None:

@@ -123,6 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
     from .voice import add_parser as add_voice
 
     add_voice(sub)
+
+    from .loudness import add_parser as add_loudness
+
+    add_loudness(sub)
     return p
 
 

@@ -71,6 +71,9 @@ class VoiceModel(Protocol):
     bundle_id: str  # identifies the model bytes; part of every cache key
     precision: str
     options: tuple[Option, ...]  # what a request may tune (speakd.engines.options)
+    # the tools' measurement of this voice over the calibration text (the bundle manifest's
+    # ``loudness``, speakd.loudness), so the device need not spend a synthesis on it; or None
+    loudness_record: dict[str, Any] | None
 
     def voices(self) -> list[VoiceInfo]: ...
 

