@@ -221,6 +221,21 @@ EMBEDDED_LOUDNESS = {
 }
 
 
+def _graph(voice: VitsVoice) -> onnx.ModelProto:
+    """The voice's graph with its noise seeded, its inputs checked."""
+    try:
+        model = onnx.load_from_string(_read(voice.model_path))
+    except Exception as e:  # protobuf's DecodeError and friends
+        raise EngineError(f"{voice.model_path}: not an ONNX model: {e}") from e
+    try:
+        replaced = make_noise_deterministic(model)
+    except ValueError as e:
+        raise EngineError(f"{voice.model_path}: {e}") from e
+    _check_io({i.name for i in model.graph.input}, voice.config, voice.model_path)
+    log.debug("vits voice %s: %d noise nodes seeded", voice.name, replaced)
+    return model
+
+
 class VitsVoice:
     """A Piper voice as its JSON describes it: names, speakers, text and parameters, but no
     session. The voice library keys requests with it before (or without) loading the model, so a
@@ -439,23 +454,15 @@ class VitsEngine(VitsVoice):
         t0 = time.monotonic()
         model_path = voice.model_path
         try:
-            model = onnx.load_from_string(_read(model_path))
-        except Exception as e:  # protobuf's DecodeError and friends
-            raise EngineError(f"{model_path}: not an ONNX model: {e}") from e
-        try:
-            replaced = make_noise_deterministic(model)
-        except ValueError as e:
-            raise EngineError(f"{model_path}: {e}") from e
-        _check_io({i.name for i in model.graph.input}, voice.config, model_path)
-        try:
-            graphs = voice_sessions(model, session_options(threads))
+            graphs = voice_sessions(lambda: _graph(voice), session_options(threads))
+        except EngineError:
+            raise
         except Exception as e:  # onnxruntime raises its own Fail/InvalidGraph types
             raise EngineError(f"{model_path}: onnxruntime cannot load it: {e}") from e
         log.info(
-            "vits voice %s loaded in %.2f s (%d noise nodes seeded, %d threads, %s)",
+            "vits voice %s loaded in %.2f s (%d threads, %s)",
             voice.name,
             time.monotonic() - t0,
-            replaced,
             threads,
             "streamed by window" if isinstance(graphs, SplitVoice) else "one run per sentence",
         )

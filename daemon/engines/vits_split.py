@@ -21,9 +21,11 @@ from __future__ import annotations
 import logging
 import math
 import sys
-from collections.abc import Iterator
+import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from fractions import Fraction
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,6 +33,8 @@ import onnx
 import onnxruntime as ort
 from onnx import numpy_helper
 from onnx.utils import Extractor
+
+from speakd.engines.base import EngineError
 
 log = logging.getLogger(__name__)
 
@@ -241,14 +245,20 @@ def _declare(model: onnx.ModelProto, names: list[str]) -> None:
         model.graph.value_info.extend(v for v in inferred if v.name in missing)
 
 
-def voice_sessions(model: onnx.ModelProto, options: ort.SessionOptions) -> SplitVoice | WholeVoice:
+def voice_sessions(
+    load: Callable[[], onnx.ModelProto], options: ort.SessionOptions
+) -> SplitVoice | WholeVoice:
     """The voice split for streaming, or whole when its graph cannot be split or windowed (or
-    onnxruntime refuses a part: a voice that loads whole never fails for its split)."""
+    onnxruntime refuses a part: a voice that loads whole never fails for its split). ``load``
+    gives the graph: the whole graph is dropped once split, before its parts' sessions are
+    built (the load's peak memory), and read again only for the fallback."""
     try:
-        return SplitVoice(split_voice(model), options)
+        return SplitVoice(split_voice(load()), options)
+    except EngineError:  # the graph itself (unreadable, wrong inputs): no fallback helps
+        raise
     except Exception as e:  # ValueError from split_voice/reach, onnxruntime's own on a part
         log.warning("vits graph runs whole, one run per sentence: %s", e)
-        return WholeVoice(_session(model, options))
+        return WholeVoice(_session(load(), options))
 
 
 class WholeVoice:
@@ -339,6 +349,12 @@ class SplitVoice:
 
 
 def _session(model: onnx.ModelProto, options: ort.SessionOptions) -> ort.InferenceSession:
-    return ort.InferenceSession(
-        model.SerializeToString(), sess_options=options, providers=["CPUExecutionProvider"]
-    )
+    """A session read from a file: given bytes, onnxruntime's Python session keeps them for as
+    long as it lives (``_model_bytes``), a second copy of the weights in every process
+    (docs/vits-engine.md, "Threads and memory")."""
+    with tempfile.TemporaryDirectory(prefix="speakd-vits-") as tmp:
+        path = Path(tmp) / "part.onnx"
+        path.write_bytes(model.SerializeToString())
+        return ort.InferenceSession(
+            str(path), sess_options=options, providers=["CPUExecutionProvider"]
+        )
