@@ -2,10 +2,11 @@
 
 ``speakd-tools bench memory``'s short form (150 requests against the embedded voice: long texts
 synthesised whole, left by their client and cancelled, three streams at once, cache hits, short
-misses) must end within 1.2× its RSS after the first 50; the full 1 000-request run and its
-figures are in docs/benchmarks.md. What grew in that run was glibc's heap holding freed large
-blocks (``speakd.memory.bound_heap``): the pattern that made it grow is tested on its own, in a
-fresh interpreter, with and without the bound."""
+misses) must end within 1.1× its RSS after the first 50; the full 1 000-request run and its
+figures are in docs/benchmarks.md. The bound catches onnxruntime arenas kept at a long
+sentence's size; the other growth found, glibc's heap holding freed large blocks
+(``speakd.memory.bound_heap``), needs 5 000-character texts to show, so its pattern is tested
+on its own, in a fresh interpreter, with and without the bound."""
 
 from __future__ import annotations
 
@@ -45,11 +46,13 @@ def test_freed_large_blocks_go_back_to_the_system_once_the_heap_is_bounded() -> 
     assert _kept_mb("bound") < 2
 
 
-def test_rss_after_150_mixed_requests_stays_within_1_2x_of_warm_up() -> None:
+def test_rss_after_150_mixed_requests_stays_within_1_1x_of_warm_up() -> None:
+    """Tighter than the 1 000-request target (1.2): this short form ended at 1.14 while a long
+    sentence's onnxruntime arenas were kept, at 1.01-1.02 since each run shrinks them."""
     args = argparse.Namespace(
         requests=150, warmup=50, long_chars=300, bundle="", env=[], no_bandwidth=True
     )
     result = measure(args)
     assert set(result["outcomes"]) <= {"done", "cancelled", "left"}, result["outcomes"]
     assert result["kinds"]["long"] >= 5 and result["kinds"]["3 concurrent"] >= 15, result["kinds"]
-    assert result["ratio"] <= 1.2, (result["ready"], result["warmup"], result["end"])
+    assert result["ratio"] <= 1.1, (result["ready"], result["warmup"], result["end"])

@@ -1,16 +1,17 @@
 """Does the daemon's memory stay flat? RSS of a real daemon at READY, after a warm-up and after
 many mixed requests over the JSON socket.
 
-    speakd-tools bench memory [--requests 1000] [--warmup 50] [--bundle PATH]
-                              [--env KEY=VALUE ...] [--json]
+    speakd-tools bench memory [--requests 1000] [--warmup 50] [--long-chars 5000]
+                              [--bundle PATH] [--env KEY=VALUE ...] [--json]
 
 A real ``python -m speakd serve`` on a null sink (not paced): the embedded Piper voice, or with
-``--bundle`` that ChatTTS bundle as the ``[engine]`` voice. Requests go one after another, in a
-cycle of 25 (so the warm-up holds each kind at least twice):
+``--bundle`` that ChatTTS bundle as the ``[engine]`` voice; ``engine.hang_timeout_s`` is 600 s
+(a ChatTTS run on a busy machine otherwise timed out and opened the breaker). Requests go one
+after another, in a cycle of 25 (so the warm-up holds each kind at least twice):
 
-- a 5 000-character text (``limits.max_text_chars``), synthesised whole (``synth``);
-- a 5 000-character text whose client leaves at its first audio (the rest is cancelled);
-- a 5 000-character ``say`` cancelled with the ``cancel`` op once it has started;
+- a long text (``--long-chars``, 5 000 = ``limits.max_text_chars``), synthesised whole;
+- a long text whose client leaves at its first audio (the rest is cancelled);
+- a long ``say`` cancelled with the ``cancel`` op once it has started;
 - three ``synth`` streams at once (three requests);
 - cache hits: texts said before;
 - short new texts (cache misses), as ``synth`` and as ``say`` with ``wait``.
@@ -160,7 +161,11 @@ def drive(sock: str, pid: int, requests: int, warmup: int, chars: int) -> dict[s
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
-    engine = f'kind = "chattts"\nbundle = "{Path(args.bundle).resolve()}"' if args.bundle else ""
+    # memory, not latency: a loaded machine must not trip the hang timer (and then the breaker)
+    engine = "hang_timeout_s = 600\n"
+    if args.bundle:
+        engine += f'kind = "chattts"\nbundle = "{Path(args.bundle).resolve()}"\n'
+
     env = dict(kv.split("=", 1) for kv in args.env)
     result: dict[str, Any] = {"engine": args.bundle or "embedded Piper", "env": env}
     result["long_chars"] = args.long_chars
