@@ -5,7 +5,8 @@ unpacks qemu-user 10 from bookworm-backports and installs speakd's device depend
 aarch64 wheels only. The speakd code under test is this checkout's, built as a wheel and run by
 both sides (x86: this venv's dependencies; ARM: the aarch64 wheels). Under ``qemu-aarch64 -cpu
 cortex-a76`` (Raspberry Pi 5 / RK3588 big core: NEON + dot product, no i8mm) and ``-cpu max``
-(i8mm, SVE, SME: onnxruntime takes its other ARM kernels), concurrently:
+with SVE and SME off (i8mm, bf16 and the other ARMv8.6+ features: onnxruntime takes its other
+NEON kernels; see CPUS for why not SVE), concurrently:
 
 * ``speakd synth`` with the embedded voice, a tiny fp32 ChatTTS bundle and its quantized sibling
   (``speakd-tools calibrate``'s default mode, 4-bit GPT + int8 KV), through
@@ -59,9 +60,13 @@ HERE = Path(__file__).resolve().parent
 TEXT = "The door is open."
 SEED = 7
 MAX_CONTEXT = 112  # KV capacity of the tiny bundles: ~60 decode steps after the prompt
-# -cpu max with qemu's own pointer-authentication algorithm: the same features (SVE, SME, i8mm)
-# with a cheaper PAC hash, which halves the emulation time; programs cannot tell the difference.
-CPUS = {"cortex-a76": "cortex-a76", "max": "max,pauth-impdef=on"}
+# -cpu max with qemu's own pointer-authentication algorithm (a cheaper PAC hash, which halves the
+# emulation time; programs cannot tell the difference), and without SVE and SME: qemu emulates
+# their predicated vectors element by element, and onnxruntime's SVE kernels made the embedded
+# voice's `speakd synth` take over 11 min of CPU where the same run without them takes 97 s
+# (1.14 s of audio; 128-bit vectors were no better). The boards speakd targets (Pi 5, RK3588:
+# Cortex-A76) have neither.
+CPUS = {"cortex-a76": "cortex-a76", "max": "max,pauth-impdef=on,sve=off,sme=off"}
 SNR_MIN_DB = 40.0
 FP32_GRAPH_RTOL = 1e-5
 STEP_TIMEOUT_S = 1800  # one emulated command (a loaded 2-core machine is 3-4x slower)
