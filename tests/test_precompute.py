@@ -10,7 +10,7 @@ import pytest
 
 from speakd.cache.store import CacheStore
 from speakd.engines.base import SynthesisConfig
-from speakd.loudness import DEFAULT_LUFS
+from speakd.loudness import DEFAULT_LUFS, record
 from speakd.markup.lexicon import Lexicon
 from speakd.markup.plan import prepare_request
 from speakd.messages import SpeakRequest
@@ -173,3 +173,18 @@ def test_a_lexicon_packs_the_prompts_as_the_board_says_them(tmp_path: Path) -> N
     request = SpeakRequest("Restart nginx.", config=config, cache_only=True, prepared=prepared)
     assert b"".join(c.pcm for c in source.stream(request, threading.Event()))
     source.close()
+
+
+def test_a_slow_host_is_not_a_hung_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pack is made offline: 2 s before the first chunk (a busy host, a full-size model) is
+    slow, not hung; the same wait past precompute's own limit is a failed prompt, not a
+    stalled run."""
+    import speakd_tools.precompute as pc
+
+    engine = ToneEngine(compute_s=2.0)
+    engine.loudness_record = record(engine, -20.0)  # no calibration text said at 2 s a word
+    [clip] = pc.synthesize_batch(engine, [Prompt("Slow but sure.")])
+    assert not isinstance(clip, Exception) and clip.audio
+    monkeypatch.setattr(pc, "OFFLINE_HANG_TIMEOUT_S", 1.0)
+    [failed] = pc.synthesize_batch(engine, [Prompt("Slow but sure.")])
+    assert isinstance(failed, Exception) and "no audio for 1 s" in str(failed)

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from speakd.audio import join_chunks
+from speakd.breaker import CircuitBreaker, Guard
 from speakd.bundle import BundleError
 from speakd.cache.store import CacheError, CacheStore, Clip
 from speakd.engines.base import Engine, EngineError, SynthesisConfig
@@ -218,11 +219,22 @@ def synthesize_batch(engine: Engine, prompts: Sequence[Prompt]) -> list[Clip | E
     return [_clip(engine, p) for p in prompts]
 
 
+# A host may be slow or busy, and a pack is made offline: a prompt may take up to this long
+# between two chunks before its engine counts as hung, and no speed is a failure (the daemon's
+# 30 s and RTF 3 are for a board answering people; with a loaded host they failed a
+# full-size ChatTTS pack's first sentences).
+OFFLINE_HANG_TIMEOUT_S = 600.0
+
+
+def _guard() -> Guard:
+    return Guard(CircuitBreaker(), hang_timeout_s=OFFLINE_HANG_TIMEOUT_S, max_rtf=float("inf"))
+
+
 def _clip(engine: Engine, p: Prompt) -> Clip | Exception:
     try:
         prepared = _prepare(engine, p)
         request = SpeakRequest(text=p.text, config=p.config(), prepared=prepared)
-        audio = join_chunks(Resolver(engine).stream(request, Cancel()))
+        audio = join_chunks(Resolver(engine, guard=_guard()).stream(request, Cancel()))
         if audio is None:
             raise ValueError("the engine produced no audio")
         return Clip(
