@@ -5,9 +5,7 @@ the loudness target; a cancel during the chime ends all of it; unknown names are
 
 from __future__ import annotations
 
-import base64
 import json
-import socket
 from typing import Any
 
 import httpx
@@ -22,6 +20,7 @@ from speakd.loudness import integrated_loudness
 from speakd.sounds import Sounds, chime_key
 from tests.http_daemon import HttpDaemon, start_http_daemon, wav_samples
 from tests.ssip_harness import SsipClient
+from tests.test_ssml_daemon import synth as socket_synth
 from tests.tiny_voices import tiny_multispeaker_voice
 
 RATE = 22050  # the embedded voice's, and the built-in chimes'
@@ -70,22 +69,7 @@ def chime(name: str) -> np.ndarray:
 def synth(
     d: HttpDaemon, rate: int = RATE, **fields: Any
 ) -> tuple[np.ndarray, list[dict[str, Any]]]:
-    """A socket ``synth`` (its audio at ``rate``): its PCM and every event but the audio ones."""
-    with socket.socket(socket.AF_UNIX) as s:
-        s.settimeout(60)
-        s.connect(d.proc.socket)
-        s.sendall(json.dumps({"op": "synth", "id": "s", **fields}).encode() + b"\n")
-        pcm, events = [], []
-        for line in s.makefile("rb"):
-            event = json.loads(line)
-            if event["event"] == "audio":
-                assert event["format"]["rate"] == rate
-                pcm.append(np.frombuffer(base64.b64decode(event["data"]), dtype="<i2"))
-            else:
-                events.append(event)
-            if event["event"] in ("finished", "error"):
-                break
-    return (np.concatenate(pcm) if pcm else np.zeros(0, dtype="<i2")), events
+    return socket_synth(d.proc, rate, **fields)
 
 
 def played(d: HttpDaemon, request_id: str) -> np.ndarray:

@@ -40,8 +40,10 @@ def daemon(served: HttpDaemon) -> DaemonProc:
     return served.proc
 
 
-def synth(d: DaemonProc, **fields: Any) -> tuple[np.ndarray, list[dict[str, Any]]]:
-    """A socket ``synth``: its PCM and every event but the audio ones."""
+def synth(
+    d: DaemonProc, rate: int = RATE, **fields: Any
+) -> tuple[np.ndarray, list[dict[str, Any]]]:
+    """A socket ``synth`` (its audio at ``rate``): its PCM and every event but the audio ones."""
     with socket.socket(socket.AF_UNIX) as s:
         s.settimeout(60)
         s.connect(d.socket)
@@ -50,7 +52,7 @@ def synth(d: DaemonProc, **fields: Any) -> tuple[np.ndarray, list[dict[str, Any]
         for line in s.makefile("rb"):
             event = json.loads(line)
             if event["event"] == "audio":
-                assert event["format"]["rate"] == RATE
+                assert event["format"]["rate"] == rate
                 pcm.append(np.frombuffer(base64.b64decode(event["data"]), dtype="<i2"))
             else:
                 events.append(event)
