@@ -19,7 +19,8 @@ NEON kernels; see CPUS for why not SVE), concurrently:
 What must hold, and why:
 
 * fp32 audio (embedded voice, ChatTTS fp32, the daemon's WAV): the same length as x86's, every
-  16-bit sample within 1 step of x86's, and an SNR of at least 40 dB. Float rounding differences
+  16-bit sample within 1 step of x86's before the voice's loudness gain (so within 2 after the
+  embedded voice's 1.95x), and an SNR of at least 40 dB. Float rounding differences
   between the x86 and ARM kernels are ~1e-6 relative (the graph check measures them), so a sample
   can only move where its value lies next to a rounding boundary; a decode that went elsewhere (one
   code sampled differently) decorrelates everything after it and gives about 0 dB. The tiny
@@ -33,13 +34,14 @@ What must hold, and why:
 * fp32 graphs: logits, hidden states, mel and spectra within 1e-5 relative of x86.
 
 Timings and errors are printed (``pytest -s``). Measured on the 2-core development VM with the
-downloads cached: tests/arm64 in 9.6 min at load average 2.5, 28 min at 10-17 (other jobs on the
-cores). Downloads are cached in ``$SPEAKD_ARM64_CACHE`` (default /var/cache/speakd-arm64).
+downloads cached: the emulated commands in 412 s (both CPUs at once) at load average 6-7
+(2026-12-03; docs/boards.md has the steps). Downloads are cached in ``$SPEAKD_ARM64_CACHE`` (default /var/cache/speakd-arm64).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import socket
@@ -91,15 +93,16 @@ def rel(test: np.ndarray, ref: np.ndarray) -> float:
     return float(np.linalg.norm(test - ref) / np.linalg.norm(ref))
 
 
-def compare_fp32_audio(ref_path: Path, test_path: Path) -> tuple[float, float]:
-    """Assert equal length and ≤ 1 step per sample; SNR ≥ 40 dB where the signal allows it."""
+def compare_fp32_audio(ref_path: Path, test_path: Path, steps: int = 1) -> tuple[float, float]:
+    """Assert equal length and ≤ ``steps`` per sample; SNR ≥ 40 dB where the signal allows it."""
     ref, test = read_wav(ref_path), read_wav(test_path)
     assert len(test) == len(ref), f"{test_path.name}: {len(test)} samples, x86 {len(ref)}"
     diff = float(np.abs(ref - test).max())
     snr = snr_db(ref, test)
-    assert diff <= 1, f"{test_path.name}: a sample differs by {diff:.0f} steps (SNR {snr:.1f} dB)"
-    # Every sample one step off would give 10·log10(mean(ref²)): the bound cannot exceed that.
-    floor = 10 * np.log10(max(float((ref**2).mean()), 1.0))
+    what = f"{test_path.name}: a sample differs by {diff:.0f} steps (SNR {snr:.1f} dB)"
+    assert diff <= steps, what
+    # Every sample `steps` off would give 10·log10(mean(ref²) / steps²): the bound cannot exceed it.
+    floor = 10 * np.log10(max(float((ref**2).mean()) / steps**2, 1.0))
     assert snr >= min(SNR_MIN_DB, floor), f"{test_path.name}: SNR {snr:.1f} dB"
     return snr, diff
 
@@ -352,7 +355,13 @@ def arm_runs(arm: Arm, bundles: dict[str, Path], x86: dict, work: Path) -> dict[
 def test_arm64_synth_embedded_voice_matches_x86(cpu: str, arm_runs, x86) -> None:
     run_ = arm_runs[cpu]
     run_.need("synth embedded")
-    snr, diff = compare_fp32_audio(x86["dir"] / "embedded.wav", run_.out / "embedded.wav")
+    from speakd.engines.vits import EMBEDDED_LOUDNESS
+    from speakd.loudness import DEFAULT_LUFS, gain_for
+
+    gain = gain_for(EMBEDDED_LOUDNESS["lufs"], DEFAULT_LUFS)  # a step before it is `gain` after
+    snr, diff = compare_fp32_audio(
+        x86["dir"] / "embedded.wav", run_.out / "embedded.wav", steps=math.ceil(gain)
+    )
     print(f"\n-cpu {cpu} embedded voice: SNR {snr:.1f} dB, max diff {diff:.0f} step(s)")
 
 
