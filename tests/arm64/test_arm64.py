@@ -35,7 +35,8 @@ What must hold, and why:
 
 Timings and errors are printed (``pytest -s``). Measured on the 2-core development VM with the
 downloads cached: the emulated commands in 412 s (both CPUs at once) at load average 6-7
-(2026-12-03; docs/boards.md has the steps). Downloads are cached in ``$SPEAKD_ARM64_CACHE`` (default /var/cache/speakd-arm64).
+(2026-12-03; docs/boards.md has the steps). Downloads are cached in ``$SPEAKD_ARM64_CACHE``
+(default /var/cache/speakd-arm64).
 """
 
 from __future__ import annotations

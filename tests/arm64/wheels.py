@@ -87,8 +87,17 @@ def build_pure(req: str, who: str, python: str, local: Path, constraints: list[s
     """Build an sdist-only requirement on the host; it must come out ``none-any``."""
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            r = pip("wheel", "--no-deps", "--no-binary=:all:", "-q", "-w", tmp, *constraints,
-                    req, timeout=SDIST_BUILD_TIMEOUT_S)
+            r = pip(
+                "wheel",
+                "--no-deps",
+                "--no-binary=:all:",
+                "-q",
+                "-w",
+                tmp,
+                *constraints,
+                req,
+                timeout=SDIST_BUILD_TIMEOUT_S,
+            )
         except subprocess.TimeoutExpired as e:
             raise NoArmWheel(
                 f"{req} (required by {who}): no aarch64 wheel for CPython {python}, and its "
@@ -124,9 +133,18 @@ def resolve(
         with tempfile.TemporaryDirectory() as tmp:
             report = Path(tmp) / "report.json"
             r = pip(
-                "install", "--dry-run", "--ignore-installed", "--target", f"{tmp}/t",
-                "--report", str(report), "--find-links", str(local), *platform_args(python),
-                *constraints, f"{speakd}[{','.join(extras)}]" if extras else str(speakd),
+                "install",
+                "--dry-run",
+                "--ignore-installed",
+                "--target",
+                f"{tmp}/t",
+                "--report",
+                str(report),
+                "--find-links",
+                str(local),
+                *platform_args(python),
+                *constraints,
+                f"{speakd}[{','.join(extras)}]" if extras else str(speakd),
             )
             if r.returncode == 0:
                 return json.loads(report.read_text())["install"]
@@ -207,9 +225,20 @@ def cmd_install(args: argparse.Namespace) -> int:
     (python,) = args.python
     wheels = Path(args.wheels)
     r = pip(
-        "install", "-q", "--no-index", "--no-deps", "--upgrade", "--find-links", str(wheels),
-        "--find-links", str(wheels / "local"), "--target", args.target,
-        *platform_args(python), "-r", args.pins,
+        "install",
+        "-q",
+        "--no-index",
+        "--no-deps",
+        "--upgrade",
+        "--find-links",
+        str(wheels),
+        "--find-links",
+        str(wheels / "local"),
+        "--target",
+        args.target,
+        *platform_args(python),
+        "-r",
+        args.pins,
     )
     if r.returncode:
         print(r.stderr, file=sys.stderr)
