@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import functools
+import mmap
 import os
 
 
@@ -22,14 +24,20 @@ def rss_bytes() -> int:
 # glibc's mallopt parameters (malloc.h)
 M_MMAP_THRESHOLD = -3
 M_ARENA_MAX = -8
+MADV_DONTNEED = 4  # sys/mman.h, the same value on every Linux architecture
 MMAP_THRESHOLD = 256 * 1024  # twice glibc's starting value, held fixed
 ARENA_MAX = 2
 
 
-def _glibc(function: str, *args: int) -> None:
-    """Call one of glibc's malloc functions; a no-op where libc has none (musl, macOS)."""
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(ctypes.util.find_library("c"))
+
+
+def _glibc(function: str, *args: object) -> None:
+    """Call one of libc's functions; a no-op where libc has none (musl, macOS)."""
     with contextlib.suppress(OSError, AttributeError, TypeError):
-        getattr(ctypes.CDLL(ctypes.util.find_library("c")), function)(*args)
+        getattr(_libc(), function)(*args)
 
 
 def trim_heap() -> None:
@@ -50,3 +58,17 @@ def bound_heap() -> None:
     """
     _glibc("mallopt", M_MMAP_THRESHOLD, MMAP_THRESHOLD)
     _glibc("mallopt", M_ARENA_MAX, ARENA_MAX)
+
+
+def release_pages(address: int, length: int) -> None:
+    """Give back the whole pages inside ``[address, address + length)``; they read as zeros.
+
+    For a buffer that lives as long as the process but is used in bursts (ChatTTS's KV cache:
+    a row's slot is touched as far as its sentence went, then left), so RSS follows the rows
+    in flight instead of the longest sentence each slot has ever held. Only pages wholly inside
+    the range are given back: the bytes around it may belong to something else.
+    """
+    start = -(-address // mmap.PAGESIZE) * mmap.PAGESIZE
+    end = (address + length) // mmap.PAGESIZE * mmap.PAGESIZE
+    if end > start:
+        _glibc("madvise", ctypes.c_void_p(start), ctypes.c_size_t(end - start), MADV_DONTNEED)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import mmap
 import threading
 import tracemalloc
 from pathlib import Path
@@ -386,6 +387,26 @@ def test_kv_is_allocated_once(batched: ChatTTSEngine) -> None:
     assert [id(a) for a in dec.kv] == kv_ids
     assert peak - base < kv_bytes / 8  # per-row buffers only (hidden history, audio chunks)
     assert grown - base < 1 << 20
+
+
+def test_a_finished_row_gives_its_kv_pages_back(batched: ChatTTSEngine) -> None:
+    """Once its row leaves, a slot's KV pages go back to the system (they read as zeros), so the
+    daemon's RSS follows the rows in flight, not the longest sentence each slot has held; and the
+    next rows in those slots still decode exactly as before."""
+    dec, page = batched.batch.decoder, mmap.PAGESIZE
+    lengths = [12, 4, 16, 3, 10, 6]
+    first = list(batched.batch.stream(_sentences(batched, seed=5, lengths=lengths)))
+    assert dec.free_slots() == dec.batch_size
+    for a in dec.kv:
+        for slot in range(dec.batch_size):
+            view = a[slot].view(np.uint8).reshape(-1)
+            lo = -(-view.ctypes.data // page) * page - view.ctypes.data
+            hi = (view.ctypes.data + view.nbytes) // page * page - view.ctypes.data
+            assert hi - lo >= page  # the slot spans whole pages
+            assert not view[lo:hi].any()
+    again = list(batched.batch.stream(_sentences(batched, seed=5, lengths=lengths)))
+    assert [i for i, _ in again] == [i for i, _ in first]
+    assert all(np.array_equal(a, b) for (_, a), (_, b) in zip(first, again, strict=True))
 
 
 def test_chunked_prompt_pass_matches_whole(single: ChatTTSEngine, tiny_bundle: Path) -> None:

@@ -39,6 +39,7 @@ import onnxruntime as ort
 
 from speakd.engines.chattts.gpt_runner import DecodeStats, GptRunner, ModelSpec
 from speakd.engines.chattts.sampling import CodeSampler, SamplingParams, sample_rows
+from speakd.memory import release_pages
 
 
 def sentence_sampler(params: SamplingParams, eos: int, seed: int, index: int) -> CodeSampler:
@@ -98,7 +99,8 @@ class BatchDecoder:
         self.emb_code = np.ascontiguousarray(emb_code, np.float32)
         b, h, qv = batch_size, spec.hidden_size, spec.num_vq * spec.num_audio_tokens
         shape = (b, spec.num_heads, self.row_context, spec.head_dim)
-        # Allocated once for the engine's life; pages are touched only as rows use positions.
+        # Allocated once for the engine's life; pages are touched only as rows use positions
+        # and given back when a row leaves its slot (release()).
         self.kv = [np.zeros(shape, np.dtype(spec.kv_dtype)) for _ in range(2 * spec.num_layers)]
         self._slot_kv = [
             [ort.OrtValue.ortvalue_from_numpy(a[s : s + 1]) for a in self.kv] for s in range(b)
@@ -227,6 +229,8 @@ class BatchDecoder:
     def release(self, row: Row) -> None:
         if 0 <= row.slot < self.batch_size and self.rows[row.slot] is row:
             self.rows[row.slot] = None
+            for a in self.kv:
+                release_pages(a[row.slot].ctypes.data, a[row.slot].nbytes)
         row.done, row.logits, row.hidden, row.codes = True, None, None, None
 
     # --- forward passes ----------------------------------------------------------------------
