@@ -27,9 +27,12 @@ def table(result: dict[str, Any]) -> str:
     lines.append("")
     for inc in result["incarnations"]:
         growth = "n/a" if inc["rss_growth"] is None else f"{inc['rss_growth'] * 100:+.1f} %"
+        idle = inc["idle_rss_mb"] or ["n/a", "n/a"]
+        kept = "" if inc["idle_rss_growth"] is None else f" ({inc['idle_rss_growth'] * 100:+.1f} %)"
         lines.append(
-            f"process {inc['epoch']}: RSS {inc['warm_rss_mb']} MB after warm-up, peak "
-            f"{inc['peak_rss_mb']} MB ({growth}); fds/threads idle "
+            f"process {inc['epoch']}: RSS idle {idle[0]} → {idle[1]} MB{kept}; peak "
+            f"{inc['warm_rss_mb']} MB in warm-up, {inc['peak_rss_mb']} MB after ({growth}); "
+            "fds/threads idle "
             f"{inc['baseline_fds_threads']} → {inc['end_fds_threads']}"
             + (f" (more: {inc['fd_kinds_grown']})" if inc["fd_kinds_grown"] else "")
         )
