@@ -469,7 +469,7 @@ def _memory_cgroup_enabled() -> bool:
     return not rows or rows[0][-1] != "0"
 
 
-def _exit_now(code: int) -> NoReturn:
+def exit_now(code: int) -> NoReturn:
     """Leave without interpreter teardown once shutdown() has closed everything that holds outside
     state (sockets, SQLite, MQTT, the sink). What teardown would still do is free onnxruntime
     sessions and modules — about 1 s of a stop on a loaded 2-core board — and, under a cancelled
@@ -490,4 +490,4 @@ def _exit_now(code: int) -> NoReturn:
 
 def serve(config_path: Path | None) -> NoReturn:
     config = load_config(config_path)
-    _exit_now(asyncio.run(Daemon(config, config_path).run()))
+    exit_now(asyncio.run(Daemon(config, config_path).run()))

@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import threading
 from pathlib import Path
+from typing import NoReturn
 
 log = logging.getLogger("speakd_tools")
 
@@ -145,5 +147,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def console() -> NoReturn:
+    """The ``speakd-tools`` command. A synthesis given up on (a precompute prompt past its hang
+    timeout) can still be inside onnxruntime when ``main`` returns, and interpreter teardown under
+    it aborts the process ("terminate called without an active exception", exit 134) after the
+    work is done and stored; then the tool leaves the way the daemon does."""
+    code = main()
+    if any(t.daemon and t.is_alive() for t in threading.enumerate()):
+        from speakd.service import exit_now
+
+        exit_now(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console()
