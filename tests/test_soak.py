@@ -8,13 +8,16 @@ exercised (a soak that sent nothing would pass its targets too)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from speakd_tools.soak.daemon import proc_sample
 from speakd_tools.soak.faults import ORDER
 
 pytestmark = pytest.mark.skipif(
@@ -53,3 +56,19 @@ def test_two_minute_soak_meets_every_target(tmp_path: Path) -> None:
     assert [c["after"] for c in result["cache_checks"]][-1] == "the run"
     assert len(result["cache_checks"]) >= 2  # after the kill, and at the end
     assert "| json |" in r.stdout and "[ OK ] no traceback in the log" in r.stdout
+
+
+def test_a_killed_daemon_not_yet_reaped_is_no_sample() -> None:
+    """Between a SIGKILL and its reaping the daemon is a zombie, whose /proc status has no
+    VmRSS: that is no sample, not an error (it once ended the soak's sampler thread at the
+    first kill, so the later processes' peaks went unmeasured)."""
+    child = subprocess.Popen(["sleep", "0"])
+    deadline = time.monotonic() + 10
+    while "State:\tZ" not in Path(f"/proc/{child.pid}/status").read_text():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    try:
+        assert proc_sample(child.pid, epoch=1) is None
+        assert proc_sample(os.getpid(), epoch=1) is not None
+    finally:
+        child.wait()

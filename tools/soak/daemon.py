@@ -127,14 +127,15 @@ def fd_kinds(pid: int) -> dict[str, int]:
 
 
 def proc_sample(pid: int, epoch: int) -> Sample | None:
-    """RSS, open fds and threads of ``pid`` from /proc; None once it is gone."""
+    """RSS, open fds and threads of ``pid`` from /proc; None once it is gone, or killed and not
+    yet reaped (a zombie's status has no ``VmRSS``)."""
     try:
         with open(f"/proc/{pid}/status", encoding="ascii") as f:
             status = dict(line.split(":", 1) for line in f if ":" in line)
         fds = len(os.listdir(f"/proc/{pid}/fd"))
-    except (OSError, ValueError):
+        rss = int(status["VmRSS"].split()[0]) / 1024
+    except (OSError, ValueError, KeyError):
         return None
-    rss = int(status["VmRSS"].split()[0]) / 1024
     return Sample(time.monotonic(), epoch, round(rss, 1), fds, int(status["Threads"]))
 
 
