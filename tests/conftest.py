@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.mosquitto import Mosquitto
+from tests.ssip_harness import SsipServer, wav_server
 
 
 @pytest.fixture(scope="session")
@@ -38,3 +39,10 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mosquitto]:
     b = Mosquitto(tmp_path_factory.mktemp("broker")).start()
     yield b
     b.stop()
+
+
+@pytest.fixture
+def ssip_server(tmp_path: Path) -> Iterator[SsipServer]:
+    """The in-process SSIP server on the tone engine, writing WAVs (tests.ssip_harness)."""
+    with wav_server(tmp_path / "ssip.sock", tmp_path / "wav") as s:
+        yield s

@@ -1,13 +1,12 @@
 """Punctuation as speech-dispatcher reads it (speakd.markup.punctuation): the levels and the tables
 in English and Chinese, then the stock ``spd-say -m`` and raw SSIP (``PUNCTUATION``,
-``PUNCTUATION_IMPORTANT``) against the in-process SSIP server (tone engine: what the engine was
+``PUNCTUATION_IMPORTANT``) against the in-process SSIP ssip_server (tone engine: what the engine was
 given), and the ``punctuation`` field on a real ``speakd serve``: its socket (audio, key, explain)
 and HTTP (``/v1/say``, ``/v1/audio/speech``)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -19,7 +18,7 @@ from speakd.markup.punctuation import LEVELS, Punctuation, table
 from speakd.markup.segments import Break, Mark, Style, Text
 from tests.daemon_proc import DaemonProc
 from tests.http_daemon import HttpDaemon, start_http_daemon, wav_samples
-from tests.ssip_harness import SsipClient, SsipServer, wav_server
+from tests.ssip_harness import SsipClient, SsipServer
 from tests.test_ssip import needs_spd_say, spd_say
 
 EN = "C# costs $5 (50% off), a/b; don't wait... Really?!"
@@ -117,13 +116,7 @@ def test_the_tables_use_known_levels_and_name_every_symbol(lang: str) -> None:
     ]
 
 
-# ---- SSIP: spd-say and raw commands against the in-process server (tone engine) ------------
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[SsipServer]:
-    with wav_server(tmp_path / "ssip.sock", tmp_path / "wav") as s:
-        yield s
+# ---- SSIP: spd-say and raw commands against the in-process ssip_server (tone engine) ------------
 
 
 @needs_spd_say
@@ -137,15 +130,15 @@ def server(tmp_path: Path) -> Iterator[SsipServer]:
     ],
 )
 def test_spd_say_punctuation_mode_changes_what_is_read(
-    server: SsipServer, mode: str, spoken: str
+    ssip_server: SsipServer, mode: str, spoken: str
 ) -> None:
-    r = spd_say(server.path, "-w", "-m", mode, "Hello, world. 50% (off)")
+    r = spd_say(ssip_server.path, "-w", "-m", mode, "Hello, world. 50% (off)")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert server.engine.calls == [spoken]
+    assert ssip_server.engine.calls == [spoken]
 
 
-def test_ssip_punctuation_settings_and_replies(server: SsipServer) -> None:
-    with SsipClient(server.path) as c:
+def test_ssip_punctuation_settings_and_replies(ssip_server: SsipServer) -> None:
+    with SsipClient(ssip_server.path) as c:
         assert c.code("SET SELF NOTIFICATION end on") == 220
         assert c.code("SET SELF PRIORITY MESSAGE") == 202  # each said in turn
         assert c.command("SET SELF PUNCTUATION most") == ["205 OK PUNCTUATION SET"]
@@ -159,7 +152,7 @@ def test_ssip_punctuation_settings_and_replies(server: SsipServer) -> None:
         assert c.command("SET 9999 PUNCTUATION_IMPORTANT ,") == ["305 ERR COULDNT SET PUNCT MODE"]
         for m in (first, second):
             c.wait_event(702, m)
-    assert server.engine.calls == [
+    assert ssip_server.engine.calls == [
         "Hi comma, you semicolon; 5% off dot.",
         "Hi, you; 5 percent off.",
     ]

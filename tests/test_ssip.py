@@ -26,7 +26,7 @@ from speakd.audio import read_wav
 from speakd.engines.base import SynthesisConfig, VoiceInfo
 from speakd.frontends.unixserver import AccessPolicy
 from tests.daemon_proc import DaemonProc, start_daemon, write_config
-from tests.ssip_harness import SsipClient, SsipServer, wav_server
+from tests.ssip_harness import SsipClient, SsipServer
 from tests.tone_engine import ToneEngine
 from tests.waits import HeldSink, wait_until
 
@@ -243,12 +243,6 @@ def test_spd_cmd_guard_prevents_autospawn(tmp_path: Path) -> None:
     assert not path.exists()
 
 
-@pytest.fixture
-def server(tmp_path: Path):
-    with wav_server(tmp_path / "ssip.sock", tmp_path / "wav") as s:
-        yield s
-
-
 @needs_spd_say
 @pytest.mark.parametrize(
     ("argument", "spoken"),
@@ -258,19 +252,18 @@ def server(tmp_path: Path):
         (".hidden", ".hidden"),  # sent dot-stuffed as "..hidden"
     ],
 )
-def test_spd_say_text_arrives_intact(server: SsipServer, argument: str, spoken: str) -> None:
-    r = spd_say(server.path, "-w", argument)
+def test_spd_say_text_arrives_intact(ssip_server: SsipServer, argument: str, spoken: str) -> None:
+    r = spd_say(ssip_server.path, "-w", argument)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert server.engine.calls == [spoken]
+    assert ssip_server.engine.calls == [spoken]
 
 
 @needs_spd_say
-def test_spd_say_settings_reach_the_request(server: SsipServer, tmp_path: Path) -> None:
-    r = spd_say(
-        server.path, "-w", "-y", "HIGH", "-x", "-P", "message", "<speak>two <b>words</b></speak>"
-    )
+def test_spd_say_settings_reach_the_request(ssip_server: SsipServer, tmp_path: Path) -> None:
+    markup = "<speak>two <b>words</b></speak>"
+    r = spd_say(ssip_server.path, "-w", "-y", "HIGH", "-x", "-P", "message", markup)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert server.engine.calls == ["two words"]  # SSML tags stripped
+    assert ssip_server.engine.calls == ["two words"]  # SSML tags stripped
     audio = read_wav(next((tmp_path / "wav").glob("ssip-*.wav")))
     crossings = np.count_nonzero(np.diff(np.signbit(audio.samples())))
     assert abs(crossings / audio.duration / 2 - 880) < 20  # the "high" voice
@@ -279,8 +272,8 @@ def test_spd_say_settings_reach_the_request(server: SsipServer, tmp_path: Path) 
 # ---- raw SSIP against the in-process front-end ---------------------------------------------
 
 
-def test_spd_say_transcript(server: SsipServer) -> None:
-    with SsipClient(server.path) as c:
+def test_spd_say_transcript(ssip_server: SsipServer) -> None:
+    with SsipClient(ssip_server.path) as c:
         assert c.command('SET SELF CLIENT_NAME "joe:spd-say:main"') == ["208 OK CLIENT NAME SET"]
         assert c.command("SET SELF LANGUAGE C") == ["201 OK LANGUAGE SET"]
         assert c.command("SET SELF PRIORITY TEXT") == ["202 OK PRIORITY SET"]
@@ -288,8 +281,8 @@ def test_spd_say_transcript(server: SsipServer) -> None:
         c.send(b"hello\r\n.\r\n")
         unit = c.reply()
         assert re.fullmatch(r"225-\d+", unit[0]) and unit[1:] == ["225 OK MESSAGE QUEUED"]
-    server.wait_idle()
-    assert server.engine.calls == ["hello"]
+    ssip_server.wait_idle()
+    assert ssip_server.engine.calls == ["hello"]
 
 
 @pytest.mark.parametrize(
@@ -361,13 +354,13 @@ def test_spd_say_transcript(server: SsipServer) -> None:
         ("speak", 230),
     ],
 )
-def test_reply_codes(server: SsipServer, command: str, code: int) -> None:
-    with SsipClient(server.path) as c:
+def test_reply_codes(ssip_server: SsipServer, command: str, code: int) -> None:
+    with SsipClient(ssip_server.path) as c:
         assert c.code(command) == code
 
 
-def test_reply_bodies(server: SsipServer) -> None:
-    with SsipClient(server.path) as c:
+def test_reply_bodies(ssip_server: SsipServer) -> None:
+    with SsipClient(ssip_server.path) as c:
         assert c.command("LIST SYNTHESIS_VOICES") == [
             "249-low\ten\tnone",
             "249-high\ten\tnone",
@@ -394,8 +387,8 @@ def test_reply_bodies(server: SsipServer) -> None:
             c.line()
 
 
-def test_body_framing_dot_unstuffing_and_encoding(server: SsipServer) -> None:
-    with SsipClient(server.path) as c:
+def test_body_framing_dot_unstuffing_and_encoding(ssip_server: SsipServer) -> None:
+    with SsipClient(ssip_server.path) as c:
         assert c.code("SET SELF PRIORITY MESSAGE") == 202
         for body in (b"..lead\r\nmid\r\n..\r\nx\n.\ny\r\n.\r\n", b"a\x00b\r\n.\r\n"):
             assert c.code("SPEAK") == 230
@@ -411,12 +404,12 @@ def test_body_framing_dot_unstuffing_and_encoding(server: SsipServer) -> None:
         c.send(b"SET SELF RATE \xff\r\n")
         assert c.reply() == ["501 ERR INVALID ENCODING"]
         assert c.code("HELP") == 248  # still in sync
-    server.wait_idle()
-    assert server.engine.calls == [".lead\nmid\n.\nx\n.\ny", "a?b"]
+    ssip_server.wait_idle()
+    assert ssip_server.engine.calls == [".lead\nmid\n.\nx\n.\ny", "a?b"]
 
 
-def test_line_limit_resynchronises(server: SsipServer) -> None:
-    with SsipClient(server.path) as c:
+def test_line_limit_resynchronises(ssip_server: SsipServer) -> None:
+    with SsipClient(ssip_server.path) as c:
         c.send(b"SET SELF CLIENT_NAME " + b"x" * 20000 + b"\r\n")
         assert c.reply()[0].startswith("500 ERR LINE TOO LONG")
         assert c.code("HISTORY GET CLIENT_ID") == 245
@@ -426,8 +419,8 @@ def test_line_limit_resynchronises(server: SsipServer) -> None:
         assert c.code("HELP") == 248
 
 
-def test_events_follow_the_speech(server: SsipServer) -> None:
-    with SsipClient(server.path) as c:
+def test_events_follow_the_speech(ssip_server: SsipServer) -> None:
+    with SsipClient(ssip_server.path) as c:
         assert c.code("SET SELF NOTIFICATION all on") == 220
         assert c.code("SET SELF PRIORITY MESSAGE") == 202
         msg = c.speak("one two three")
@@ -439,28 +432,28 @@ def test_events_follow_the_speech(server: SsipServer) -> None:
         assert c.event_codes(msg) == [701, 702]
 
 
-def test_no_events_without_notification(server: SsipServer) -> None:
-    with SsipClient(server.path, timeout=0.5) as c:
+def test_no_events_without_notification(ssip_server: SsipServer) -> None:
+    with SsipClient(ssip_server.path, timeout=0.5) as c:
         msg = c.speak("one")
-        server.wait_idle()
+        ssip_server.wait_idle()
         with pytest.raises(TimeoutError):
             c.unit()
         assert c.event_codes(msg) == []
 
 
-def test_pause_holds_playback_until_resume(server: SsipServer, tmp_path: Path) -> None:
-    with SsipClient(server.path) as c:
+def test_pause_holds_playback_until_resume(ssip_server: SsipServer, tmp_path: Path) -> None:
+    with SsipClient(ssip_server.path) as c:
         assert c.code("SET SELF NOTIFICATION all on") == 220
         assert c.code("SET SELF PRIORITY MESSAGE") == 202
         msg = c.speak(" ".join(["word"] * 8))  # 0.8 s of audio
         c.wait_event(701, msg)
         assert c.code("PAUSE SELF") == 211
         c.wait_event(704, msg)
-        status = server.status()  # parked: back in the queue, the worker free for others
+        status = ssip_server.status()  # parked: back in the queue, the worker free for others
         assert status["state"] == "idle" and status["queue"] == [f"ssip-{msg}"], status
         later = c.speak("queued")  # paused clients' new messages wait too
         # the queue has looked at both (the submit woke it before this status call ran)
-        status = server.status()
+        status = ssip_server.status()
         assert status["state"] == "idle" and len(status["queue"]) == 2, status
         assert c.event_codes(msg) == [701, 704]
         assert c.code("RESUME SELF") == 212
@@ -477,9 +470,9 @@ def test_a_paused_message_does_not_block_other_clients(tmp_path: Path) -> None:
     continues it where it stopped (speech-dispatcher's semantics), losing and repeating nothing."""
     sink = HeldSink(tmp_path / "wav")
     with (
-        SsipServer(tmp_path / "ssip.sock", sink=sink) as server,
-        SsipClient(server.path) as a,
-        SsipClient(server.path) as b,
+        SsipServer(tmp_path / "ssip.sock", sink=sink) as ssip_server,
+        SsipClient(ssip_server.path) as a,
+        SsipClient(ssip_server.path) as b,
     ):
         for c in (a, b):
             assert c.code("SET SELF NOTIFICATION all on") == 220
@@ -503,8 +496,8 @@ def test_a_paused_message_does_not_block_other_clients(tmp_path: Path) -> None:
     assert abs(read_wav(wav / f"ssip-{other}.wav").duration - 0.3) < 0.01
 
 
-def test_stop_and_cancel_scopes(server: SsipServer) -> None:
-    with SsipClient(server.path) as a, SsipClient(server.path) as b:
+def test_stop_and_cancel_scopes(ssip_server: SsipServer) -> None:
+    with SsipClient(ssip_server.path) as a, SsipClient(ssip_server.path) as b:
         for c in (a, b):
             assert c.code("SET SELF NOTIFICATION all on") == 220
             assert c.code("SET SELF PRIORITY MESSAGE") == 202
@@ -518,12 +511,12 @@ def test_stop_and_cancel_scopes(server: SsipServer) -> None:
         assert a.event_codes(long_a) == [701]
         assert b.code("STOP ALL") == 210  # stops what is speaking, whoever it belongs to
         a.wait_event(703, long_a)
-    server.wait_idle()
-    assert server.engine.calls == [" ".join(["a"] * 20)]
+    ssip_server.wait_idle()
+    assert ssip_server.engine.calls == [" ".join(["a"] * 20)]
 
 
-def test_important_from_one_client_interrupts_another(server: SsipServer) -> None:
-    with SsipClient(server.path) as a, SsipClient(server.path) as b:
+def test_important_from_one_client_interrupts_another(ssip_server: SsipServer) -> None:
+    with SsipClient(ssip_server.path) as a, SsipClient(ssip_server.path) as b:
         for c, priority in ((a, "TEXT"), (b, "IMPORTANT")):
             assert c.code("SET SELF NOTIFICATION all on") == 220
             assert c.code(f"SET SELF PRIORITY {priority}") == 202
@@ -534,8 +527,8 @@ def test_important_from_one_client_interrupts_another(server: SsipServer) -> Non
         b.wait_event(702, urgent)
 
 
-def test_settings_apply_to_speech(server: SsipServer, tmp_path: Path) -> None:
-    with SsipClient(server.path) as c:
+def test_settings_apply_to_speech(ssip_server: SsipServer, tmp_path: Path) -> None:
+    with SsipClient(ssip_server.path) as c:
         assert c.code("SET SELF NOTIFICATION end on") == 220
         assert c.code("SET SELF PRIORITY MESSAGE") == 202
         plain = c.speak("one two")
@@ -555,11 +548,11 @@ def test_settings_apply_to_speech(server: SsipServer, tmp_path: Path) -> None:
     for m, freq in ((plain, 440), (high, 880)):
         crossings = np.count_nonzero(np.diff(np.signbit(wav[m].samples())))
         assert abs(crossings / wav[m].duration / 2 - freq) < 20
-    assert server.engine.calls[-1] == "a b c"
+    assert ssip_server.engine.calls[-1] == "a b c"
 
 
-def test_set_other_clients(server: SsipServer) -> None:
-    with SsipClient(server.path) as a, SsipClient(server.path) as b:
+def test_set_other_clients(ssip_server: SsipServer) -> None:
+    with SsipClient(ssip_server.path) as a, SsipClient(ssip_server.path) as b:
         b_id = b.command("HISTORY GET CLIENT_ID")[0][4:]
         assert a.code(f"SET {b_id} RATE 40") == 203
         assert b.command("GET RATE")[0] == "251-40"
@@ -567,8 +560,8 @@ def test_set_other_clients(server: SsipServer) -> None:
         assert a.command("GET VOLUME")[0] == b.command("GET VOLUME")[0] == "251-10"
 
 
-def test_char_key_and_sound_icon(server: SsipServer) -> None:
-    with SsipClient(server.path) as c:
+def test_char_key_and_sound_icon(ssip_server: SsipServer) -> None:
+    with SsipClient(ssip_server.path) as c:
         assert c.code("SET SELF NOTIFICATION all on") == 220
         assert c.code("SET SELF PRIORITY MESSAGE") == 202
         ids = []
@@ -578,11 +571,11 @@ def test_char_key_and_sound_icon(server: SsipServer) -> None:
             ids.append(int(unit[0][4:]))
         for m in ids:
             c.wait_event(702, m)
-    assert server.engine.calls == ["x", "space", "shift a"]  # no sound icons: nothing played
+    assert ssip_server.engine.calls == ["x", "space", "shift a"]  # no sound icons: nothing played
 
 
-def test_block_restricts_commands(server: SsipServer) -> None:
-    with SsipClient(server.path) as c:
+def test_block_restricts_commands(ssip_server: SsipServer) -> None:
+    with SsipClient(ssip_server.path) as c:
         assert c.code("BLOCK BEGIN") == 260
         assert c.code("BLOCK BEGIN") == 330
         assert c.code("STOP ALL") == 332
@@ -594,8 +587,8 @@ def test_block_restricts_commands(server: SsipServer) -> None:
 def test_queue_full_is_a_server_error(tmp_path: Path) -> None:
     engine = ToneEngine(compute_s=0.5)  # slow synthesis keeps the queue occupied
     with (
-        SsipServer(tmp_path / "s.sock", max_queue=1, engine=engine) as server,
-        SsipClient(server.path) as c,
+        SsipServer(tmp_path / "s.sock", max_queue=1, engine=engine) as ssip_server,
+        SsipClient(ssip_server.path) as c,
     ):
         assert c.code("SET SELF PRIORITY MESSAGE") == 202
         codes = []
@@ -607,16 +600,16 @@ def test_queue_full_is_a_server_error(tmp_path: Path) -> None:
         assert c.code("CANCEL ALL") == 213
 
 
-def test_disconnect_lifts_a_pause(server: SsipServer) -> None:
-    with SsipClient(server.path) as a:
+def test_disconnect_lifts_a_pause(ssip_server: SsipServer) -> None:
+    with SsipClient(ssip_server.path) as a:
         assert a.code("SET SELF PRIORITY MESSAGE") == 202
         assert a.code("PAUSE SELF") == 211
         held = a.speak("held")
-        status = server.status()  # the submit woke the queue before this call ran
+        status = ssip_server.status()  # the submit woke the queue before this call ran
         assert status["state"] == "idle" and status["queue"] == [f"ssip-{held}"], status
-        assert server.engine.calls == []
-    server.wait_idle()
-    assert server.engine.calls == ["held"]
+        assert ssip_server.engine.calls == []
+    ssip_server.wait_idle()
+    assert ssip_server.engine.calls == ["held"]
 
 
 class BilingualTone(ToneEngine):
@@ -637,8 +630,8 @@ class BilingualTone(ToneEngine):
 def test_language_picks_a_voice_of_that_language(tmp_path: Path) -> None:
     engine = BilingualTone()
     with (
-        SsipServer(tmp_path / "s.sock", engine=engine) as server,
-        SsipClient(server.path) as c,
+        SsipServer(tmp_path / "s.sock", engine=engine) as ssip_server,
+        SsipClient(ssip_server.path) as c,
     ):
         assert c.code("SET SELF NOTIFICATION end on") == 220
         assert c.code("SET SELF PRIORITY MESSAGE") == 202
@@ -659,16 +652,16 @@ def test_peer_outside_the_allow_list_reads_an_ssip_error() -> None:
     public.chmod(0o755)
     try:
         policy = AccessPolicy(allow_uids=(4242,))
-        with SsipServer(public / "ssip.sock", policy=policy) as server:
-            assert as_nobody(server.path) == "400 ERR NOT ALLOWED HERE\r\n"
-            with SsipClient(server.path) as c:  # root is always allowed
+        with SsipServer(public / "ssip.sock", policy=policy) as ssip_server:
+            assert as_nobody(ssip_server.path) == "400 ERR NOT ALLOWED HERE\r\n"
+            with SsipClient(ssip_server.path) as c:  # root is always allowed
                 assert c.code("HISTORY GET CLIENT_ID") == 245
     finally:
         shutil.rmtree(public, ignore_errors=True)
 
 
 def as_nobody(path: Path) -> str:
-    """Connect as uid nobody (forked child) and return the first bytes the server sends."""
+    """Connect as uid nobody (forked child) and return the first bytes the ssip_server sends."""
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:
