@@ -21,9 +21,11 @@ from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from speakd.frontends import unixserver
 from speakd.frontends.unixserver import listen_backlog
 from tests.bench_report import report, rss_kb
 from tests.daemon_proc import DaemonProc, start_daemon, write_config
@@ -191,3 +193,28 @@ def test_every_listener_takes_the_system_backlog(tmp_path: Path) -> None:
             assert fields[fields.index("LISTEN") + 2] == str(listen_backlog()), (args, ss.stdout)
     finally:
         assert d.stop() == 0, d.log_text()[-3000:]
+
+
+def test_a_socket_listens_from_the_moment_its_path_exists(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that waits for the path to appear and connects at once is not refused: the
+    socket listens right after bind, before the rest of set-up (its mode, its group, asyncio's
+    server). Under qemu that rest took long enough for such a client to be refused."""
+    path = tmp_path / "speakd.sock"
+    connects: list[str] = []
+    chmod = os.chmod
+
+    def connect_then_chmod(target: Any, mode: int) -> None:
+        with socket.socket(socket.AF_UNIX) as s:
+            try:
+                s.connect(str(path))
+                connects.append("accepted")
+            except OSError as e:
+                connects.append(e.strerror or str(e))
+        chmod(target, mode)
+
+    monkeypatch.setattr(unixserver.os, "chmod", connect_then_chmod)
+    sock = unixserver._bind(path, 0o660, "")
+    sock.close()
+    assert connects == ["accepted"]

@@ -90,6 +90,9 @@ def _bind(path: Path, mode: int, group: str) -> socket.socket:
     old_umask = os.umask(0o777 & ~mode)  # never expose the socket, even for an instant
     try:
         sock.bind(str(path))
+        # at once: a client that waits for the path to appear must not find it refusing
+        # (under qemu the rest of start-up between bind and asyncio's listen took long enough)
+        sock.listen(listen_backlog())
     except OSError as e:
         sock.close()
         raise ListenError(f"{path}: cannot listen: {e.strerror}") from e

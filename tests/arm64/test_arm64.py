@@ -248,6 +248,16 @@ def _say(sock: str, fields: dict, timeout: float) -> list[dict]:
                     return events
 
 
+def _answers(sock: str) -> bool:
+    """The socket takes a connection: its file alone can be a stale one, or not yet listening."""
+    with socket.socket(socket.AF_UNIX) as s:
+        try:
+            s.connect(sock)
+        except OSError:
+            return False
+    return True
+
+
 def _serve(arm: Arm, cpu: str, bundle: Path, out: Path) -> dict:
     """`speakd serve` on ARM: a say synthesizes into the WAV sink, the same say cache_only hits."""
     (out / "wav").mkdir(parents=True)
@@ -284,7 +294,7 @@ path = "{out / "cache.db"}"
     )  # fmt: skip
     try:
         t0 = time.monotonic()
-        while not os.path.exists(sock):
+        while not _answers(sock):
             assert proc.poll() is None, f"speakd serve exited {proc.returncode}"
             assert time.monotonic() - t0 < 600, "speakd serve: no socket after 600 s"
             time.sleep(0.5)
