@@ -34,7 +34,7 @@ def _libc() -> ctypes.CDLL:
     return ctypes.CDLL(ctypes.util.find_library("c"))
 
 
-def _glibc(function: str, *args: object) -> None:
+def _libc_call(function: str, *args: object) -> None:
     """Call one of libc's functions; a no-op where libc has none (musl, macOS)."""
     with contextlib.suppress(OSError, AttributeError, TypeError):
         getattr(_libc(), function)(*args)
@@ -42,7 +42,7 @@ def _glibc(function: str, *args: object) -> None:
 
 def trim_heap() -> None:
     """``malloc_trim(0)``: return freed heap to the system."""
-    _glibc("malloc_trim", 0)
+    _libc_call("malloc_trim", 0)
 
 
 def bound_heap() -> None:
@@ -56,8 +56,8 @@ def bound_heap() -> None:
     its own, unmapped when freed, and two arenas bound the rest (docs/reliability.md §8 has the
     measurements). A no-op without glibc.
     """
-    _glibc("mallopt", M_MMAP_THRESHOLD, MMAP_THRESHOLD)
-    _glibc("mallopt", M_ARENA_MAX, ARENA_MAX)
+    _libc_call("mallopt", M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+    _libc_call("mallopt", M_ARENA_MAX, ARENA_MAX)
 
 
 def release_pages(address: int, length: int) -> None:
@@ -71,4 +71,4 @@ def release_pages(address: int, length: int) -> None:
     start = -(-address // mmap.PAGESIZE) * mmap.PAGESIZE
     end = (address + length) // mmap.PAGESIZE * mmap.PAGESIZE
     if end > start:
-        _glibc("madvise", ctypes.c_void_p(start), ctypes.c_size_t(end - start), MADV_DONTNEED)
+        _libc_call("madvise", ctypes.c_void_p(start), ctypes.c_size_t(end - start), MADV_DONTNEED)

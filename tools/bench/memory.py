@@ -44,7 +44,7 @@ from typing import Any
 from .cache import serve
 from .machine import describe
 from .machine import line as machine_line
-from .stats import loadavg, status_kb
+from .stats import loadavg, status
 
 CYCLE = 25
 HITS = ("The front door is open.", "Timer finished.", "Good night.")
@@ -72,10 +72,11 @@ READS = 5  # reads 0.5 s apart; the lowest is kept
 
 def memory(pid: int) -> dict[str, float]:
     """VmRSS, RssAnon, RssFile and VmHWM in MB, and the thread count, of one process."""
-    out = {k: round(status_kb(pid, f) / 1024, 1) for k, f in
+    kb = status(pid)
+    out = {k: round(kb.get(f, float("nan")) / 1024, 1) for k, f in
            (("rss_mb", "VmRSS"), ("anon_mb", "RssAnon"), ("file_mb", "RssFile"),
             ("peak_mb", "VmHWM"))}  # fmt: skip
-    out["threads"] = status_kb(pid, "Threads")
+    out["threads"] = kb.get("Threads", float("nan"))
     return out
 
 

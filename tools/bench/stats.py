@@ -10,6 +10,7 @@ last line of its output.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
@@ -44,12 +45,19 @@ def loadavg() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
+def status(pid: int | str) -> dict[str, float]:
+    """The numeric fields of ``/proc/<pid>/status`` (``VmRSS`` in kB, ``Threads``…), read once."""
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        with contextlib.suppress(ValueError, IndexError):
+            fields[key] = float(value.split()[0])
+    return fields
+
+
 def status_kb(pid: int | str, key: str) -> float:
     """A ``kB`` field of ``/proc/<pid>/status`` (``VmHWM``, ``VmRSS``…); NaN when absent."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return float(line.split()[1])
-    return float("nan")
+    return status(pid).get(key, float("nan"))
 
 
 def peak_rss_mb(pid: int | str = "self") -> float:
