@@ -24,6 +24,7 @@ from speakd.markup.plan import prepare_request, with_chime
 from speakd.markup.punctuation import Punctuation
 from speakd.markup.ssml import is_ssml
 from speakd.messages import Event, EventCallback, Priority, SpeakRequest, validate_text
+from speakd.pitch import PITCH_RANGE
 from speakd.prepare import Marker, Part, Silence, Sound, Speech
 from speakd.scheduler import Scheduler
 from speakd.sounds import CHIMES, Sounds
@@ -92,8 +93,9 @@ class Control:
         """Validate a request's fields (every front-end maps onto these names) and prepare it:
         ``text``, ``format`` (``text`` or ``ssml``; a text whose root is ``<speak>`` is SSML
         either way), ``id``, ``voice``, ``speaker``, ``lang``, ``priority``, ``speed``,
-        ``volume``, ``seed``, ``params`` (the engine's options), ``cache_only``, ``words`` (word
-        events, ``speakd.audio.Word``), ``chime`` (a sound played first, ``speakd.sounds``),
+        ``volume``, ``pitch`` (semitones, ``speakd.pitch``), ``seed``, ``params`` (the engine's
+        options), ``cache_only``, ``words`` (word events, ``speakd.audio.Word``), ``chime`` (a
+        sound played first, ``speakd.sounds``),
         ``punctuation`` and ``punctuation_important`` (symbols said by name,
         ``speakd.markup.punctuation``)."""
         text = validate_text(fields.get("text"), self.max_text_chars)
@@ -108,6 +110,7 @@ class Control:
         chime = _string(fields, "chime")
         speed = _number(fields, "speed", 0.25, 4.0)
         volume = _number(fields, "volume", 0.0, 4.0)
+        pitch = _number(fields, "pitch", *PITCH_RANGE)
         seed = fields.get("seed")
         if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
             raise RequestError("bad_field", "seed must be a non-negative integer")
@@ -117,6 +120,7 @@ class Control:
             speed=speed,
             seed=seed,
             lang=lang,
+            pitch=pitch,
             extra=fields.get("params") or {},
         )
         prepared = prepare_request(
@@ -346,6 +350,7 @@ def _explained(part: Part) -> dict[str, Any]:
         "voice": p.config.voice,
         "lang": p.config.lang,
         "speed": p.config.speed or 1.0,
+        "pitch": p.config.pitch or 0.0,
         "volume": part.volume,
         "key": p.key,
     }

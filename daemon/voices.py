@@ -288,8 +288,9 @@ class VoiceLibrary:
                     "default": info.name == self.default,
                     "licence": voice.licence,
                     "options": [o.describe() for o in model.options],
-                    # SSML this voice's engine cannot honour is said so (docs/ssml.md)
-                    "ssml": {"pitch": False, "phonemes": getattr(model, "phoneme_input", False)},
+                    # SSML this voice's engine cannot honour is said so (docs/ssml.md); pitch is
+                    # every voice's (speakd.pitch shifts the engine's PCM)
+                    "ssml": {"pitch": True, "phonemes": getattr(model, "phoneme_input", False)},
                 }
             )
         return out

@@ -230,6 +230,44 @@ def test_rate_and_volume_change_the_audio(speakd: Speakd) -> None:
     assert abs(levels[("-i", "-50")] / levels[("-r", "0")] - 0.25) < 0.01, levels
 
 
+def f0(samples: np.ndarray, rate: int) -> float:
+    """Median fundamental of the voiced 40 ms frames, by autocorrelation (60-400 Hz)."""
+    x = samples.astype(np.float64)
+    n, lo, hi = rate * 40 // 1000, rate // 400, rate // 60
+    loud = 0.3 * np.abs(x).max()
+    found = []
+    for start in range(0, x.size - n, n // 2):
+        frame = x[start : start + n] - x[start : start + n].mean()
+        if np.abs(frame).max() < loud:
+            continue
+        ac = np.correlate(frame, frame, "full")[n - 1 :]
+        lag = lo + int(np.argmax(ac[lo:hi]))
+        if ac[lag] > 0.5 * ac[0]:  # voiced: a clear period
+            found.append(rate / lag)
+    assert found, "no voiced frame"
+    return float(np.median(found))
+
+
+def test_orcas_capital_is_higher_than_the_lowercase_letter(speakd: Speakd) -> None:
+    """Orca's uppercase voice: SET self PITCH 50 + CHAR T against PITCH 10 + CHAR t."""
+    heard = {}
+    with SsipClient(speakd.ssip, timeout=30) as c:
+        assert c.code("SET self CLIENT_NAME test:orca:pitch") == 208
+        for pitch, char in ((10, "t"), (50, "T"), (0, "t")):
+            before = speakd.ids()
+            assert c.code(f"SET self PITCH {pitch}") == 204
+            assert c.command(f"CHAR {char}")[-1] == "225 OK MESSAGE QUEUED"
+            (wav,) = wait_new_wavs(speakd.wav_dir, before, 1)
+            speakd.wait_idle()
+            audio = read_wav(wav)
+            heard[pitch] = (f0(audio.samples(), audio.sample_rate), audio.duration)
+    (low, low_s), (high, _), (neutral, neutral_s) = heard[10], heard[50], heard[0]
+    # ±100 is ±1 octave: 50 is 6 st, 10 is 1.2 st; 2^(4.8/12) = 1.32 between them
+    assert 1.2 < high / low < 1.45, heard
+    assert 1.03 < low / neutral < 1.12, heard
+    assert low_s == pytest.approx(neutral_s, abs=0.005), "pitch changed the length"
+
+
 # ---- the real spd-say against the in-process front-end (tone engine) ----------------------
 
 

@@ -158,7 +158,7 @@ def test_explain_shows_what_each_voice_will_read(daemon: DaemonProc) -> None:
 def test_voices_say_what_ssml_each_voice_honours(daemon: DaemonProc) -> None:
     with daemon.client() as c:
         [piper] = c.request({"op": "voices"})["voices"]
-    assert piper["ssml"] == {"pitch": False, "phonemes": True}
+    assert piper["ssml"] == {"pitch": True, "phonemes": True}
 
 
 def test_speakd_synth_reads_ssml_as_the_daemon_does(daemon: DaemonProc) -> None:

@@ -59,6 +59,7 @@ from speakd.frontends.ssip_settings import (
 from speakd.frontends.unixserver import peer_of
 from speakd.markup.ssml import is_ssml
 from speakd.messages import Event, EventType, Priority, RequestError
+from speakd.pitch import ssip_semitones
 from speakd.prepare import match_language
 
 log = logging.getLogger(__name__)
@@ -395,6 +396,7 @@ class SsipFrontend:
             "voice": self._voice(conn.settings),
             "lang": request_lang(conn.settings.language),
             "speed": rate_to_speed(conn.settings.rate),
+            "pitch": ssip_semitones(conn.settings.pitch),
             "volume": volume_to_gain(conn.settings.volume),
             "punctuation": conn.settings.punctuation,
             "punctuation_important": conn.settings.punctuation_important,

@@ -37,6 +37,7 @@ from speakd.markup.segments import (
     speakable,
 )
 from speakd.markup.ssml import parse_ssml
+from speakd.pitch import PITCH_RANGE
 from speakd.prepare import Marker, Part, Prepared, Silence, Sound, Speech
 from speakd.sounds import Sounds
 
@@ -217,4 +218,5 @@ def _config(config: SynthesisConfig, style: Style) -> SynthesisConfig:
         voice=style.voice or config.voice,
         lang=style.lang or config.lang,
         speed=None if speed == 1.0 else min(max(speed, SPEED_RANGE[0]), SPEED_RANGE[1]),
+        pitch=min(max((config.pitch or 0.0) + style.pitch, PITCH_RANGE[0]), PITCH_RANGE[1]),
     )
