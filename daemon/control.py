@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from speakd.engines.base import SynthesisConfig
 from speakd.errors import RequestError
+from speakd.markup.capitals import Capitals
 from speakd.markup.lexicon import Lexicon
 from speakd.markup.plan import prepare_request, with_chime
 from speakd.markup.punctuation import Punctuation
@@ -97,7 +98,8 @@ class Control:
         options), ``cache_only``, ``words`` (word events, ``speakd.audio.Word``), ``chime`` (a
         sound played first, ``speakd.sounds``),
         ``punctuation`` and ``punctuation_important`` (symbols said by name,
-        ``speakd.markup.punctuation``)."""
+        ``speakd.markup.punctuation``), ``capitals`` (``none``, ``spell`` or ``icon``,
+        ``speakd.markup.capitals``)."""
         text = validate_text(fields.get("text"), self.max_text_chars)
         text_format = fields.get("format") or "text"
         if text_format not in FORMATS:
@@ -132,6 +134,7 @@ class Control:
             punctuation=Punctuation.of(
                 fields.get("punctuation"), fields.get("punctuation_important")
             ),
+            capitals=Capitals.of(fields.get("capitals")),
             strict_lang=strict_lang,
             sounds=self.sounds,
         )

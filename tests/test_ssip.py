@@ -612,6 +612,29 @@ def test_char_key_and_sound_icon(ssip_server: SsipServer) -> None:
     assert ssip_server.engine.calls == ["x", "space", "shift a"]  # no sound icons: nothing played
 
 
+def test_cap_let_recogn_spell_says_capital_and_icon_plays_the_capital_sound(
+    ssip_server: SsipServer, tmp_path: Path
+) -> None:
+    """As espeak-ng (Speech Dispatcher's reference module) does, over CHAR and text alike."""
+    with SsipClient(ssip_server.path) as c:
+        assert c.code("SET SELF NOTIFICATION end on") == 220
+        assert c.code("SET SELF PRIORITY MESSAGE") == 202
+        ids = {}
+        for mode in ("spell", "icon", "none"):
+            assert c.command(f"SET SELF CAP_LET_RECOGN {mode}") == [
+                "206 OK CAP LET RECOGNITION SET"
+            ]
+            ids[mode] = int(c.command("CHAR T")[0][4:])
+            c.wait_event(702, ids[mode])
+        assert c.code("SET SELF CAP_LET_RECOGN spell") == 206
+        c.wait_event(702, c.speak("Hello NASA and bob"))
+    assert ssip_server.engine.calls == ["capital T", "T", "T", "capital Hello capital NASA and bob"]
+    wav = {mode: read_wav(tmp_path / "wav" / f"ssip-{m}.wav") for mode, m in ids.items()}
+    icon_s = wav["icon"].duration - wav["none"].duration  # the capital sound, then the letter
+    assert icon_s == pytest.approx(0.09, abs=0.005)
+    assert np.array_equal(wav["icon"].samples()[-wav["none"].frames :], wav["none"].samples())
+
+
 def test_block_restricts_commands(ssip_server: SsipServer) -> None:
     with SsipClient(ssip_server.path) as c:
         assert c.code("BLOCK BEGIN") == 260
