@@ -155,6 +155,22 @@ def select_voice(
     return voice, None
 
 
+def bcp47(code: str) -> str:
+    """A voice's language code as clients read it, BCP 47: ``en_US`` → ``en-US``, ``zh`` →
+    ``zh``, ``sr_latn_rs`` → ``sr-Latn-RS``. Listings show this; requests may use either
+    spelling (``match_language``), and the code the voice lists stays what keys its audio."""
+    first, *rest = code.strip().replace("_", "-").split("-")
+    subtags = [first.lower()]
+    for tag in rest:
+        if len(tag) == 4 and tag.isalpha():
+            subtags.append(tag.title())  # script
+        elif (len(tag) == 2 and tag.isalpha()) or (len(tag) == 3 and tag.isdigit()):
+            subtags.append(tag.upper())  # region
+        else:
+            subtags.append(tag.lower())
+    return "-".join(subtags)
+
+
 def _code(lang: str) -> str:
     return lang.strip().replace("_", "-").lower()
 

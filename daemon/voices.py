@@ -36,7 +36,14 @@ from speakd.engines.base import Engine, EngineError, SynthesisConfig, VoiceInfo,
 from speakd.engines.registry import KINDS, kind_of
 from speakd.errors import RequestError
 from speakd.memory import rss_bytes, trim_heap
-from speakd.prepare import DEFAULT_VOICE, Prepared, match_language, prepare, select_voice
+from speakd.prepare import (
+    DEFAULT_VOICE,
+    Prepared,
+    bcp47,
+    match_language,
+    prepare,
+    select_voice,
+)
 
 log = logging.getLogger(__name__)
 
@@ -277,8 +284,8 @@ class VoiceLibrary:
                     "engine": model.kind,
                     "made_by": kind.made_by if kind is not None else "",
                     "url": kind.url if kind is not None else "",
-                    "language": info.language,
-                    "languages": list(info.languages),
+                    "language": ",".join(bcp47(code) for code in info.languages),
+                    "languages": [bcp47(code) for code in info.languages],
                     "speakers": list(info.speakers),
                     "description": info.description,
                     "sample_rate": model.sample_rate,

@@ -177,6 +177,7 @@ def test_models_and_voices(d: HttpDaemon, sdk: openai.OpenAI, http: httpx.Client
     voices = http.get("/v1/audio/voices").json()
     assert voices["default"] == "en_US-joe-medium"
     assert [v["id"] for v in voices["voices"]] == ["en_US-joe-medium"]
+    assert [v["languages"] for v in voices["voices"]] == [["en-US"]]  # BCP 47
     assert "alloy" in voices["openai_voices"]
     assert {o["name"] for o in voices["options"]} >= {"noise_scale", "noise_w"}
     assert voices["formats"] == ["mp3", "opus", "flac", "wav", "pcm"]

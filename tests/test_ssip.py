@@ -209,6 +209,7 @@ def test_list_voices_and_modules(speakd: Speakd) -> None:
     rows = [line.split() for line in r.stdout.splitlines()]
     assert rows[0] == ["NAME", "LANGUAGE", "VARIANT"]
     assert rows[1:] == [[v["name"], v["language"], "none"] for v in voices]
+    assert rows[1][1] == "en-US"  # BCP 47, as Orca and other clients spell it
     r = spd_say(speakd.ssip, "-O")
     assert r.returncode == 0 and r.stdout.split() == ["OUTPUT", "MODULES", "vits"]
 
@@ -699,10 +700,11 @@ def test_language_picks_a_voice_of_that_language(tmp_path: Path) -> None:
         for language in ("C", "en-GB", "de", "DE_at", "fr"):
             assert c.code(f"SET SELF LANGUAGE {language}") == 201
             c.wait_event(702, c.speak("word"))
-        assert c.command("LIST SYNTHESIS_VOICES de") == [
-            "249-high\tde_DE\tnone",
-            "249 OK VOICE LIST SENT",
-        ]
+        for lang in ("de", "de-DE", "de_DE"):  # listed in BCP 47, asked for in either spelling
+            assert c.command(f"LIST SYNTHESIS_VOICES {lang}") == [
+                "249-high\tde-DE\tnone",
+                "249 OK VOICE LIST SENT",
+            ]
     # the default ("low", English) unless the language is another voice's; de-AT falls back to de
     assert engine.voices_used == ["low", "low", "high", "high", "low"]
 

@@ -150,6 +150,7 @@ async def test_describe_is_answered_within_a_second_with_every_voice(
     assert [(v.name, v.languages) for v in program.voices] == [
         (v["name"], v["languages"]) for v in voices
     ]
+    assert program.voices[0].languages == ["en-US"]  # BCP 47, as Home Assistant reads it
     assert all(v.installed and v.attribution.url for v in program.voices)
 
 
@@ -176,8 +177,10 @@ async def test_synthesize_gives_the_socket_synth_audio_and_then_a_cache_hit(
         again = await synthesize(client, text, name="en_US-joe-medium")
         assert status(d)["source"]["cache"]["hits"] == hits + 1
         by_language = await synthesize(client, text, language="en-US")
+        by_posix_language = await synthesize(client, text, language="en_US")
     assert audio_of(again) == reference.pcm
     assert by_language[-1].type == "audio-stop" and audio_of(by_language)
+    assert audio_of(by_posix_language) == audio_of(by_language)  # either spelling, one clip
     assert "streams back (cached, origin wyoming:" in d.log_text()
 
 
@@ -563,7 +566,7 @@ async def test_info_follows_a_reload_and_a_new_uri(tone: tuple[InProcessDaemon, 
             listed = (await describe(client)).tts[0].voices
         assert [v.name for v in listed] == ["low", "high", "xx_XX-duo-low"]
         assert [s.name for s in listed[2].speakers or []] == ["anna", "bert"]
-        assert listed[2].languages == ["en_US"]
+        assert listed[2].languages == ["en-US"]
     finally:
         for f in voices.iterdir():
             f.unlink()
