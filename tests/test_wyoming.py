@@ -280,6 +280,31 @@ async def test_speakd_chime_plays_before_a_synthesize_and_a_streams_first_senten
         assert error_of(await read_until(client, "audio-stop")) == "unknown_chime"
 
 
+async def test_speakd_pitch_shifts_a_synthesize_and_every_sentence_of_a_stream(
+    daemon: tuple[DaemonProc, int],
+) -> None:
+    """speakd's ``speakd_pitch`` field: the request's ``pitch``; the length stays."""
+    _, port = daemon
+    async with tcp(port) as client:
+        plain = [audio_of(await synthesize(client, s)) for s in SENTENCES[:2]]
+        pitched = []
+        for sentence in SENTENCES[:2]:
+            event = Synthesize(sentence).event()
+            event.data["speakd_pitch"] = 3
+            await client.write_event(event)
+            pitched.append(audio_of(await read_until(client, "audio-stop")))
+        start = SynthesizeStart().event()
+        start.data["speakd_pitch"] = 3
+        await client.write_event(start)
+        await client.write_event(SynthesizeChunk(" ".join(SENTENCES[:2])).event())
+        await client.write_event(SynthesizeStop().event())
+        streamed = await read_until(client, "synthesize-stopped")
+    assert [len(p) for p in pitched] == [len(p) for p in plain]
+    assert all(p != q for p, q in zip(pitched, plain, strict=True))
+    stops = [i for i, e in enumerate(streamed) if e.type == "audio-stop"]
+    assert [audio_of(streamed[: stops[0]]), audio_of(streamed[stops[0] :])] == pitched
+
+
 async def test_ssml_marks_are_speakd_mark_events_ahead_of_the_audio_that_follows(
     daemon: tuple[DaemonProc, int],
 ) -> None:
