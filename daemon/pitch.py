@@ -8,15 +8,15 @@ Spotify's ``pedalboard`` (manylinux wheels for x86_64 and aarch64, GPL-3 like sp
 library: docs/ssml.md). A pitch of 0 never comes here: neutral requests keep their audio and keys.
 
 pedalboard's streaming mode (``reset=False``) gives silence for ``PitchShift`` (pedalboard issue
-#415), so each engine chunk is shifted whole as it comes, with the end of the chunk before it as
-context: the shifter's start-up falls in audio already sent and is cut off, so chunk seams do not
-restart it. The first audio waits only for the first chunk's own shift.
+#415), so each engine chunk (a decoder window of a sentence, for Piper voices) is shifted whole
+as it comes, and the first audio waits only for the first chunk's own shift. Feeding the shifter
+the end of the chunk before as context, cut off again afterwards, took the result further from a
+one-shot shift of the whole text, at the seams and between them (docs/ssml.md), so it does not.
 """
 
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -25,7 +25,6 @@ import numpy as np
 from speakd.audio import AudioChunk
 
 PITCH_RANGE = (-12.0, 12.0)  # semitones a request may ask for (one octave either way)
-CONTEXT_S = 0.1  # the previous chunk's tail shifted with each chunk, then cut off
 SSIP_SEMITONES = 12 / 100  # SSIP's PITCH −100..100 → ±1 octave
 
 
@@ -40,8 +39,8 @@ def neutral(semitones: float | None) -> bool:
 
 @functools.cache
 def _pitch_shift() -> Any:
-    """pedalboard's PitchShift class, imported on first use (0.3 s): a daemon whose clients never
-    ask for a pitch does not pay for it."""
+    """pedalboard's PitchShift class, imported on first use: a daemon whose clients never ask for
+    a pitch does not load it."""
     from pedalboard import PitchShift
 
     return PitchShift
@@ -53,17 +52,14 @@ class Shifter:
     def __init__(self, semitones: float) -> None:
         self.semitones = semitones
         self._effect = _pitch_shift()(semitones=semitones)
-        self._tail = np.zeros(0, np.float32)
 
     def shift(self, chunk: AudioChunk) -> AudioChunk:
         """``chunk`` shifted: the same number of samples and the same words."""
         if not chunk.frames:
             return chunk
         x = chunk.samples().astype(np.float32) / 32768.0
-        rate = chunk.sample_rate
-        y = self._effect.process(np.concatenate([self._tail, x]), rate, reset=True)
-        self._tail = x[-math.ceil(CONTEXT_S * rate) :]
-        return AudioChunk.from_float(y[-x.size :], rate, chunk.words)
+        y = self._effect.process(x, chunk.sample_rate, reset=True)  # same length: pedalboard
+        return AudioChunk.from_float(y, chunk.sample_rate, chunk.words)  # trims its latency
 
 
 def shifted(chunks: Iterable[AudioChunk], semitones: float | None) -> Iterator[AudioChunk]:

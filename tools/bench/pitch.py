@@ -10,7 +10,10 @@ them (one ``Shifter`` per segment, chunk by chunk):
   of the engine (p50 of the repeats);
 - ``ms per audio s``: all chunks' shifting over the seconds of audio (p50), next to the
   engine's own synthesis time per audio second;
-- the first use in a process also imports pedalboard, once (``import s``).
+- the first use in a process also imports pedalboard, once (``import s``);
+- ``seams``: the paragraph shifted chunk by chunk against the same audio shifted in one call, as
+  the mean log-spectral distance of 512-sample frames within 90 ms of a chunk seam and elsewhere
+  (a phase vocoder's output differs from run to run in phase, so not a waveform SNR).
 
 Prints a Markdown table that starts with the machine line (``machine.py``).
 """
@@ -21,6 +24,8 @@ import argparse
 import json
 import time
 from typing import Any
+
+import numpy as np
 
 from speakd.audio import AudioChunk
 from speakd.engines.base import SynthesisConfig
@@ -53,6 +58,32 @@ def _shift_all(chunks: list[AudioChunk], semitones: float) -> tuple[float, float
     return first * 1000, (time.perf_counter() - t0) * 1000
 
 
+def _log_spectrum(x: np.ndarray, n: int = 512, hop: int = 128) -> np.ndarray:
+    frames = np.lib.stride_tricks.sliding_window_view(x, n)[::hop] * np.hanning(n)
+    return np.log10(np.abs(np.fft.rfft(frames)) + 1e-4)
+
+
+def seams(chunks: list[AudioChunk], semitones: float) -> dict[str, float]:
+    """Log-spectral distance of the chunk-by-chunk shift to a one-call shift, near seams and not."""
+    from speakd.pitch import Shifter, _pitch_shift
+
+    rate, hop = chunks[0].sample_rate, 128
+    whole = np.concatenate([c.samples() for c in chunks]).astype(np.float32) / 32768.0
+    once = _pitch_shift()(semitones=semitones).process(whole, rate)
+    shifter = Shifter(semitones)
+    chunked = np.concatenate([shifter.shift(c).samples() for c in chunks]) / 32768.0
+    distance = np.sqrt(np.mean((_log_spectrum(chunked) - _log_spectrum(once)) ** 2, axis=1))
+    near = np.zeros(distance.size, bool)
+    reach = round(0.09 * rate)
+    for seam in np.cumsum([c.frames for c in chunks])[:-1]:
+        near[max(0, (seam - reach) // hop) : (seam + reach) // hop] = True
+    return {
+        "seams": len(chunks) - 1,
+        "near": round(float(distance[near].mean()), 3),
+        "elsewhere": round(float(distance[~near].mean()), 3),
+    }
+
+
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     from speakd.engines.vits import VitsEngine
 
@@ -62,7 +93,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
     _pitch_shift()
     import_s = time.perf_counter() - t0
-    cases = {}
+    cases, chunks = {}, []
     for name, text in TEXTS.items():
         t0 = time.perf_counter()
         chunks = list(engine.synthesize(text, SynthesisConfig(seed=1)))
@@ -81,6 +112,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "repeat": args.repeat,
         "import_s": round(import_s, 2),
         "cases": cases,
+        "seams": seams(chunks, args.semitones),  # the paragraph's
         "loadavg": loadavg(),
         "machine": describe(not args.no_bandwidth),
     }
@@ -101,6 +133,12 @@ def table(result: dict[str, Any]) -> str:
             f"| {name} | {case['audio_s']} | {case['chunks']} | {case['first_chunk_ms']} "
             f"| {case['shift_ms_per_audio_s']} | {case['synth_ms_per_audio_s']} |"
         )
+    seam = result["seams"]
+    rows += [
+        "",
+        f"Paragraph shifted chunk by chunk vs in one call ({seam['seams']} seams): log-spectral "
+        f"distance {seam['near']} within 90 ms of a seam, {seam['elsewhere']} elsewhere.",
+    ]
     return "\n".join(rows)
 
 
