@@ -23,7 +23,7 @@ from speakd.engines.base import Engine, EngineError, SynthesisConfig
 from speakd.errors import RequestError
 from speakd.loudness import DEFAULT_LUFS
 from speakd.loudness import VOICES as LOUDNESS
-from speakd.prepare import Prepared, prepare
+from speakd.prepare import Prepared, bcp47, prepare
 
 
 @dataclass
@@ -40,7 +40,10 @@ class LoadedEngine:
 
     def voices(self) -> list[dict[str, Any]]:
         """Each voice's name and the languages it speaks."""
-        return [{"name": v.name, "languages": list(v.languages)} for v in self.engine.voices()]
+        return [
+            {"name": v.name, "languages": [bcp47(code) for code in v.languages]}
+            for v in self.engine.voices()
+        ]
 
     def options(self) -> list[dict[str, Any]]:
         """What ``SynthesisConfig.extra`` may set: name, type, range, help."""

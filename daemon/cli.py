@@ -58,6 +58,9 @@ def _add_request_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--speaker", help="a speaker of a multi-speaker voice, by name or id")
     p.add_argument("--lang", help="language, e.g. en or zh (picks a voice that speaks it)")
     p.add_argument("--speed", type=float, help="speaking rate, 1.0 = normal")
+    p.add_argument(
+        "--pitch", type=float, help="pitch change in semitones, -12..12 (0 = the voice's own)"
+    )
     p.add_argument("--seed", type=int, help="sampling seed (default: derived from the request)")
     p.add_argument(
         "--param",
@@ -71,8 +74,8 @@ def _add_request_arguments(p: argparse.ArgumentParser) -> None:
 
 def cmd_say(args: argparse.Namespace) -> int:
     fields: dict[str, Any] = {"text": _text(args.text), "priority": args.priority}
-    keys = ("voice", "speaker", "lang", "speed", "volume", "id", "seed", "punctuation", "chime")
-    for key in keys:
+    keys = ("voice", "speaker", "lang", "speed", "pitch", "volume", "id", "seed")
+    for key in (*keys, "punctuation", "chime"):
         if getattr(args, key) is not None:
             fields[key] = getattr(args, key)
     if args.params:
@@ -114,7 +117,8 @@ def _explain(args: argparse.Namespace, fields: dict[str, Any]) -> int:
         else:
             how = f"{part['voice']}, {part['lang'] or '-'}, speed {part['speed']:g}"
             volume = f", volume {part['volume']:g}" if part["volume"] != 1.0 else ""
-            print(f"[{how}{volume}] {part['reads']}")
+            pitch = f", pitch {part['pitch']:+g} st" if part["pitch"] else ""
+            print(f"[{how}{pitch}{volume}] {part['reads']}")
     return 0
 
 
@@ -162,6 +166,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
         voice=args.voice,
         speaker=args.speaker,
         speed=args.speed,
+        pitch=args.pitch,
         seed=args.seed,
         lang=args.lang,
         params=args.params,

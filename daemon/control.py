@@ -19,11 +19,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from speakd.engines.base import SynthesisConfig
 from speakd.errors import RequestError
+from speakd.markup.capitals import Capitals
 from speakd.markup.lexicon import Lexicon
 from speakd.markup.plan import prepare_request, with_chime
 from speakd.markup.punctuation import Punctuation
 from speakd.markup.ssml import is_ssml
 from speakd.messages import Event, EventCallback, Priority, SpeakRequest, validate_text
+from speakd.pitch import PITCH_RANGE
 from speakd.prepare import Marker, Part, Silence, Sound, Speech
 from speakd.scheduler import Scheduler
 from speakd.sounds import CHIMES, Sounds
@@ -92,10 +94,12 @@ class Control:
         """Validate a request's fields (every front-end maps onto these names) and prepare it:
         ``text``, ``format`` (``text`` or ``ssml``; a text whose root is ``<speak>`` is SSML
         either way), ``id``, ``voice``, ``speaker``, ``lang``, ``priority``, ``speed``,
-        ``volume``, ``seed``, ``params`` (the engine's options), ``cache_only``, ``words`` (word
-        events, ``speakd.audio.Word``), ``chime`` (a sound played first, ``speakd.sounds``),
+        ``volume``, ``pitch`` (semitones, ``speakd.pitch``), ``seed``, ``params`` (the engine's
+        options), ``cache_only``, ``words`` (word events, ``speakd.audio.Word``), ``chime`` (a
+        sound played first, ``speakd.sounds``),
         ``punctuation`` and ``punctuation_important`` (symbols said by name,
-        ``speakd.markup.punctuation``)."""
+        ``speakd.markup.punctuation``), ``capitals`` (``none``, ``spell`` or ``icon``,
+        ``speakd.markup.capitals``)."""
         text = validate_text(fields.get("text"), self.max_text_chars)
         text_format = fields.get("format") or "text"
         if text_format not in FORMATS:
@@ -108,6 +112,7 @@ class Control:
         chime = _string(fields, "chime")
         speed = _number(fields, "speed", 0.25, 4.0)
         volume = _number(fields, "volume", 0.0, 4.0)
+        pitch = _number(fields, "pitch", *PITCH_RANGE)
         seed = fields.get("seed")
         if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
             raise RequestError("bad_field", "seed must be a non-negative integer")
@@ -117,6 +122,7 @@ class Control:
             speed=speed,
             seed=seed,
             lang=lang,
+            pitch=pitch,
             extra=fields.get("params") or {},
         )
         prepared = prepare_request(
@@ -128,6 +134,7 @@ class Control:
             punctuation=Punctuation.of(
                 fields.get("punctuation"), fields.get("punctuation_important")
             ),
+            capitals=Capitals.of(fields.get("capitals")),
             strict_lang=strict_lang,
             sounds=self.sounds,
         )
@@ -346,6 +353,7 @@ def _explained(part: Part) -> dict[str, Any]:
         "voice": p.config.voice,
         "lang": p.config.lang,
         "speed": p.config.speed or 1.0,
+        "pitch": p.config.pitch or 0.0,
         "volume": part.volume,
         "key": p.key,
     }

@@ -18,6 +18,7 @@ from speakd.engines.options import OptionError, validate
 from speakd.errors import RequestError
 from speakd.keys import key_of, seed_from_key
 from speakd.loudness import CALIBRATION
+from speakd.pitch import neutral
 
 DEFAULT_VOICE = "default"
 
@@ -85,7 +86,8 @@ def prepare(
     ``loudness`` is the LUFS the clip is normalised to (``speakd.loudness``; None: as the engine
     makes it; the daemon's is audio.loudness_lufs). It is in ``params`` and so in the key, since
     it changes the clip's bytes, but not in the seed: the same request at another level is the
-    same speech, louder.
+    same speech, louder. ``config.pitch`` (semitones, ``speakd.pitch``) is keyed the same way; a
+    neutral pitch adds nothing, so its key and audio are those of a request without one.
     """
     try:
         extra = validate(engine.options, config.extra)
@@ -94,7 +96,8 @@ def prepare(
     voice, lang = select_voice(
         engine.voices(), engine.default_voice(), config.voice, config.lang, strict=strict_lang
     )
-    config = dataclasses.replace(config, voice=voice, lang=lang, extra=extra)
+    pitch = None if neutral(config.pitch) else config.pitch
+    config = dataclasses.replace(config, voice=voice, lang=lang, extra=extra, pitch=pitch)
     try:
         normalized = engine.normalize_text(text, lang)
         params = engine.audio_params(config)
@@ -104,8 +107,13 @@ def prepare(
     key = key_of(normalized, params, engine.bundle_id, seed)
     if seed is None:  # the same request always yields the same audio
         config = dataclasses.replace(config, seed=seed_from_key(key))
+    after: dict[str, Any] = {}  # what is done to the engine's PCM: not in the seed, in the key
     if loudness is not None:
-        params = {**params, "loudness": {"lufs": loudness, "calibration": CALIBRATION}}
+        after["loudness"] = {"lufs": loudness, "calibration": CALIBRATION}
+    if not neutral(config.pitch):
+        after["pitch"] = config.pitch
+    if after:
+        params = {**params, **after}
         key = key_of(normalized, params, engine.bundle_id, seed)
     return Prepared(text, normalized, config, key, engine.bundle_id, params)
 
@@ -145,6 +153,22 @@ def select_voice(
             f"{who} speaks {lang!r} (languages: {', '.join(spoken) or 'none listed'})",
         )
     return voice, None
+
+
+def bcp47(code: str) -> str:
+    """A voice's language code as clients read it, BCP 47: ``en_US`` → ``en-US``, ``zh`` →
+    ``zh``, ``sr_latn_rs`` → ``sr-Latn-RS``. Listings show this; requests may use either
+    spelling (``match_language``), and the code the voice lists stays what keys its audio."""
+    first, *rest = code.strip().replace("_", "-").split("-")
+    subtags = [first.lower()]
+    for tag in rest:
+        if len(tag) == 4 and tag.isalpha():
+            subtags.append(tag.title())  # script
+        elif (len(tag) == 2 and tag.isalpha()) or (len(tag) == 3 and tag.isdigit()):
+            subtags.append(tag.upper())  # region
+        else:
+            subtags.append(tag.lower())
+    return "-".join(subtags)
 
 
 def _code(lang: str) -> str:

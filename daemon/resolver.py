@@ -40,6 +40,7 @@ from speakd.config import CacheConfig
 from speakd.engines.base import Engine, EngineError
 from speakd.loudness import VOICES as LOUDNESS
 from speakd.messages import SpeakRequest
+from speakd.pitch import shifted
 from speakd.prepare import Prepared
 from speakd.sounds import Sounds
 from speakd.stream import AudioStream
@@ -332,7 +333,8 @@ class Resolver:
                     self.guard.admit()
                     admitted, t0 = True, time.monotonic()
                     stream.begin()
-                    for chunk in engine.synthesize(prepared.text, prepared.config, stream.cancel):
+                    chunks = engine.synthesize(prepared.text, prepared.config, stream.cancel)
+                    for chunk in shifted(chunks, prepared.params.get("pitch")):
                         stream.put(scale_volume(chunk, gain))  # normalised before it is stored
                         if stream.cancel.is_set():
                             break

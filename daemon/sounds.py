@@ -1,12 +1,13 @@
 """Sounds played as they are, not synthesised: a request's ``chime`` and SSML ``<audio src>``.
 
 A sound's name is a built-in chime shipped with speakd (``speakd/data/chime-<name>.wav``, made by
-``speakd_tools.tones``) or the text of a pinned clip in the cache: a prompt pack's prompt as
-``speakd cache ls --pinned`` lists it. Where several pinned clips have that text (one per voice),
-the request's voice's is played, else its voice model's, else the first by key; a built-in name
-wins over a clip's text. Pinned names are read from the cache once (``Sounds`` is made with the
-resolver, at start and on reload) and a name not known then is looked for again when asked, so
-a pack imported meanwhile is found.
+``speakd_tools.tones``; the short ``capital`` icon is one too, though not listed among the chimes)
+or the text of a pinned clip in the cache: a prompt pack's prompt as ``speakd cache ls --pinned``
+lists it. Where several pinned clips have that text (one per voice), the request's voice's is
+played, else its voice model's, else the first by key; a built-in name wins over a clip's text.
+Pinned names are read from the cache once (``Sounds`` is made with the resolver, at start and on
+reload) and a name not known then is looked for again when asked, so a pack imported meanwhile is
+found.
 
 Sounds play at the loudness target like voices (``speakd.loudness``): a clip normalised to the
 target by its voice plays as stored, one normalised to another level is moved by the difference,
@@ -40,6 +41,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CHIMES = ("ding", "ding-dong", "attention")  # speakd/data/chime-<name>.wav
+# built-in sounds that mark something in speech (speakd.markup.capitals), not offered as chimes
+ICONS = ("capital",)
+BUILT_IN = (*CHIMES, *ICONS)
 MAX_LISTED = 100  # pinned names listed (status, Home Assistant): a big pack is not all chimes
 
 ReadClip = Callable[[str], Clip | None]
@@ -70,7 +74,7 @@ class Sounds:
     def find(self, name: str, bundle: str = "", voice: str = "") -> Sound | None:
         """The sound called ``name`` for a request in ``voice`` of ``bundle``, or None."""
         name = name.strip()
-        if name in CHIMES:
+        if name in BUILT_IN:
             return Sound(name, chime_key(name), self.loudness)
         with self._lock:
             refs = self._pinned.get(name)
@@ -89,7 +93,7 @@ class Sounds:
     def audio(self, sound: Sound, read_clip: ReadClip) -> AudioChunk:
         """The sound's samples at its loudness (``read_clip`` reads a pinned clip by key);
         ``unknown_clip`` when the clip left the cache since it was found."""
-        if sound.name in CHIMES and sound.key == chime_key(sound.name):
+        if sound.name in BUILT_IN and sound.key == chime_key(sound.name):
             chunk, lufs = self._chime(sound.name), None
         else:
             clip = read_clip(sound.key)

@@ -37,6 +37,7 @@ def synthesize_to_wav(
     voice: str | None = None,
     speaker: str | None = None,
     speed: float | None = None,
+    pitch: float | None = None,
     seed: int | None = None,
     lang: str | None = None,
     params: dict[str, Any] | None = None,
@@ -45,7 +46,13 @@ def synthesize_to_wav(
 ) -> float:
     engine = load_engine(engine_config_for(bundle, threads))
     config = SynthesisConfig(
-        voice=voice, speaker=speaker, speed=speed, seed=seed, lang=lang, extra=params or {}
+        voice=voice,
+        speaker=speaker,
+        speed=speed,
+        pitch=pitch,
+        seed=seed,
+        lang=lang,
+        extra=params or {},
     )
     library = VoiceLibrary.of(engine, loudness)  # the daemon's audio.loudness_lufs by default
     prepared = prepare_request(library, text, config, ssml=is_ssml(text))

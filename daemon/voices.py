@@ -36,7 +36,14 @@ from speakd.engines.base import Engine, EngineError, SynthesisConfig, VoiceInfo,
 from speakd.engines.registry import KINDS, kind_of
 from speakd.errors import RequestError
 from speakd.memory import rss_bytes, trim_heap
-from speakd.prepare import DEFAULT_VOICE, Prepared, match_language, prepare, select_voice
+from speakd.prepare import (
+    DEFAULT_VOICE,
+    Prepared,
+    bcp47,
+    match_language,
+    prepare,
+    select_voice,
+)
 
 log = logging.getLogger(__name__)
 
@@ -277,8 +284,8 @@ class VoiceLibrary:
                     "engine": model.kind,
                     "made_by": kind.made_by if kind is not None else "",
                     "url": kind.url if kind is not None else "",
-                    "language": info.language,
-                    "languages": list(info.languages),
+                    "language": ",".join(bcp47(code) for code in info.languages),
+                    "languages": [bcp47(code) for code in info.languages],
                     "speakers": list(info.speakers),
                     "description": info.description,
                     "sample_rate": model.sample_rate,
@@ -288,8 +295,9 @@ class VoiceLibrary:
                     "default": info.name == self.default,
                     "licence": voice.licence,
                     "options": [o.describe() for o in model.options],
-                    # SSML this voice's engine cannot honour is said so (docs/ssml.md)
-                    "ssml": {"pitch": False, "phonemes": getattr(model, "phoneme_input", False)},
+                    # SSML this voice's engine cannot honour is said so (docs/ssml.md); pitch is
+                    # every voice's (speakd.pitch shifts the engine's PCM)
+                    "ssml": {"pitch": True, "phonemes": getattr(model, "phoneme_input", False)},
                 }
             )
         return out

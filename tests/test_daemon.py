@@ -75,7 +75,7 @@ def test_status_and_voices(daemon: DaemonProc) -> None:
     assert status["audio"]["sink"] == "wav"
     names = {v["name"] for v in voices["voices"]}
     assert "en_US-joe-medium" in names
-    assert all(v["languages"] == ["en_US"] for v in voices["voices"])
+    assert all(v["languages"] == ["en-US"] for v in voices["voices"])
     options = {o["name"]: o for o in voices["options"]}  # the engine's own declarations
     assert set(options) == {"noise_scale", "noise_w", "sentence_silence"}
     assert options["sentence_silence"]["type"] == "float" and options["noise_w"]["help"]

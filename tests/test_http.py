@@ -149,7 +149,17 @@ def test_openai_sdk_speakd_voice_extras_and_ignored_fields(sdk: openai.OpenAI) -
         instructions="Speak like a pirate.",  # ignored, as the issue says
         extra_body={"seed": 7, "params": {"noise_scale": 0.0}, "unknown_field": [1, 2]},
     )
-    assert wav_samples(response.content)[0].size > 10000
+    plain = wav_samples(response.content)[0]
+    assert plain.size > 10000
+    pitched = sdk.audio.speech.create(
+        model="tts-1",
+        voice="en_US-joe-medium",
+        input="Extra fields ride along.",
+        response_format="wav",
+        extra_body={"seed": 7, "params": {"noise_scale": 0.0}, "pitch": 4},
+    )
+    shifted = wav_samples(pitched.content)[0]
+    assert shifted.size == plain.size and not np.array_equal(shifted, plain)
 
 
 def test_openai_sdk_errors(d: HttpDaemon, sdk: openai.OpenAI) -> None:
@@ -177,6 +187,7 @@ def test_models_and_voices(d: HttpDaemon, sdk: openai.OpenAI, http: httpx.Client
     voices = http.get("/v1/audio/voices").json()
     assert voices["default"] == "en_US-joe-medium"
     assert [v["id"] for v in voices["voices"]] == ["en_US-joe-medium"]
+    assert [v["languages"] for v in voices["voices"]] == [["en-US"]]  # BCP 47
     assert "alloy" in voices["openai_voices"]
     assert {o["name"] for o in voices["options"]} >= {"noise_scale", "noise_w"}
     assert voices["formats"] == ["mp3", "opus", "flac", "wav", "pcm"]

@@ -60,8 +60,8 @@ async def test_the_page_loads_voices_says_plays_and_shows_status(tmp_path: Path)
                 "[...document.getElementById('voice').options].map(o => o.textContent)"
             )
             assert menu == [
-                "en_US-joe-medium (vits; en_US; CC0)",
-                "xx_XX-duo-low (vits; en_US; unknown)",  # no MODEL_CARD beside it
+                "en_US-joe-medium (vits; en-US; CC0)",
+                "xx_XX-duo-low (vits; en-US; unknown)",  # no MODEL_CARD beside it
             ]
             options = await page.evaluate(
                 "[...document.querySelectorAll('#options input')].map(i => i.id)"

@@ -15,7 +15,7 @@ from speakd.audio import join_chunks
 from speakd.engines.base import SynthesisConfig, VoiceInfo
 from speakd.engines.chattts.engine import ChatTTSEngine
 from speakd.messages import RequestError, SpeakRequest
-from speakd.prepare import prepare, select_voice
+from speakd.prepare import bcp47, prepare, select_voice
 from speakd.resolver import Resolver
 from speakd.stream import AudioStream, Cancel
 from tests.tone_engine import ToneEngine
@@ -199,3 +199,18 @@ async def test_a_play_and_a_fetch_of_one_request_share_one_synthesis(tmp_path: P
     assert engine.calls == [text]
     assert fetched == (tmp_path / "play.wav").read_bytes()[44:]
     assert scheduler.status()["counters"]["accepted"] == 1
+
+
+@pytest.mark.parametrize(
+    ("code", "listed"),
+    [("en_US", "en-US"), ("zh", "zh"), ("sr_latn_rs", "sr-Latn-RS"), ("es-419", "es-419")],
+)
+def test_languages_are_listed_in_bcp47(code: str, listed: str) -> None:
+    assert bcp47(code) == listed
+
+
+def test_either_spelling_of_a_language_gives_the_same_key() -> None:
+    engine = ToneEngine()  # its voices list "en"
+    langs = ("en", "en-US", "en_US")
+    keys = {prepare(engine, "x", SynthesisConfig(lang=lang)).key for lang in langs}
+    assert len(keys) == 1

@@ -13,8 +13,8 @@ from speakd.cache.packs import import_pack
 from speakd.cache.store import CacheStore, Clip
 from speakd.errors import RequestError
 from speakd.loudness import integrated_loudness
-from speakd.sounds import CHIMES, Sounds
-from speakd_tools.tones import TONES, tone
+from speakd.sounds import CHIMES, ICONS, Sounds
+from speakd_tools.tones import ICON_DECAY_S, ICON_NOTE_S, ICON_TONES, TONES, tone
 
 DATA = Path(__file__).resolve().parent.parent / "daemon" / "data"
 RATE = 16000
@@ -56,10 +56,11 @@ def store(tmp_path: Path):
 def test_the_shipped_chimes_are_what_the_tool_makes() -> None:
     """``python -m speakd_tools.tones daemon/data`` makes them (to within a rounding step on
     another machine's float library)."""
-    assert tuple(TONES) == CHIMES
-    for name, notes in TONES.items():
+    assert tuple(TONES) == CHIMES and tuple(ICON_TONES) == ICONS
+    made_by_name = {name: tone(notes) for name, notes in TONES.items()}
+    made_by_name |= {n: tone(notes, ICON_NOTE_S, ICON_DECAY_S) for n, notes in ICON_TONES.items()}
+    for name, made in made_by_name.items():
         shipped = read_wav(DATA / f"chime-{name}.wav")
-        made = tone(notes)
         assert shipped.sample_rate == made.sample_rate
         diff = shipped.samples().astype(int) - made.samples().astype(int)
         assert np.abs(diff).max() <= 1, name

@@ -209,6 +209,7 @@ def test_list_voices_and_modules(speakd: Speakd) -> None:
     rows = [line.split() for line in r.stdout.splitlines()]
     assert rows[0] == ["NAME", "LANGUAGE", "VARIANT"]
     assert rows[1:] == [[v["name"], v["language"], "none"] for v in voices]
+    assert rows[1][1] == "en-US"  # BCP 47, as Orca and other clients spell it
     r = spd_say(speakd.ssip, "-O")
     assert r.returncode == 0 and r.stdout.split() == ["OUTPUT", "MODULES", "vits"]
 
@@ -228,6 +229,44 @@ def test_rate_and_volume_change_the_audio(speakd: Speakd) -> None:
     # volume -50 = gain 0.25 of the same (deterministic) audio
     assert durations[("-i", "-50")] == durations[("-r", "0")]
     assert abs(levels[("-i", "-50")] / levels[("-r", "0")] - 0.25) < 0.01, levels
+
+
+def f0(samples: np.ndarray, rate: int) -> float:
+    """Median fundamental of the voiced 40 ms frames, by autocorrelation (60-400 Hz)."""
+    x = samples.astype(np.float64)
+    n, lo, hi = rate * 40 // 1000, rate // 400, rate // 60
+    loud = 0.3 * np.abs(x).max()
+    found = []
+    for start in range(0, x.size - n, n // 2):
+        frame = x[start : start + n] - x[start : start + n].mean()
+        if np.abs(frame).max() < loud:
+            continue
+        ac = np.correlate(frame, frame, "full")[n - 1 :]
+        lag = lo + int(np.argmax(ac[lo:hi]))
+        if ac[lag] > 0.5 * ac[0]:  # voiced: a clear period
+            found.append(rate / lag)
+    assert found, "no voiced frame"
+    return float(np.median(found))
+
+
+def test_orcas_capital_is_higher_than_the_lowercase_letter(speakd: Speakd) -> None:
+    """Orca's uppercase voice: SET self PITCH 50 + CHAR T against PITCH 10 + CHAR t."""
+    heard = {}
+    with SsipClient(speakd.ssip, timeout=30) as c:
+        assert c.code("SET self CLIENT_NAME test:orca:pitch") == 208
+        for pitch, char in ((10, "t"), (50, "T"), (0, "t")):
+            before = speakd.ids()
+            assert c.code(f"SET self PITCH {pitch}") == 204
+            assert c.command(f"CHAR {char}")[-1] == "225 OK MESSAGE QUEUED"
+            (wav,) = wait_new_wavs(speakd.wav_dir, before, 1)
+            speakd.wait_idle()
+            audio = read_wav(wav)
+            heard[pitch] = (f0(audio.samples(), audio.sample_rate), audio.duration)
+    (low, low_s), (high, _), (neutral, neutral_s) = heard[10], heard[50], heard[0]
+    # ±100 is ±1 octave: 50 is 6 st, 10 is 1.2 st; 2^(4.8/12) = 1.32 between them
+    assert 1.2 < high / low < 1.45, heard
+    assert 1.03 < low / neutral < 1.12, heard
+    assert low_s == pytest.approx(neutral_s, abs=0.005), "pitch changed the length"
 
 
 # ---- the real spd-say against the in-process front-end (tone engine) ----------------------
@@ -574,6 +613,29 @@ def test_char_key_and_sound_icon(ssip_server: SsipServer) -> None:
     assert ssip_server.engine.calls == ["x", "space", "shift a"]  # no sound icons: nothing played
 
 
+def test_cap_let_recogn_spell_says_capital_and_icon_plays_the_capital_sound(
+    ssip_server: SsipServer, tmp_path: Path
+) -> None:
+    """As espeak-ng (Speech Dispatcher's reference module) does, over CHAR and text alike."""
+    with SsipClient(ssip_server.path) as c:
+        assert c.code("SET SELF NOTIFICATION end on") == 220
+        assert c.code("SET SELF PRIORITY MESSAGE") == 202
+        ids = {}
+        for mode in ("spell", "icon", "none"):
+            assert c.command(f"SET SELF CAP_LET_RECOGN {mode}") == [
+                "206 OK CAP LET RECOGNITION SET"
+            ]
+            ids[mode] = int(c.command("CHAR T")[0][4:])
+            c.wait_event(702, ids[mode])
+        assert c.code("SET SELF CAP_LET_RECOGN spell") == 206
+        c.wait_event(702, c.speak("Hello NASA and bob"))
+    assert ssip_server.engine.calls == ["capital T", "T", "T", "capital Hello capital NASA and bob"]
+    wav = {mode: read_wav(tmp_path / "wav" / f"ssip-{m}.wav") for mode, m in ids.items()}
+    icon_s = wav["icon"].duration - wav["none"].duration  # the capital sound, then the letter
+    assert icon_s == pytest.approx(0.09, abs=0.005)
+    assert np.array_equal(wav["icon"].samples()[-wav["none"].frames :], wav["none"].samples())
+
+
 def test_block_restricts_commands(ssip_server: SsipServer) -> None:
     with SsipClient(ssip_server.path) as c:
         assert c.code("BLOCK BEGIN") == 260
@@ -638,10 +700,11 @@ def test_language_picks_a_voice_of_that_language(tmp_path: Path) -> None:
         for language in ("C", "en-GB", "de", "DE_at", "fr"):
             assert c.code(f"SET SELF LANGUAGE {language}") == 201
             c.wait_event(702, c.speak("word"))
-        assert c.command("LIST SYNTHESIS_VOICES de") == [
-            "249-high\tde_DE\tnone",
-            "249 OK VOICE LIST SENT",
-        ]
+        for lang in ("de", "de-DE", "de_DE"):  # listed in BCP 47, asked for in either spelling
+            assert c.command(f"LIST SYNTHESIS_VOICES {lang}") == [
+                "249-high\tde-DE\tnone",
+                "249 OK VOICE LIST SENT",
+            ]
     # the default ("low", English) unless the language is another voice's; de-AT falls back to de
     assert engine.voices_used == ["low", "low", "high", "high", "low"]
 

@@ -67,7 +67,7 @@ def test_every_element_of_the_subset() -> None:
         ('<speak><break strength="huge"/></speak>', 1, 8, "strength must be one of"),
         ('<speak>\n\n   <prosody rate="warp">x</prosody></speak>', 3, 4, "rate must be"),
         ('<speak><prosody volume="50">x</prosody></speak>', 1, 8, "volume must be"),
-        ('<speak><prosody pitch="200Hz">x</prosody></speak>', 1, 8, "pitch must be"),
+        ('<speak><prosody pitch="2 octaves">x</prosody></speak>', 1, 8, "pitch must be"),
         ("<speak>a<mark/></speak>", 1, 9, "<mark>: name is required"),
         ("<speak><audio>x</audio></speak>", 1, 8, "<audio>: src"),
         ('<speak><phoneme alphabet="ipa">x</phoneme></speak>', 1, 8, "<phoneme>: ph"),
@@ -218,6 +218,16 @@ def test_break_durations(attrs: str, ms: int) -> None:
 
 def test_a_break_of_strength_none_is_no_segment() -> None:
     assert parse_ssml('<speak>a<break strength="none"/>b</speak>') == [Text("a b")]
+
+
+@pytest.mark.parametrize(
+    ("pitch", "semitones"), [("240Hz", 12.0), ("60Hz", -12.0), ("+12Hz", 1.65), ("-12Hz", -1.82)]
+)
+def test_prosody_pitch_in_hz_is_semitones_against_a_typical_voice(
+    pitch: str, semitones: float
+) -> None:
+    (run,) = parse_ssml(f'<speak><prosody pitch="{pitch}">a</prosody></speak>')
+    assert run.style.pitch == semitones
 
 
 def test_nested_prosody_multiplies_rate_and_volume_and_adds_pitch() -> None:

@@ -143,6 +143,18 @@ def test_a_phoneme_is_said_as_written_by_the_piper_voice(daemon: DaemonProc) -> 
     assert not np.array_equal(said, as_espeak_reads_it)
 
 
+def test_prosody_pitch_and_the_pitch_field_are_one_shift_that_keeps_the_length(
+    daemon: DaemonProc,
+) -> None:
+    plain, _ = synth(daemon, text="Door open.")
+    by_field, _ = synth(daemon, text="Door open.", pitch=3)
+    by_ssml, _ = synth(daemon, text='<speak><prosody pitch="+3st">Door open.</prosody></speak>')
+    assert np.array_equal(by_field, by_ssml) and by_field.size == plain.size
+    assert not np.array_equal(by_field, plain)
+    r = daemon.cli("say", "Door open.", "--pitch", "3", "--explain")
+    assert r.returncode == 0 and ", pitch +3 st]" in r.stdout, r.stdout + r.stderr
+
+
 def test_explain_shows_what_each_voice_will_read(daemon: DaemonProc) -> None:
     r = daemon.cli("say", '<speak>Restart nginx <break time="500ms"/> now</speak>', "--explain")
     assert r.returncode == 0, r.stderr
@@ -158,7 +170,7 @@ def test_explain_shows_what_each_voice_will_read(daemon: DaemonProc) -> None:
 def test_voices_say_what_ssml_each_voice_honours(daemon: DaemonProc) -> None:
     with daemon.client() as c:
         [piper] = c.request({"op": "voices"})["voices"]
-    assert piper["ssml"] == {"pitch": False, "phonemes": True}
+    assert piper["ssml"] == {"pitch": True, "phonemes": True}
 
 
 def test_speakd_synth_reads_ssml_as_the_daemon_does(daemon: DaemonProc) -> None:

@@ -150,6 +150,7 @@ async def test_describe_is_answered_within_a_second_with_every_voice(
     assert [(v.name, v.languages) for v in program.voices] == [
         (v["name"], v["languages"]) for v in voices
     ]
+    assert program.voices[0].languages == ["en-US"]  # BCP 47, as Home Assistant reads it
     assert all(v.installed and v.attribution.url for v in program.voices)
 
 
@@ -176,8 +177,10 @@ async def test_synthesize_gives_the_socket_synth_audio_and_then_a_cache_hit(
         again = await synthesize(client, text, name="en_US-joe-medium")
         assert status(d)["source"]["cache"]["hits"] == hits + 1
         by_language = await synthesize(client, text, language="en-US")
+        by_posix_language = await synthesize(client, text, language="en_US")
     assert audio_of(again) == reference.pcm
     assert by_language[-1].type == "audio-stop" and audio_of(by_language)
+    assert audio_of(by_posix_language) == audio_of(by_language)  # either spelling, one clip
     assert "streams back (cached, origin wyoming:" in d.log_text()
 
 
@@ -275,6 +278,31 @@ async def test_speakd_chime_plays_before_a_synthesize_and_a_streams_first_senten
         unknown.data["speakd_chime"] = "klaxon"
         await client.write_event(unknown)
         assert error_of(await read_until(client, "audio-stop")) == "unknown_chime"
+
+
+async def test_speakd_pitch_shifts_a_synthesize_and_every_sentence_of_a_stream(
+    daemon: tuple[DaemonProc, int],
+) -> None:
+    """speakd's ``speakd_pitch`` field: the request's ``pitch``; the length stays."""
+    _, port = daemon
+    async with tcp(port) as client:
+        plain = [audio_of(await synthesize(client, s)) for s in SENTENCES[:2]]
+        pitched = []
+        for sentence in SENTENCES[:2]:
+            event = Synthesize(sentence).event()
+            event.data["speakd_pitch"] = 3
+            await client.write_event(event)
+            pitched.append(audio_of(await read_until(client, "audio-stop")))
+        start = SynthesizeStart().event()
+        start.data["speakd_pitch"] = 3
+        await client.write_event(start)
+        await client.write_event(SynthesizeChunk(" ".join(SENTENCES[:2])).event())
+        await client.write_event(SynthesizeStop().event())
+        streamed = await read_until(client, "synthesize-stopped")
+    assert [len(p) for p in pitched] == [len(p) for p in plain]
+    assert all(p != q for p, q in zip(pitched, plain, strict=True))
+    stops = [i for i, e in enumerate(streamed) if e.type == "audio-stop"]
+    assert [audio_of(streamed[: stops[0]]), audio_of(streamed[stops[0] :])] == pitched
 
 
 async def test_ssml_marks_are_speakd_mark_events_ahead_of_the_audio_that_follows(
@@ -563,7 +591,7 @@ async def test_info_follows_a_reload_and_a_new_uri(tone: tuple[InProcessDaemon, 
             listed = (await describe(client)).tts[0].voices
         assert [v.name for v in listed] == ["low", "high", "xx_XX-duo-low"]
         assert [s.name for s in listed[2].speakers or []] == ["anna", "bert"]
-        assert listed[2].languages == ["en_US"]
+        assert listed[2].languages == ["en-US"]
     finally:
         for f in voices.iterdir():
             f.unlink()

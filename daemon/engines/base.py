@@ -43,6 +43,8 @@ class SynthesisConfig:
     speed: float | None = None  # 1.0 = normal; engines map it to their own scale
     seed: int | None = None
     lang: str | None = None  # a language the voice speaks ("en", "zh"); None = the voice's own
+    # semitones; not the engine's: its PCM is shifted afterwards (speakd.pitch). None = as made
+    pitch: float | None = None
     # The engine's declared options (``Engine.options``), already validated.
     extra: dict[str, Any] = field(default_factory=dict)
 

@@ -6,8 +6,9 @@ with nothing changed but the base URL and the key (docs/http.md).
 ``instructions`` and any field speakd does not know are ignored, as OpenAI's clients expect.
 OpenAI's voice names (alloy, echo…) mean the default voice; speakd's own voice names work as
 themselves, each at its own sample rate. speakd's request fields ``speaker``, ``lang``, ``seed``,
-``params``, ``cache_only``, ``chime``, ``punctuation`` and ``id`` may ride along (the SDK's
-``extra_body``), and ``"timestamps": true`` makes the answer JSON lines of audio and word events.
+``params``, ``cache_only``, ``chime``, ``punctuation``, ``pitch``, ``capitals`` and ``id`` may ride
+along (the SDK's ``extra_body``), and ``"timestamps": true`` makes the answer JSON lines of audio
+and word events.
 The audio is the request path's (``Control.stream``): from the cache on a hit, else sent as it is
 synthesised, chunk by chunk, encoded by ``speakd.encode`` — except FLAC, whose header needs the
 whole clip, so a FLAC miss is sent once its synthesis has finished.
@@ -48,7 +49,7 @@ OPENAI_VOICES = (
 MODELS = ("speakd", "tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 SPEAKD_FIELDS = (
     "speaker", "lang", "seed", "params", "cache_only", "chime", "punctuation",
-    "punctuation_important", "id",
+    "punctuation_important", "id", "pitch", "capitals",
 )  # fmt: skip
 DEFAULT_FORMAT = "mp3"  # OpenAI's default
 CHEAP_FORMATS = ("wav", "pcm")  # encoded on the event loop; the others on a worker thread

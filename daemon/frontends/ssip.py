@@ -12,9 +12,10 @@ fall back), LANGUAGE → a voice of that language when the default voice is of a
 SSML_MODE on → the text is SSML (docs/ssml.md; a fragment without ``<speak>`` is wrapped in
 one), SPELLING on → letters spoken one by one, and speakd's own CHIME <name> (``NONE``: off) → that
 sound before each SPEAK (a request's ``chime``, ``speakd.sounds``), PUNCTUATION (and the old
-PUNCTUATION_IMPORTANT) → the request's ``punctuation`` (``speakd.markup.punctuation``). PITCH,
-PITCH_RANGE, CAP_LET_RECOGN, VOICE_TYPE and OUTPUT_MODULE are accepted, stored and reported by
-GET, but change nothing.
+PUNCTUATION_IMPORTANT) → the request's ``punctuation`` (``speakd.markup.punctuation``), PITCH
+−100..100 → ``pitch`` ±12 semitones (``speakd.pitch``), CAP_LET_RECOGN → ``capitals``
+(``speakd.markup.capitals``). PITCH_RANGE, VOICE_TYPE and OUTPUT_MODULE are accepted, stored and
+reported by GET, but change nothing.
 Events 700 (an SSML mark reached, ``INDEX MARK`` with its name) and 701–705 go out (when the
 client turned them on with ``SET SELF NOTIFICATION``) only between complete replies. Framing
 rules live in ``ssip_parser``.
@@ -59,6 +60,7 @@ from speakd.frontends.ssip_settings import (
 from speakd.frontends.unixserver import peer_of
 from speakd.markup.ssml import is_ssml
 from speakd.messages import Event, EventType, Priority, RequestError
+from speakd.pitch import ssip_semitones
 from speakd.prepare import match_language
 
 log = logging.getLogger(__name__)
@@ -395,9 +397,11 @@ class SsipFrontend:
             "voice": self._voice(conn.settings),
             "lang": request_lang(conn.settings.language),
             "speed": rate_to_speed(conn.settings.rate),
+            "pitch": ssip_semitones(conn.settings.pitch),
             "volume": volume_to_gain(conn.settings.volume),
             "punctuation": conn.settings.punctuation,
             "punctuation_important": conn.settings.punctuation_important,
+            "capitals": conn.settings.cap_let_recogn,
         }
         try:
             request = self.control.build_request(

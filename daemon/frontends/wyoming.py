@@ -19,7 +19,8 @@ Events, on the ``wyoming`` package's own server and event classes:
   be cut into sentences before it is complete.
 * ``speakd_chime`` (speakd's own field) on ``synthesize`` or ``synthesize-start``: a request's
   ``chime`` (``speakd.sounds``), played first in the same audio; a streamed text's first
-  sentence has it.
+  sentence has it. ``speakd_pitch``, the same way: a request's ``pitch`` in semitones
+  (``speakd.pitch``), every sentence of a stream at it.
 * ``ping`` → ``pong``. Other event types are dropped, as the protocol asks of servers.
 * ``speakd-word`` (out, between ``audio-start`` and ``audio-stop``, ahead of the audio it starts
   in; ``speakd-sentence`` after a ChatTTS sentence): a word's timing, ``{"word", "start", "end",
@@ -273,7 +274,7 @@ class WyomingHandler(AsyncEventHandler):
             try:
                 synthesize = _parse(Synthesize.from_event, event)
                 fields = _voice_fields(synthesize.voice) | _format(synthesize.text_format)
-                fields |= _chime(event)
+                fields |= _chime(event) | _pitch(event)
                 self._enqueue(_Say(synthesize.text, fields))
             except RequestError as e:  # answered as a failed synthesis is (see _speak)
                 self.control.refused(self.origin, e.code)
@@ -281,7 +282,7 @@ class WyomingHandler(AsyncEventHandler):
                 await self.write_event(AudioStop().event())
         elif SynthesizeStart.is_type(kind):
             start = _parse(SynthesizeStart.from_event, event)
-            self._start_text(start.voice, start.text_format, _chime(event))
+            self._start_text(start.voice, start.text_format, _chime(event), _pitch(event))
         elif SynthesizeChunk.is_type(kind):
             text = self._open_text(kind)
             chunk = _parse(SynthesizeChunk.from_event, event).text
@@ -311,11 +312,15 @@ class WyomingHandler(AsyncEventHandler):
     # ---- text streamed in -------------------------------------------------------------------
 
     def _start_text(
-        self, voice: SynthesizeVoice | None, text_format: str | None, chime: dict[str, Any]
+        self,
+        voice: SynthesizeVoice | None,
+        text_format: str | None,
+        chime: dict[str, Any],
+        pitch: dict[str, Any],
     ) -> None:
         if self._text is not None:
             raise RequestError("bad_event", "synthesize-start inside an open text stream")
-        fields = _voice_fields(voice) | _format(text_format)
+        fields = _voice_fields(voice) | _format(text_format) | pitch
         splitter = SentenceSplitter(self.control.max_text_chars)
         self._text = _TextStream(fields, splitter, chime, ssml="format" in fields)
         try:  # refuse an unknown voice once, here, rather than once per sentence
@@ -466,6 +471,12 @@ def _chime(event: Event) -> dict[str, Any]:
     """speakd's ``speakd_chime`` field as the request's ``chime``."""
     chime = event.data.get("speakd_chime")
     return {} if chime is None else {"chime": chime}
+
+
+def _pitch(event: Event) -> dict[str, Any]:
+    """speakd's ``speakd_pitch`` field as the request's ``pitch`` (semitones)."""
+    pitch = event.data.get("speakd_pitch")
+    return {} if pitch is None else {"pitch": pitch}
 
 
 def _voice_fields(voice: SynthesizeVoice | None) -> dict[str, str]:

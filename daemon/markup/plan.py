@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from speakd.engines.base import SynthesisConfig
 from speakd.errors import RequestError
 from speakd.keys import canonical_json
+from speakd.markup.capitals import NO_CAPITALS, Capitals
 from speakd.markup.lexicon import Lexicon
 from speakd.markup.punctuation import NO_PUNCTUATION, Punctuation
 from speakd.markup.sayas import guess_language
@@ -37,6 +38,7 @@ from speakd.markup.segments import (
     speakable,
 )
 from speakd.markup.ssml import parse_ssml
+from speakd.pitch import PITCH_RANGE
 from speakd.prepare import Marker, Part, Prepared, Silence, Sound, Speech
 from speakd.sounds import Sounds
 
@@ -60,12 +62,14 @@ def prepare_request(
     ssml: bool = False,
     lexicon: Lexicon = NO_LEXICON,
     punctuation: Punctuation = NO_PUNCTUATION,
+    capitals: Capitals = NO_CAPITALS,
     strict_lang: bool = True,
     sounds: Sounds | None = None,
 ) -> Prepared:
     """What a request means with its markup and the lexicon: SSML is parsed (``bad_ssml``), the
     lexicon applied to each run of text in its language, then the symbols of ``punctuation``
-    said by name (``speakd.markup.punctuation``), an ``<audio src>`` found in ``sounds``
+    said by name (``speakd.markup.punctuation``) and capitals marked (``speakd.markup.capitals``),
+    an ``<audio src>`` found in ``sounds``
     (None: the built-in chimes only), the request's voice's clip first. Plain text whose lexicon
     entries only
     replace words stays plain text (its whitespace and line breaks kept), and markup that comes
@@ -81,6 +85,7 @@ def prepare_request(
     else:
         segments = list(lexicon.apply(text, lang))
     segments = punctuation.apply_segments(segments, lang)
+    segments = capitals.apply_segments(segments, lang)
     if not ssml and all(isinstance(p, Text) for p in segments):
         said = "".join(p.text for p in segments if isinstance(p, Text))
         return library.prepare(said, config, strict_lang=strict_lang)
@@ -217,4 +222,5 @@ def _config(config: SynthesisConfig, style: Style) -> SynthesisConfig:
         voice=style.voice or config.voice,
         lang=style.lang or config.lang,
         speed=None if speed == 1.0 else min(max(speed, SPEED_RANGE[0]), SPEED_RANGE[1]),
+        pitch=min(max((config.pitch or 0.0) + style.pitch, PITCH_RANGE[0]), PITCH_RANGE[1]),
     )

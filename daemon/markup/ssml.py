@@ -35,6 +35,7 @@ from speakd.markup.segments import (
     tidy,
 )
 from speakd.messages import RequestError
+from speakd.pitch import PITCH_RANGE
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,9 @@ VOLUME_KEYWORDS_DB = {"x-soft": -12.0, "soft": -6.0, "medium": 0.0, "loud": 4.0,
 PITCH_KEYWORDS_ST = {"x-low": -6.0, "low": -3.0, "medium": 0.0, "high": 3.0, "x-high": 6.0}
 RATE_RANGE = (0.25, 4.0)
 VOLUME_RANGE = (0.0, 4.0)
-PITCH_RANGE = (-12.0, 12.0)
+# Hz become semitones against a typical speaking voice's pitch: the shift is relative
+# (speakd.pitch), and the voice's own f0 is not known before it speaks
+REFERENCE_HZ = 120.0
 
 _ROOT = re.compile(r"\s*<(?:\?xml|!DOCTYPE|speak[\s/>])")
 _NUMBER = r"(\d+(?:\.\d+)?|\.\d+)"
@@ -365,9 +368,14 @@ def _pitch(value: str | None, current: float) -> float:
         pitch = current + float(m.group(1))
     elif (m := re.fullmatch(_SIGNED + "%", v)) and float(m.group(1)) > -100:
         pitch = current + 12 * math.log2(1 + float(m.group(1)) / 100)
+    elif (m := re.fullmatch(_SIGNED + "hz", v)) and float(m.group(1)) > -REFERENCE_HZ:
+        pitch = current + 12 * math.log2(1 + float(m.group(1)) / REFERENCE_HZ)
+    elif (m := re.fullmatch(_NUMBER + "hz", v)) and float(m.group(1)) > 0:
+        pitch = 12 * math.log2(float(m.group(1)) / REFERENCE_HZ)
     else:
         raise ValueError(
-            f"pitch must be x-low..x-high, default, or a change in st or %, not {value!r}"
+            "pitch must be x-low..x-high, default, a frequency in Hz, or a change in st, % or "
+            f"Hz, not {value!r}"
         )
     return round(_clamp(pitch, PITCH_RANGE), 2) + 0.0  # no -0.0
 

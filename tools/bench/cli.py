@@ -25,6 +25,7 @@ BENCHMARKS = {
     "ssml": "SSML parser: a document, and the refusal of a billion laughs, a blowup, deep nesting",
     "memory": "daemon RSS at READY, after a warm-up and after N mixed socket requests",
     "words": "Piper word timings against faster-whisper's word timestamps on the same audio",
+    "pitch": "pitch shifting (Rubber Band): first-chunk cost and ms per audio second, 3 texts",
 }
 
 
