@@ -7,9 +7,9 @@ N daemons. mosquitto runs from a temporary folder on a free loopback port.
 
 Two rollouts: the first to every board connected and idle; the second with a third of the boards
 disconnecting once a tenth of the fleet has the pack and reconnecting together (a storm: they
-resume from their persistent sessions, mid-fetch or done). Printed per rollout: seconds from the start
-of the publish until 50 %, 99 % and 100 % of boards hold the pack, the broker's peak RSS (sampled
-from /proc every 50 ms) and the bytes it sent ($SYS/broker/bytes/sent).
+resume from their persistent sessions, mid-fetch or done). Printed per rollout: seconds from the
+start of the publish until 50 %, 99 % and 100 % of boards hold the pack, the broker's peak RSS
+(sampled from /proc every 50 ms) and the bytes it sent ($SYS/broker/bytes/sent).
 
   speakd-tools bench fleet --boards 1000
 """
