@@ -26,6 +26,7 @@ import resource
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,9 +91,10 @@ class SimBoard:
         trust: Trust,
         outcomes: Outcomes,
         sites: list[str] | None = None,
+        name: str = "board",
     ) -> None:
         self.index = index
-        self.site = f"board-{index:04d}"
+        self.site = f"{name}-{index:04d}"
         self.config = MqttConfig(
             enabled=True,
             host=broker.host,
@@ -105,6 +107,7 @@ class SimBoard:
         self.store = CacheStore(work / self.site / "cache.db", max_bytes=1 << 30)
         self.subscribed = threading.Event()
         self._outcomes = outcomes
+        self.refusals: Counter[str] = Counter()  # reason → count, as speakd_pack_refusals_total
         self.client = new_client(self.config, f"sim-{self.site}")
         self.client.on_connect = self._on_connect
         self.client.on_subscribe = lambda *_a: self.subscribed.set()
@@ -118,6 +121,7 @@ class SimBoard:
             lambda subs: self.client.subscribe(subs),
             lambda topics: self.client.unsubscribe(topics),
             trust,
+            lambda reason: self.refusals.update([reason]),
         )
 
     def connect(self) -> None:
