@@ -181,8 +181,9 @@ class Fleet:
     def __init__(self, broker: Mosquitto, work: Path, trust: Trust, group: str, n: int) -> None:
         self.group = group
         self.outcomes = Outcomes()
+        address = (broker.host, broker.port)
         self.boards = [
-            SimBoard(i, broker, work, trust, self.outcomes, sites=[group], name=group)
+            SimBoard(i, address, work, trust, self.outcomes.record, sites=[group], name=group)
             for i in range(n)
         ]
         self.session = Session(broker_config(f"mqtt://{broker.host}:{broker.port}"))
@@ -272,7 +273,9 @@ def test_ten_rollouts_leave_exactly_the_current_packs_pinned(
 
 
 def test_bench_fleet_short(tmp_path: Path) -> None:
-    args = argparse.Namespace(boards=20, pack_kb=32, clips=4, chunk_bytes=8192, timeout=60.0)
+    args = argparse.Namespace(
+        boards=20, per_process=10, pack_kb=32, clips=4, chunk_bytes=8192, timeout=60.0
+    )
     result = bench_fleet.measure(args)
     for phase in ("rollout", "rollout_with_a_third_reconnecting"):
         figures = result[phase]

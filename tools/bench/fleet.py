@@ -2,8 +2,9 @@
 
 Each simulated board is the board's real pack code (``speakd.mqtt.packs.PackReceiver``: signature
 check, chunk checks, the import into SQLite with the pin bookkeeping) with its own paho MQTT 5
-client (persistent session, as a board's) and its own cache file; many run in this process, not
-N daemons. mosquitto runs from a temporary folder on a free loopback port.
+client (persistent session, as a board's) and its own cache file; a few hundred run in each worker
+process (``--per-process``), not N daemons. mosquitto runs from a temporary folder on a free
+loopback port.
 
 Two rollouts: the first to every board connected and idle; the second with a third of the boards
 disconnecting once a tenth of the fleet has the pack and reconnecting together (a storm: they
@@ -20,6 +21,7 @@ import argparse
 import contextlib
 import json
 import logging
+import multiprocessing
 import os
 import random
 import resource
@@ -29,6 +31,9 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from multiprocessing.queues import Queue
 from pathlib import Path
 from typing import Any
 
@@ -59,14 +64,13 @@ class Outcomes:
     ok: dict[str, dict[int, float]] = field(default_factory=dict)
     errors: dict[str, dict[int, str]] = field(default_factory=dict)
 
-    def record(self, board: int, status: PackStatus) -> None:
-        if status.pack_id is None or status.state == "importing":
-            return
+    def record(self, board: int, pack_id: str, state: str, reason: str, at: float) -> None:
+        """A board's ``ok`` or ``error`` (``SimBoard``'s report, maybe from another process)."""
         with self.cond:
-            if status.state == "ok":
-                self.ok.setdefault(status.pack_id, {}).setdefault(board, time.monotonic())
+            if state == "ok":
+                self.ok.setdefault(pack_id, {}).setdefault(board, at)
             else:
-                self.errors.setdefault(status.pack_id, {})[board] = str(status.reason)
+                self.errors.setdefault(pack_id, {})[board] = reason
             self.cond.notify_all()
 
     def wait(self, pack_id: str, count: int, timeout: float) -> bool:
@@ -86,10 +90,10 @@ class SimBoard:
     def __init__(
         self,
         index: int,
-        broker: Mosquitto,
+        broker: tuple[str, int],
         work: Path,
         trust: Trust,
-        outcomes: Outcomes,
+        report: Callable[[int, str, str, str, float], None],
         sites: list[str] | None = None,
         name: str = "board",
     ) -> None:
@@ -97,8 +101,8 @@ class SimBoard:
         self.site = f"{name}-{index:04d}"
         self.config = MqttConfig(
             enabled=True,
-            host=broker.host,
-            port=broker.port,
+            host=broker[0],
+            port=broker[1],
             site_id=self.site,
             site_ids=[GROUP] if sites is None else sites,
             max_payload_bytes=1 << 20,
@@ -106,7 +110,7 @@ class SimBoard:
         # a folder each: a board's part file goes beside its cache, named by the pack
         self.store = CacheStore(work / self.site / "cache.db", max_bytes=1 << 30)
         self.subscribed = threading.Event()
-        self._outcomes = outcomes
+        self._report = report
         self.refusals: Counter[str] = Counter()  # reason → count, as speakd_pack_refusals_total
         self.client = new_client(self.config, f"sim-{self.site}")
         self.client.on_connect = self._on_connect
@@ -146,8 +150,10 @@ class SimBoard:
         client.subscribe(self.receiver.subscriptions())
 
     def _publish(self, message: Message) -> None:
-        if isinstance(message, PackStatus):
-            self._outcomes.record(self.index, message)
+        if isinstance(message, PackStatus) and message.pack_id and message.state != "importing":
+            self._report(
+                self.index, message.pack_id, message.state, str(message.reason), time.monotonic()
+            )
         self.client.publish(message.topic(), message.payload(), qos=1, retain=message.retain)
 
     def pinned(self) -> set[str]:
@@ -243,38 +249,93 @@ def raise_fd_limit(boards: int) -> int:
     return wanted
 
 
-class Rollout:
-    """A broker, N boards trusting one key, and the key to sign packs with."""
+def _board_worker(
+    indices: range,
+    broker: tuple[str, int],
+    work: Path,
+    keys: tuple[str, ...],
+    commands: Connection,
+    results: Queue[tuple[int, str, str, str, float] | None],
+) -> None:
+    """A process of boards: paho watches its sockets with select(), which cannot take a
+    descriptor above 1023, so one process holds at most a few hundred boards."""
+    logging.getLogger("speakd").setLevel(logging.WARNING)
+    trust = Trust(keys)
+    boards = [SimBoard(i, broker, work, trust, lambda *r: results.put(r)) for i in indices]
+    while True:
+        command, arg = commands.recv()
+        if command == "connect":
+            for board in boards:
+                board.connect()
+            commands.send(all(board.subscribed.wait(arg) for board in boards))
+        elif command == "drop":  # every third board of the fleet
+            third = [board for board in boards if board.index % 3 == 0]
+            for board in third:
+                board.disconnect()
+            for board in third:
+                board.reconnect()
+            commands.send(len(third))
+        elif command == "pinned":
+            commands.send(all(board.pinned() == arg for board in boards))
+        elif command == "close":
+            for board in boards:
+                board.close()
+            commands.send(None)
+            return
 
-    def __init__(self, work: Path, boards: int, chunk_bytes: int) -> None:
+
+class Rollout:
+    """A broker, N boards in worker processes trusting one key, and the key to sign packs with."""
+
+    def __init__(self, work: Path, boards: int, per_process: int, chunk_bytes: int) -> None:
         from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
         self.work = work
+        self.boards = boards
         self.chunk_bytes = chunk_bytes
         self.key = Ed25519PrivateKey.generate()
-        self.trust = Trust((encode_public(self.key.public_key()),))
         self.outcomes = Outcomes()
         self.broker = Mosquitto(
             work / "broker",
             listener="max_connections -1\nsys_interval 1\n",
             log_types=("error", "warning", "notice", "information"),
         ).start()
-        self.boards: list[SimBoard] = []
-        (work / "boards").mkdir()
-        for i in range(boards):
-            self.boards.append(SimBoard(i, self.broker, work / "boards", self.trust, self.outcomes))
+        # Processes first, threads after: spawn, so no worker inherits a half-held lock.
+        context = multiprocessing.get_context("spawn")
+        self.results: Queue[tuple[int, str, str, str, float] | None] = context.Queue()
+        self.workers: list[tuple[BaseProcess, Connection]] = []
+        address = (self.broker.host, self.broker.port)
+        keys = (encode_public(self.key.public_key()),)
+        for first in range(0, boards, per_process):
+            ours, theirs = context.Pipe()
+            indices = range(first, min(boards, first + per_process))
+            proc = context.Process(
+                target=_board_worker,
+                args=(indices, address, work / "boards", keys, theirs, self.results),
+                daemon=True,
+            )
+            proc.start()
+            self.workers.append((proc, ours))
+        self._collector = threading.Thread(target=self._collect, daemon=True)
+        self._collector.start()
         self.watch = BrokerWatch(self.broker)
         self.session = Session(
             MqttConfig(enabled=True, host=self.broker.host, port=self.broker.port), timeout=120
         )
 
+    def _collect(self) -> None:
+        while (result := self.results.get()) is not None:
+            self.outcomes.record(*result)
+
+    def _all(self, command: str, arg: Any = None) -> list[Any]:
+        for _proc, pipe in self.workers:
+            pipe.send((command, arg))
+        return [pipe.recv() for _proc, pipe in self.workers]
+
     def connect(self, timeout: float) -> float:
         started = time.monotonic()
-        for board in self.boards:
-            board.connect()
-        for board in self.boards:
-            if not board.subscribed.wait(max(0.1, started + timeout - time.monotonic())):
-                raise RuntimeError(f"{board.site} did not connect within {timeout} s")
+        if not all(self._all("connect", timeout)):
+            raise RuntimeError(f"not every board connected within {timeout} s")
         return time.monotonic() - started
 
     def publish(
@@ -289,12 +350,13 @@ class Rollout:
         publish_pack(self.session, manifest, chunks)
         if during is not None:
             during(manifest.pack_id)
-        complete = self.outcomes.wait(manifest.pack_id, len(self.boards), timeout)
-        ok = sorted(t - started for t in self.outcomes.ok.get(manifest.pack_id, {}).values())
-        n = len(self.boards)
+        complete = self.outcomes.wait(manifest.pack_id, self.boards, timeout)
+        with self.outcomes.cond:
+            ok = sorted(t - started for t in self.outcomes.ok.get(manifest.pack_id, {}).values())
+            refused = sorted(set(self.outcomes.errors.get(manifest.pack_id, {}).values()))
 
-        def until(share: float) -> float | None:
-            need = max(1, -(-int(share * 100) * n // 100))
+        def until(percent: int) -> float | None:
+            need = max(1, -(-percent * self.boards // 100))
             return round(ok[need - 1], 3) if len(ok) >= need else None
 
         return {
@@ -302,33 +364,35 @@ class Rollout:
             "pack_bytes": manifest.size,
             "chunks": len(chunks),
             "boards_ok": len(ok),
-            "refused": sorted(set(self.outcomes.errors.get(manifest.pack_id, {}).values())),
+            "refused": refused,
             "complete": complete,
-            "s_to_50pct": until(0.5),
-            "s_to_99pct": until(0.99),
-            "s_to_100pct": until(1.0),
+            "s_to_50pct": until(50),
+            "s_to_99pct": until(99),
+            "s_to_100pct": until(100),
             "broker_peak_rss_mb": round(self.watch.peak_kb / 1024, 1),
             "broker_bytes_sent_mb": round((self.watch.bytes_sent() - sent_before) / 1e6, 1),
         }
 
     def drop_a_third_when(self, share: float) -> Callable[[str], None]:
         """For ``publish(during=…)``: once ``share`` of the boards hold the pack, a third of them
-        (every third board) lose their connection and reconnect together."""
+        (every third board) disconnect and reconnect together."""
 
         def during(pack_id: str) -> None:
-            self.outcomes.wait(pack_id, max(1, int(share * len(self.boards))), 600)
-            third = self.boards[::3]
-            for board in third:
-                board.disconnect()
-            for board in third:
-                board.reconnect()
+            self.outcomes.wait(pack_id, max(1, int(share * self.boards)), 600)
+            self._all("drop")
 
         return during
 
+    def pinned_is(self, keys: set[str]) -> bool:
+        return all(self._all("pinned", keys))
+
     def close(self) -> None:
         self.session.close()
-        for board in self.boards:
-            board.close()
+        self._all("close")
+        for proc, _pipe in self.workers:
+            proc.join(30)
+        self.results.put(None)
+        self._collector.join(10)
         self.watch.close()
         self.broker.stop()
 
@@ -339,14 +403,13 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="speakd-bench-fleet-") as tmp:
         work = Path(tmp)
         packs = [make_pack(work / f"pack-{n}.db", args.pack_kb, args.clips, n) for n in (1, 2)]
-        rollout = Rollout(work, args.boards, args.chunk_bytes)
+        rollout = Rollout(work, args.boards, args.per_process, args.chunk_bytes)
         try:
             connect_s = rollout.connect(args.timeout)
             idle = rollout.publish(packs[0], args.timeout)
             storm = rollout.publish(packs[1], args.timeout, rollout.drop_a_third_when(0.1))
             with CacheStore(packs[1], recover=False, ttl_s=0) as last:
-                current = last.keys()
-            pinned_ok = all(b.pinned() == current for b in rollout.boards)
+                pinned_ok = rollout.pinned_is(last.keys())
         finally:
             rollout.close()
     return {
@@ -365,6 +428,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--boards", type=int, default=1000, help="simulated boards (default 1000)")
     p.add_argument("--pack-kb", type=int, default=512, help="pack size in KiB (default 512)")
+    p.add_argument(
+        "--per-process", type=int, default=200, help="boards per worker process (default 200)"
+    )
     p.add_argument("--clips", type=int, default=8, help="clips per pack (default 8)")
     p.add_argument("--chunk-bytes", type=int, default=256 * 1024, help="as pack publish")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per phase")
