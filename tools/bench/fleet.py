@@ -2,7 +2,7 @@
 
 Each simulated board is the board's real pack code (``speakd.mqtt.packs.PackReceiver``: signature
 check, chunk checks, the import into SQLite with the pin bookkeeping) with its own paho MQTT 5
-client (persistent session, as a board's) and its own cache file; a few hundred run in each worker
+client (persistent session, as a board's) and its own cache file; a hundred run in each worker
 process (``--per-process``), not N daemons. mosquitto runs from a temporary folder on a free
 loopback port.
 
@@ -257,8 +257,9 @@ def _board_worker(
     commands: Connection,
     results: Queue[tuple[int, str, str, str, float] | None],
 ) -> None:
-    """A process of boards: paho watches its sockets with select(), which cannot take a
-    descriptor above 1023, so one process holds at most a few hundred boards."""
+    """A process of boards. paho watches each client's socket and wake-up socket pair with
+    select(), which cannot take a descriptor above 1023; with the cache file's three, a board
+    holds six, so one process takes at most about 150 boards."""
     logging.getLogger("speakd").setLevel(logging.WARNING)
     trust = Trust(keys)
     boards = [SimBoard(i, broker, work, trust, lambda *r: results.put(r)) for i in indices]
@@ -429,7 +430,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--boards", type=int, default=1000, help="simulated boards (default 1000)")
     p.add_argument("--pack-kb", type=int, default=512, help="pack size in KiB (default 512)")
     p.add_argument(
-        "--per-process", type=int, default=200, help="boards per worker process (default 200)"
+        "--per-process", type=int, default=100, help="boards per worker process (default 100)"
     )
     p.add_argument("--clips", type=int, default=8, help="clips per pack (default 8)")
     p.add_argument("--chunk-bytes", type=int, default=256 * 1024, help="as pack publish")
