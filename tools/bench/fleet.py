@@ -10,7 +10,7 @@ Two rollouts: the first to every board connected and idle; the second with a thi
 disconnecting once a tenth of the fleet has the pack and reconnecting together (a storm: they
 resume from their persistent sessions, mid-fetch or done). Printed per rollout: seconds from the
 start of the publish until 50 %, 99 % and 100 % of boards hold the pack, the broker's peak RSS
-(sampled from /proc every 50 ms) and the bytes it sent ($SYS/broker/bytes/sent).
+(sampled from /proc every 50 ms), its CPU time and the bytes it sent ($SYS/broker/bytes/sent).
 
   speakd-tools bench fleet --boards 1000
 """
@@ -193,6 +193,11 @@ class BrokerWatch:
         while not self._stop.wait(0.05):
             self.peak_kb = max(self.peak_kb, self.rss_kb())
 
+    def cpu_s(self) -> float:
+        """The broker's user + system CPU seconds so far (/proc/<pid>/stat)."""
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def rss_kb(self) -> int:
         with contextlib.suppress(OSError, ValueError):
             for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
@@ -347,6 +352,7 @@ class Rollout:
         manifest = sign_manifest(manifest, self.key)
         sent_before = self.watch.bytes_sent()
         self.watch.peak_kb = self.watch.rss_kb()
+        cpu_before = self.watch.cpu_s()
         started = time.monotonic()
         publish_pack(self.session, manifest, chunks)
         if during is not None:
@@ -371,6 +377,7 @@ class Rollout:
             "s_to_99pct": until(99),
             "s_to_100pct": until(100),
             "broker_peak_rss_mb": round(self.watch.peak_kb / 1024, 1),
+            "broker_cpu_s": round(self.watch.cpu_s() - cpu_before, 2),
             "broker_bytes_sent_mb": round((self.watch.bytes_sent() - sent_before) / 1e6, 1),
         }
 
