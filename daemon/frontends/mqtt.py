@@ -46,7 +46,6 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from speakd import __version__
-from speakd.cache.trust import Trust
 from speakd.config import FleetConfig, LimitsConfig, MqttConfig
 from speakd.control import Control
 from speakd.messages import Event, EventType, RequestError
@@ -163,7 +162,7 @@ class MqttFrontend:
             self.connection.publish,
             self.connection.subscribe,
             self.connection.unsubscribe,
-            Trust(tuple((fleet or FleetConfig()).trusted_keys)),
+            (fleet or FleetConfig()).trusted_keys,
             self._pack_refused,
         )
 

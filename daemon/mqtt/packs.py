@@ -28,7 +28,7 @@ import hashlib
 import logging
 import sqlite3
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,7 +81,7 @@ class PackReceiver:
     ``cache_store`` gives the cache the daemon plays from now (None when disabled; a reload may
     replace it) and ``bundles`` the bundle ids of the voices it has. ``subscribe``/``unsubscribe``
     and ``publish`` are the session's (paho's calls are thread-safe); every other method runs on
-    the single worker thread. With keys in ``trust`` a pack must be signed by one of them and
+    the single worker thread. With ``trusted_keys`` a pack must be signed by one of them and
     newer than the last one taken for its site; ``on_refused`` hears every refusal's reason code.
     """
 
@@ -94,7 +94,7 @@ class PackReceiver:
         publish: Callable[[Message], Any],
         subscribe: Callable[[list[tuple[str, SubscribeOptions]]], None],
         unsubscribe: Callable[[list[str]], None],
-        trust: Trust | None = None,
+        trusted_keys: Sequence[str] = (),
         on_refused: Callable[[str], None] = lambda _reason: None,
     ) -> None:
         self.config = config
@@ -104,7 +104,7 @@ class PackReceiver:
         self._publish = publish
         self._subscribe = subscribe
         self._unsubscribe = unsubscribe
-        self.trust = trust or Trust()
+        self.trust = Trust(tuple(trusted_keys))
         self._on_refused = on_refused
         self._topics = SiteTopics(config.prefix, config.site_id)
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="speakd-pack")

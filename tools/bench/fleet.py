@@ -124,7 +124,7 @@ class SimBoard:
             self._publish,
             lambda subs: self.client.subscribe(subs),
             lambda topics: self.client.unsubscribe(topics),
-            trust,
+            trust.keys,
             lambda reason: self.refusals.update([reason]),
         )
 
