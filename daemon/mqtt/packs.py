@@ -162,6 +162,11 @@ class PackReceiver:
             self._on_refused("bad_manifest")
             self._status("error", None, site, reason=f"bad_manifest: {e}")
             return
+        try:  # before anything else: a refused manifest must not disturb a fetch under way
+            version = self.trust.verify(obj, site) if self.trust.required else None
+        except TrustError as e:
+            self._refuse(manifest, str(e))
+            return
         current = self._downloads.get(site)
         if current is not None and current.manifest.sha256 == manifest.sha256:
             # Published again while we fetch it: subscribing again has the broker re-send every
@@ -170,7 +175,6 @@ class PackReceiver:
             return
         self._abandon(site)
         try:
-            version = self.trust.verify(obj, site) if self.trust.required else None
             store = self._store()
             installed = installed_packs(store)
             if installed.get(site) == manifest.pack_id:
