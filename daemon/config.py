@@ -297,6 +297,24 @@ class MqttConfig:
 
 
 @dataclass(frozen=True)
+class FleetConfig:
+    # Ed25519 public keys (base64, `speakd-tools fleet keygen`) whose signed packs this board
+    # takes; several at once so a key can be rotated. Empty: packs are taken unsigned.
+    trusted_keys: list[str] = field(default_factory=list)
+
+    def validate(self) -> None:
+        if not self.trusted_keys:
+            return
+        from speakd.cache.trust import public_key  # cryptography: only for boards that sign
+
+        for i, key in enumerate(self.trusted_keys):
+            try:
+                public_key(key)
+            except ValueError as e:
+                raise ConfigError(f"fleet.trusted_keys[{i}]: {e}") from None
+
+
+@dataclass(frozen=True)
 class WyomingConfig:
     """The Wyoming TTS server Home Assistant talks to (docs/wyoming.md). It has no
     authentication: bind it to the interface Home Assistant reaches, not to every one."""
@@ -391,6 +409,7 @@ class Config:
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     mqtt: MqttConfig = field(default_factory=MqttConfig)
+    fleet: FleetConfig = field(default_factory=FleetConfig)
     wyoming: WyomingConfig = field(default_factory=WyomingConfig)
     http: HttpConfig = field(default_factory=HttpConfig)
     source: str = ""  # the file it came from, for doctor and logs

@@ -217,6 +217,20 @@ def _check_mqtt(config: Config) -> Check:
     return True, f"{where}: connected" + (f" as {mqtt.username!r}" if mqtt.username else "")
 
 
+def _check_fleet(config: Config) -> Check:
+    """Packs over MQTT without trusted keys: whoever may publish to a pack topic is obeyed."""
+    keys = config.fleet.trusted_keys
+    if keys:
+        return True, f"packs must be signed by one of {len(keys)} trusted key(s)"
+    if config.mqtt.enabled:
+        return WARN, (
+            "packs are taken unsigned: anyone who may publish to "
+            f"{config.mqtt.prefix}/<site>/pack/# decides what this board says; "
+            "set [fleet] trusted_keys (docs/fleet.md)"
+        )
+    return True, "MQTT is off; hand-imported packs are taken unsigned (no fleet.trusted_keys)"
+
+
 def run_doctor(config_path: Path | None, socket_path: str | None = None, out=sys.stdout) -> bool:
     try:
         config = load_config(config_path)
@@ -234,6 +248,7 @@ def run_doctor(config_path: Path | None, socket_path: str | None = None, out=sys
         ("audio", lambda: _check_audio(config)),
         ("daemon", lambda: _check_socket(config, socket_path)),
         ("mqtt", lambda: _check_mqtt(config)),
+        ("fleet", lambda: _check_fleet(config)),
     ]
     all_ok = True
     for name, check in checks:

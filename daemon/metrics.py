@@ -82,6 +82,13 @@ class Metrics:
             buckets=RTF_BUCKETS,
             registry=self.registry,
         )
+        self.pack_refusals = Counter(
+            "speakd_pack_refusals",
+            "Prompt packs refused over MQTT, by reason (unsigned_pack, bad_signature, "
+            "untrusted_key, replayed, corrupt_chunk, wrong_bundle, …; docs/fleet.md)",
+            ["reason"],
+            registry=self.registry,
+        )
         self.registry.register(_StateCollector(control))
         self._said: dict[str, str] = {}  # request id → front-end, until its terminal event
         self._first: dict[int, asyncio.Task[None]] = {}  # stream id → first-chunk watcher
@@ -115,6 +122,9 @@ class Metrics:
 
     def refused(self, origin: str, code: str) -> None:
         self.requests.labels(frontend_of(origin), "refused", code).inc()
+
+    def pack_refused(self, reason: str) -> None:
+        self.pack_refusals.labels(reason).inc()
 
     # ---- handing audio back: Control.stream -------------------------------------------------
 

@@ -175,7 +175,9 @@ class Daemon:
         for name in inherited:
             log.warning("ignoring inherited socket %r (known names: json, ssip)", name)
         if self.config.mqtt.enabled:
-            frontend = MqttFrontend(self.control, self.config.mqtt, self.config.limits)
+            frontend = MqttFrontend(
+                self.control, self.config.mqtt, self.config.limits, self.config.fleet
+            )
             await self._start_mqtt(frontend)
         await self._start_wyoming()
         if self.config.http.listen:
@@ -318,12 +320,17 @@ class Daemon:
         mqtt_changed = (
             new.mqtt != self.config.mqtt
             or new.limits.max_pack_bytes != self.config.limits.max_pack_bytes
+            or new.fleet != self.config.fleet
             or (self.mqtt is not None and self.mqtt.credentials_changed())
         )
         mqtt: MqttFrontend | None = None
         if mqtt_changed:
             # Made before the old one closes: says in flight report through it (see close).
-            mqtt = MqttFrontend(self.control, new.mqtt, new.limits) if new.mqtt.enabled else None
+            mqtt = (
+                MqttFrontend(self.control, new.mqtt, new.limits, new.fleet)
+                if new.mqtt.enabled
+                else None
+            )
             if self.mqtt is not None:
                 await self.mqtt.close(successor=mqtt)
             self.mqtt = None

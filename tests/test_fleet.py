@@ -8,18 +8,22 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
+import httpx
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from speakd.cache.store import CacheStore
+from speakd.cache.trust import encode_public
 from speakd.mqtt.messages import PackChunk, PackManifest
 from speakd_tools.cli import main as tools_main
 from speakd_tools.fleet.broker import Session, broker_config
-from speakd_tools.fleet.publish import publish_pack, read_pack
+from speakd_tools.fleet.publish import publish_pack, read_pack, sign_manifest
 from speakd_tools.precompute import Prompt, precompute
 from tests.daemon_proc import DaemonProc, start_daemon, write_config
-from tests.mosquitto import Mosquitto, Received, Watcher
+from tests.mosquitto import Mosquitto, Received, Watcher, free_port
 from tests.test_cache_daemon import wait_until
 from tests.test_mqtt import mqtt_toml
 from tests.tone_engine import ToneEngine
@@ -137,7 +141,9 @@ def test_a_group_pack_reaches_both_boards_one_of_them_late_and_a_republish_is_a_
     assert rows["lobby"]["last_error"].startswith("not_cached: ")  # its first say, any front-end
     assert tools_main(["fleet", "status", "--broker", url]) == 0
     table = capsys.readouterr().out
-    assert re.search(rf"^hall\s+yes\s+\S+\s+vits\s+\S+\s+{pack_id}\s+ok\s+\d+\s+\d+$", table, re.M)
+    row = rf"^hall\s+yes\s+\S+\s+vits\s+\S+\s+{pack_id}\s+ok\s+\d+\s+\d+\s+[\d.]+\s+"
+    row += rf"floor2={pack_id}$"
+    assert re.search(row, table, re.M)
 
 
 @pytest.fixture
@@ -238,3 +244,56 @@ def test_publish_refuses_a_site_that_is_not_one_topic_level(pack: Path, capsys) 
     args = ["pack", "publish", str(pack), "--broker", "mqtt://127.0.0.1:1", "--site"]
     assert tools_main([*args, "floor2/#"]) == 2
     assert "is not one MQTT topic level" in capsys.readouterr().err
+
+
+def test_a_board_with_trusted_keys_refuses_each_bad_pack_counts_it_and_keeps_playing(
+    broker: Mosquitto,
+    watcher: Watcher,
+    session: Session,
+    pack: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Unsigned, tampered, untrusted and replayed: each refused, counted by reason on /metrics,
+    and the signed pack the board took first still plays from its cache."""
+    key = Ed25519PrivateKey.generate()
+    http = free_port()
+    extra = (
+        f'discovery = false\n[fleet]\ntrusted_keys = ["{encode_public(key.public_key())}"]\n'
+        f'[http]\nlisten = "127.0.0.1:{http}"\n'
+    )
+    kiosk = start_board(
+        write_config(tmp_path_factory.mktemp("kiosk"), mqtt_toml(broker, "kiosk", extra)),
+        watcher,
+        "kiosk",
+    )
+    try:
+        manifest, chunks = read_pack(pack, "speakd", "kiosk", CHUNK)
+        since = watcher.mark()
+        publish_pack(session, sign_manifest(manifest, key, 100), chunks)
+        watcher.wait("speakd/kiosk/pack", pack_state("ok", manifest.pack_id), since, timeout=60)
+
+        other = tmp_path_factory.mktemp("other") / "tone.db"
+        precompute([Prompt("Lift doors closing.")], other, ToneEngine, progress=False)
+        evil, evil_chunks = read_pack(other, "speakd", "kiosk", CHUNK)
+        attempts = {
+            "unsigned_pack": evil,
+            "bad_signature": replace(sign_manifest(evil, key, 200), name="kiosk-evil.db"),
+            "untrusted_key": sign_manifest(evil, Ed25519PrivateKey.generate(), 300),
+            "replayed": sign_manifest(evil, key, 99),
+        }
+        for reason, attempt in attempts.items():
+            since = watcher.mark()
+            publish_pack(session, attempt, evil_chunks)
+            body = watcher.wait(
+                "speakd/kiosk/pack", pack_state("error", evil.pack_id), since, timeout=60
+            ).json()
+            assert body["reason"].startswith(f"{reason}: ")
+            assert body["installed"] == {"kiosk": manifest.pack_id}
+        metrics = httpx.get(f"http://127.0.0.1:{http}/metrics", timeout=10).text
+        for reason in attempts:
+            line = f'speakd_pack_refusals_total{{reason="{reason}"}} 1.0'
+            assert line in metrics.splitlines(), metrics
+        assert all(cache_only(kiosk, t).get("status") == "done" for t in PROMPTS)
+        assert "refused: untrusted_key: signed by" in kiosk.log_text()
+    finally:
+        assert kiosk.stop() == 0, kiosk.log_text()

@@ -37,6 +37,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     p = action("import", "merge a prompt pack's clips into the cache (pinned; existing kept)")
     p.add_argument("pack", type=Path, help="prompt pack made by `speakd-tools precompute`")
+    p.add_argument(
+        "--manifest",
+        type=Path,
+        default=None,
+        help="its signed manifest (`speakd-tools pack sign`; default PACK.manifest.json)",
+    )
     p = action("export", "write the pinned clips (or all, --all) to a new prompt pack")
     p.add_argument("out", type=Path, help="pack file to create")
     p.add_argument("--all", action="store_true", help="unpinned clips too (exported pinned)")
@@ -70,22 +76,28 @@ def _open(args: argparse.Namespace, create: bool = False) -> CacheStore:
 
 def run(args: argparse.Namespace) -> int:
     from speakd.cache.store import CacheError
+    from speakd.cache.trust import TrustError
 
     try:
         return _run(args)
     except CacheError as e:
         print(f"speakd cache: {e}", file=sys.stderr)
         return EXIT_FAILED
+    except TrustError as e:
+        print(f"speakd cache: refused: {e}", file=sys.stderr)
+        return EXIT_FAILED
 
 
 def _run(args: argparse.Namespace) -> int:
-    from speakd.cache.packs import export_pack, import_pack
+    from speakd.cache.packs import export_pack, import_by_hand
+    from speakd.cache.trust import Trust
 
     command = args.cache_command
     with _open(args, create=command == "import") as store:
         if command == "import":
-            added, total = import_pack(store, args.pack)
-            print(f"imported {added} of {total} clips from {args.pack} into {store.path}")
+            trust = Trust(tuple(load_config(args.config).fleet.trusted_keys))
+            done = import_by_hand(store, args.pack, args.manifest, trust)
+            print(f"imported {done.added} of {done.clips} clips from {args.pack} into {store.path}")
         elif command == "export":
             n = export_pack(store, args.out, args.all)
             print(f"exported {n} clips to {args.out}")

@@ -582,6 +582,13 @@ class CacheStore:
         self._over_budget = over
         return evicted
 
+    @contextmanager
+    def transaction(self) -> Iterator[Database]:
+        """One write transaction around several calls (a pack replacing another,
+        ``speakd.cache.packs``); the methods called inside join it."""
+        with self._guard() as db, _write(db):
+            yield db
+
     def set_meta(self, key: str, value: str) -> None:
         self._run(lambda db: db["meta"].upsert({"key": key, "value": value}, pk="key"))
 

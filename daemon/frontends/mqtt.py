@@ -46,7 +46,7 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from speakd import __version__
-from speakd.config import LimitsConfig, MqttConfig
+from speakd.config import FleetConfig, LimitsConfig, MqttConfig
 from speakd.control import Control
 from speakd.messages import Event, EventType, RequestError
 from speakd.mqtt.client import Connection, Incoming, Subscriptions
@@ -125,7 +125,11 @@ class SayOrigin:
 
 class MqttFrontend:
     def __init__(
-        self, control: Control, config: MqttConfig, limits: LimitsConfig | None = None
+        self,
+        control: Control,
+        config: MqttConfig,
+        limits: LimitsConfig | None = None,
+        fleet: FleetConfig | None = None,
     ) -> None:
         self.control = control
         self.config = config
@@ -158,7 +162,14 @@ class MqttFrontend:
             self.connection.publish,
             self.connection.subscribe,
             self.connection.unsubscribe,
+            (fleet or FleetConfig()).trusted_keys,
+            self._pack_refused,
         )
+
+    def _pack_refused(self, reason: str) -> None:
+        """Counted like a refused request (speakd_pack_refusals_total); from the pack worker."""
+        if self.control.observer is not None:
+            self.control.observer.pack_refused(reason)
 
     @property
     def connected(self) -> bool:

@@ -202,6 +202,9 @@ class PackManifest(Message):
     chunk_bytes: int
     chunk_sha256: list[str]
     name: str = ""
+    version: int = 0  # signed packs: grows per site, so an older one is refused as a replay
+    key: str = ""  # signed packs: the public key (base64), and the signature (speakd.cache.trust)
+    signature: str = ""
 
     def topic(self) -> str:
         return pack_manifest_topic(self.prefix, self.site)
@@ -232,7 +235,13 @@ class PackManifest(Message):
             value = obj.get(key)
             if isinstance(value, bool) or not isinstance(value, typ):
                 raise ValueError(f"manifest field {key!r} must be {typ.__name__}, got {value!r}")
-        manifest = cls(prefix, site, **{k: obj[k] for k in checks}, name=str(obj.get("name", "")))
+        optional: dict[str, Any] = {"name": "", "version": 0, "key": "", "signature": ""}
+        for key, default in optional.items():
+            value = obj.get(key, default)
+            if isinstance(value, bool) or not isinstance(value, type(default)):
+                raise ValueError(f"manifest field {key!r} must be {type(default).__name__}")
+            optional[key] = value
+        manifest = cls(prefix, site, **{k: obj[k] for k in checks}, **optional)
         hashes = [manifest.sha256, *manifest.chunk_sha256]
         if not (_HEX.fullmatch(manifest.pack_id) and len(manifest.pack_id) <= 64) or not all(
             isinstance(h, str) and len(h) == 64 and _HEX.fullmatch(h) for h in hashes
@@ -266,8 +275,8 @@ class PackChunk(Message):
 @dataclass(frozen=True)
 class PackStatus(Message):
     """Retained ``<prefix>/<site>/pack``: ``{"state": "importing" | "ok" | "error", "pack_id",
-    "from_site", "reason", "clips", "added", "installed": {site: pack_id}}``; after an error the
-    packs in ``installed`` are still the ones the board holds.
+    "from_site", "reason", "clips", "added", "unpinned", "cache_bytes", "installed": {site:
+    pack_id}}``; after an error the packs in ``installed`` are still the ones the board holds.
 
     $ mosquitto_sub -t 'speakd/+/pack' -v -W 2
     """
@@ -281,6 +290,8 @@ class PackStatus(Message):
     reason: str | None = None
     clips: int | None = None
     added: int | None = None
+    unpinned: int | None = None  # clips only the replaced pack held: now left to the LRU
+    cache_bytes: int | None = None  # the board's cache after this (fleet status)
 
     def topic(self) -> str:
         return self.topics.command("pack")

@@ -28,7 +28,7 @@ import hashlib
 import logging
 import sqlite3
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,8 +36,15 @@ from typing import Any, BinaryIO
 
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from speakd.cache.packs import import_pack
+from speakd.cache.packs import (
+    SitePack,
+    check_replay,
+    file_sha256,
+    install_pack,
+    installed_packs,
+)
 from speakd.cache.store import CacheError, CacheStore
+from speakd.cache.trust import Trust, TrustError
 from speakd.config import MqttConfig
 from speakd.messages import RequestError
 from speakd.mqtt.messages import Message, PackManifest, PackStatus, decode_object
@@ -45,7 +52,6 @@ from speakd.mqtt.topics import SiteTopics, pack_manifest_topic, parse_pack_topic
 
 log = logging.getLogger(__name__)
 
-META_PREFIX = "pack/"  # cache meta key per site: the pack this board holds for it
 # Retained messages are wanted here (unlike commands): the manifest and chunks are state.
 RETAINED = SubscribeOptions(qos=1, retainHandling=SubscribeOptions.RETAIN_SEND_ON_SUBSCRIBE)
 
@@ -59,6 +65,7 @@ class Download:
     """One pack being fetched: chunks land at their offset in ``part``, in any order."""
 
     manifest: PackManifest
+    version: int | None  # the signed version, when the board checks signatures
     part: Path
     file: BinaryIO
     received: set[int] = field(default_factory=set)
@@ -74,7 +81,8 @@ class PackReceiver:
     ``cache_store`` gives the cache the daemon plays from now (None when disabled; a reload may
     replace it) and ``bundles`` the bundle ids of the voices it has. ``subscribe``/``unsubscribe``
     and ``publish`` are the session's (paho's calls are thread-safe); every other method runs on
-    the single worker thread.
+    the single worker thread. With ``trusted_keys`` a pack must be signed by one of them and
+    newer than the last one taken for its site; ``on_refused`` hears every refusal's reason code.
     """
 
     def __init__(
@@ -86,6 +94,8 @@ class PackReceiver:
         publish: Callable[[Message], Any],
         subscribe: Callable[[list[tuple[str, SubscribeOptions]]], None],
         unsubscribe: Callable[[list[str]], None],
+        trusted_keys: Sequence[str] = (),
+        on_refused: Callable[[str], None] = lambda _reason: None,
     ) -> None:
         self.config = config
         self._cache_store = cache_store
@@ -94,6 +104,8 @@ class PackReceiver:
         self._publish = publish
         self._subscribe = subscribe
         self._unsubscribe = unsubscribe
+        self.trust = Trust(tuple(trusted_keys))
+        self._on_refused = on_refused
         self._topics = SiteTopics(config.prefix, config.site_id)
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="speakd-pack")
         self._downloads: dict[str, Download] = {}  # by the site the pack was published for
@@ -147,7 +159,13 @@ class PackReceiver:
             obj = decode_object(payload, self.config.max_payload_bytes)
             manifest = PackManifest.from_dict(self.config.prefix, site, obj)
         except (RequestError, ValueError, TypeError) as e:
+            self._on_refused("bad_manifest")
             self._status("error", None, site, reason=f"bad_manifest: {e}")
+            return
+        try:  # before anything else: a refused manifest must not disturb a fetch under way
+            version = self.trust.verify(obj, site) if self.trust.required else None
+        except TrustError as e:
+            self._refuse(manifest, str(e))
             return
         current = self._downloads.get(site)
         if current is not None and current.manifest.sha256 == manifest.sha256:
@@ -158,16 +176,18 @@ class PackReceiver:
         self._abandon(site)
         try:
             store = self._store()
-            installed = self._installed(store)
+            installed = installed_packs(store)
             if installed.get(site) == manifest.pack_id:
                 log.info("pack %s for site %s is already installed", manifest.pack_id, site)
                 self._status("ok", manifest.pack_id, site, installed)
                 return
+            if version is not None:
+                check_replay(store, SitePack(site, manifest.pack_id, version))
             self._check(manifest)
-        except (PackRefused, CacheError, sqlite3.Error) as e:
+        except (PackRefused, TrustError, CacheError, sqlite3.Error) as e:
             self._refuse(manifest, str(e))
             return
-        self._start(store, manifest)
+        self._start(store, manifest, version)
 
     def _check(self, manifest: PackManifest) -> None:
         bundles = self._bundles()
@@ -182,7 +202,7 @@ class PackReceiver:
                 f"limits.max_pack_bytes is {self.max_pack_bytes}"
             )
 
-    def _start(self, store: CacheStore, manifest: PackManifest) -> None:
+    def _start(self, store: CacheStore, manifest: PackManifest, version: int | None) -> None:
         part = store.path.parent / f".pack-{manifest.pack_id}.part"
         try:
             file = part.open("wb")
@@ -190,7 +210,7 @@ class PackReceiver:
         except OSError as e:
             self._refuse(manifest, f"no_space: cannot write {part}: {e}")
             return
-        download = Download(manifest, part, file)
+        download = Download(manifest, version, part, file)
         self._downloads[manifest.site] = download
         log.info(
             "pack %s (%s) for site %s: fetching %d bytes in %d chunks",
@@ -238,25 +258,37 @@ class PackReceiver:
         self._stop_fetching(manifest.site)
         try:
             download.file.close()
-            if _sha256(download.part) != manifest.sha256:
+            if file_sha256(download.part) != manifest.sha256:
                 raise PackRefused("checksum: the pack's sha256 does not match the manifest")
             store = self._store()
-            added, clips = import_pack(store, download.part)
-            installed = {**self._installed(store), manifest.site: manifest.pack_id}
-            store.set_meta(f"{META_PREFIX}{manifest.site}", manifest.pack_id)
-        except (PackRefused, CacheError, sqlite3.Error, OSError) as e:
-            self._refuse(manifest, str(e) if isinstance(e, PackRefused) else f"import_failed: {e}")
+            done = install_pack(
+                store, download.part, SitePack(manifest.site, manifest.pack_id, download.version)
+            )
+        except (PackRefused, TrustError) as e:
+            self._refuse(manifest, str(e))
+            return
+        except (CacheError, sqlite3.Error, OSError) as e:
+            self._refuse(manifest, f"import_failed: {e}")
             return
         finally:
             _remove(download.part)
         log.info(
-            "pack %s for site %s imported: %d new of %d clips, pinned",
+            "pack %s for site %s imported: %d new of %d clips, pinned; %d clips only the pack it "
+            "replaced held are unpinned",
             manifest.pack_id,
             manifest.site,
-            added,
-            clips,
+            done.added,
+            done.clips,
+            done.unpinned,
         )
-        self._status("ok", manifest.pack_id, manifest.site, installed, clips=clips, added=added)
+        self._status(
+            "ok",
+            manifest.pack_id,
+            manifest.site,
+            clips=done.clips,
+            added=done.added,
+            unpinned=done.unpinned,
+        )
 
     # ---- helpers ------------------------------------------------------------------------------
 
@@ -267,15 +299,9 @@ class PackReceiver:
             raise PackRefused("no_cache: the cache is disabled, packs have nowhere to go")
         return store
 
-    def _installed(self, store: CacheStore) -> dict[str, str]:
-        return {
-            key.removeprefix(META_PREFIX): value
-            for key, value in store.meta().items()
-            if key.startswith(META_PREFIX)
-        }
-
     def _refuse(self, manifest: PackManifest, reason: str) -> None:
         log.warning("pack %s for site %s refused: %s", manifest.pack_id, manifest.site, reason)
+        self._on_refused(reason.partition(":")[0])
         self._status("error", manifest.pack_id, manifest.site, reason=reason)
 
     def _status(
@@ -286,12 +312,18 @@ class PackReceiver:
         installed: dict[str, str] | None = None,
         **extra: Any,
     ) -> None:
-        if installed is None:
-            try:
-                installed = self._installed(self._store())
-            except (PackRefused, CacheError, sqlite3.Error):
-                installed = {}
-        self._publish(PackStatus(self._topics, state, pack_id, site, installed, **extra))
+        cache_bytes = None
+        try:
+            store = self._store()
+            installed = installed_packs(store) if installed is None else installed
+            cache_bytes = store.stats()["bytes"]
+        except (PackRefused, CacheError, sqlite3.Error):
+            installed = installed or {}
+        self._publish(
+            PackStatus(
+                self._topics, state, pack_id, site, installed, cache_bytes=cache_bytes, **extra
+            )
+        )
 
     def _stop_fetching(self, site: str) -> None:
         with self._lock:
@@ -309,14 +341,6 @@ class PackReceiver:
     def _abandon_all(self) -> None:
         for site in list(self._downloads):
             self._abandon(site)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _remove(part: Path) -> None:

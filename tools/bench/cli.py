@@ -16,6 +16,7 @@ BENCHMARKS = {
     "engine": "speakd's ChatTTS engine vs ChatTTS's torch pipeline, one bundle, same steps",
     "batch": "batched ChatTTS decoding: throughput at B rows, a long text batched vs sequential",
     "cache": "precompute throughput, and a cached say → first sample at the sink (real daemon)",
+    "fleet": "a signed pack to N simulated boards on one mosquitto: time to 50/99/100 %, broker",
     "mqtt": "MQTT say → first sample at the sink (needs a running broker)",
     "vits": "VITS engine: load, RTF, first audio streamed by window vs one-shot, their SNR",
     "profile": "where the ChatTTS step's time goes: node types, ORT profile, threads, machine",

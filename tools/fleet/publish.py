@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
 from speakd.cache.store import CacheStore
+from speakd.cache.trust import sign
 from speakd.messages import RequestError
 from speakd.mqtt.messages import PackChunk, PackManifest, decode_object
 from speakd_tools.fleet.broker import Session
@@ -62,6 +66,16 @@ def read_pack(
         name=path.name,
     )
     return manifest, chunks
+
+
+def sign_manifest(
+    manifest: PackManifest, key: Ed25519PrivateKey, version: int | None = None
+) -> PackManifest:
+    """The manifest signed for its site; ``version`` (default: now in milliseconds) must grow
+    from one publish to the next for a site, or boards refuse the pack as a replay."""
+    version = time.time_ns() // 1_000_000 if version is None else version
+    body = replace(manifest, version=version, key="", signature="").to_dict()
+    return PackManifest.from_dict(manifest.prefix, manifest.site, sign(body, manifest.site, key))
 
 
 @dataclass(frozen=True)

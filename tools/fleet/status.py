@@ -28,7 +28,8 @@ class SiteRow:
     bundle: str | None = None
     pack: str | None = None  # the pack the last pack status was about
     pack_state: str | None = None
-    installed: dict[str, str] | None = None
+    installed: dict[str, str] | None = None  # site → the pack the board holds for it
+    cache_bytes: int | None = None
     hits: int | None = None
     misses: int | None = None
     last_error: str | None = None
@@ -56,6 +57,7 @@ def _row(site: str, found: dict[str, bytes]) -> SiteRow:
     row.hits, row.misses = cache.get("hits"), cache.get("misses")
     row.pack, row.pack_state = pack.get("pack_id"), pack.get("state")
     row.installed = pack.get("installed")
+    row.cache_bytes = pack.get("cache_bytes", cache.get("bytes"))
     if pack.get("state") == "error":
         row.last_error = f"pack {pack.get('pack_id')}: {pack.get('reason')}"
     elif error := status.get("last_error"):
@@ -88,9 +90,15 @@ def table(rows: list[SiteRow]) -> str:
             return "yes" if value else "no"
         return str(value)
 
-    header = ("site", "online", "version", "engine", "bundle", "pack", "state", "hits", "misses")
+    header = (
+        *("site", "online", "version", "engine", "bundle", "pack", "state", "hits", "misses"),
+        *("cache_mb", "packs"),
+    )
     lines = [
-        (r.site, r.online, r.version, r.engine, r.bundle, r.pack, r.pack_state, r.hits, r.misses)
+        (
+            *(r.site, r.online, r.version, r.engine, r.bundle, r.pack, r.pack_state),
+            *(r.hits, r.misses, _mb(r.cache_bytes), _packs(r.installed)),
+        )
         for r in rows
     ]
     cells = [list(header), *[[cell(v) for v in line] for line in lines]]
@@ -100,3 +108,12 @@ def table(rows: list[SiteRow]) -> str:
     ]
     out += [f"{r.site}: last error: {r.last_error}" for r in rows if r.last_error]
     return "\n".join(out)
+
+
+def _mb(size: int | None) -> str | None:
+    return None if size is None else f"{size / 1e6:.1f}"
+
+
+def _packs(installed: dict[str, str] | None) -> str | None:
+    """``site=pack id`` for each site the board holds a pack for."""
+    return ",".join(f"{s}={p}" for s, p in sorted(installed.items())) if installed else None
