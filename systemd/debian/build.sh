@@ -23,9 +23,14 @@ here=$(cd "$(dirname "$0")" && pwd)
 repo=$(dirname "$(dirname "$here")")
 arch= pyver=3.11 version= out=$repo/dist compress=xz
 wheels=${XDG_CACHE_HOME:-$HOME/.cache}/speakd-deb/wheels
-usage() { sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0" >&2; exit 2; }
+usage() {  # the header above: to stdout for --help, to stderr for a usage error
+    if [ "$1" = 0 ]; then sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"
+    else sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0" >&2; fi
+    exit "$1"
+}
 while [ $# -gt 0 ]; do
-    [ $# -ge 2 ] || usage
+    case $1 in -h | --help) usage 0 ;; esac
+    [ $# -ge 2 ] || usage 2
     case $1 in
         --arch) arch=$2 ;;
         --python) pyver=$2 ;;
@@ -33,7 +38,7 @@ while [ $# -gt 0 ]; do
         --out) out=$2 ;;
         --wheels) wheels=$2 ;;
         --compress) compress=$2 ;;
-        *) usage ;;
+        *) usage 2 ;;
     esac
     shift 2
 done
