@@ -56,7 +56,9 @@ KEPT_BY_REMOVE = {
     str(CACHE_DB),
 }
 KEPT_STATE_PREFIXES = (
-    "/etc/systemd/system/speakd",  # the masks: speakd.service -> /dev/null
+    "/var/lib/speakd/",  # what the daemon wrote: onnxruntime's ~/.cache, …
+    "/var/cache/speakd/",
+    "/etc/systemd/system/",  # the enable links and the masks (speakd.service -> /dev/null)
     "/var/lib/systemd/deb-systemd-helper-enabled/",
     "/var/lib/systemd/deb-systemd-helper-masked/",
 )
