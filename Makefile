@@ -3,17 +3,22 @@
 #   make test   install the test dependencies and run the whole test suite (what .ci/run calls)
 # Both install the Debian packages they need (as root, or through sudo) and a venv in .venv.
 #   make rknn-env   the RK3588 NPU toolkit's own venv in .venv-rknn (speakd-tools rknn convert)
+#   make deb        dist/speakd_<version>_{amd64,arm64}.deb for boards (docs/systemd.md); for
+#                   Ubuntu 24.04 `make deb DEB_PYTHON=3.12`, for Debian 13 trixie DEB_PYTHON=3.13
 
 PY ?= python3
 VENV := .venv
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 RUN_APT := libportaudio2
-TEST_APT := libportaudio2 mosquitto mosquitto-clients openssl speech-dispatcher python3-speechd alsa-utils systemd curl chromium iproute2
+TEST_APT := libportaudio2 mosquitto mosquitto-clients openssl speech-dispatcher python3-speechd alsa-utils systemd curl chromium iproute2 lintian
+# make deb: the target CPython (the wheels are ABI-specific; 3.11 = Debian 12 / Pi OS bookworm)
+DEB_PYTHON ?= 3.11
+DEB_ARCHES ?= amd64 arm64
 
 RKNN_VENV := .venv-rknn
 RKNN_TOOLKIT := rknn-toolkit2==2.5.0
 
-.PHONY: run test apt-run apt-test venv lint rknn-env
+.PHONY: run test apt-run apt-test venv lint rknn-env deb
 
 apt-run:
 	@dpkg -s $(RUN_APT) >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq --no-install-recommends $(RUN_APT); }
@@ -41,3 +46,9 @@ rknn-env:
 	$(RKNN_VENV)/bin/pip install -q --no-deps $(RKNN_TOOLKIT)
 	$(RKNN_VENV)/bin/pip install -q -r tools/rknn/requirements.txt
 	$(RKNN_VENV)/bin/python -c "from rknn.api import RKNN"
+
+# Debian packages from wheels for each target architecture: no compiler, no emulation.
+deb: $(VENV)/bin/python
+	for arch in $(DEB_ARCHES); do \
+		PYTHON=$(VENV)/bin/python systemd/debian/build.sh --arch $$arch --python $(DEB_PYTHON) || exit 1; \
+	done

@@ -239,6 +239,26 @@ def test_units_agree_with_each_other_and_the_example_config() -> None:
     assert "audio" in one(service, "Service", "SupplementaryGroups").split()
 
 
+def test_tmpfiles_match_the_units_directories() -> None:
+    """The Debian package creates the directories with tmpfiles.d before the service runs: same
+    paths, modes and owner as StateDirectory=/CacheDirectory=, and the example's voices.dir."""
+    service = unit_settings(UNITS_DIR / "speakd.service")
+    user = one(service, "Service", "User")
+    entries = {
+        fields[1]: (fields[0], fields[2], fields[3], fields[4])
+        for line in (UNITS_DIR / "speakd.tmpfiles").read_text().splitlines()
+        if line and not line.startswith("#") and (fields := line.split())
+    }
+    state = "/var/lib/" + one(service, "Service", "StateDirectory")
+    cache = "/var/cache/" + one(service, "Service", "CacheDirectory")
+    assert entries == {
+        state: ("d", one(service, "Service", "StateDirectoryMode"), user, user),
+        cache: ("d", one(service, "Service", "CacheDirectoryMode"), user, user),
+        f"{state}/voices": ("d", one(service, "Service", "StateDirectoryMode"), user, user),
+    }
+    assert re.search(rf'^# dir = "{state}/voices"', EXAMPLE_CONFIG.read_text(), re.M)
+
+
 def test_example_config_lists_every_key() -> None:
     """Each key appears in its section, active or as a commented default."""
     text = EXAMPLE_CONFIG.read_text()

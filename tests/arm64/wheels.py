@@ -1,10 +1,12 @@
-"""Resolve speakd's device install from aarch64 wheels only, for a given CPython version.
+"""Resolve speakd's device install from aarch64 (or x86_64) wheels only, for a CPython version.
 
 Run on the host (any architecture) with its pip; the stdlib only::
 
     python tests/arm64/wheels.py check --python 3.11 --python 3.12 --python 3.13
     python tests/arm64/wheels.py resolve --python 3.11 --wheels DIR --pins OUT [--constraints F]
     python tests/arm64/wheels.py install --python 3.11 --wheels DIR --pins F --target SITE
+
+``--arch x86_64`` resolves for amd64 boards instead (the Debian package, systemd/debian/build.sh).
 
 speakd itself is built as a wheel from this checkout (it must be pure Python) and pip resolves its
 dependencies with ``--only-binary=:all:`` for every ``manylinux_2_17..2_36_aarch64`` tag (Debian
@@ -34,13 +36,13 @@ class NoArmWheel(Exception):
     """A dependency has no aarch64 wheel for that Python and is not pure Python."""
 
 
-def platform_args(python: str) -> list[str]:
+def platform_args(python: str, arch: str = "aarch64") -> list[str]:
     tag = "cp" + python.replace(".", "")
     args = ["--only-binary=:all:", "--python-version", python, "--implementation", "cp"]
     args += ["--abi", tag, "--abi", "abi3", "--abi", "none"]
-    args += ["--platform", "manylinux2014_aarch64"]
+    args += ["--platform", f"manylinux2014_{arch}"]
     for minor in GLIBC_MINORS:
-        args += ["--platform", f"manylinux_2_{minor}_aarch64"]
+        args += ["--platform", f"manylinux_2_{minor}_{arch}"]
     return args
 
 
@@ -73,17 +75,19 @@ def candidates(said: str) -> list[tuple[str, str]]:
     return list(out.items())
 
 
-def has_wheel(req: str, python: str, local: Path) -> bool:
-    """Whether ``req`` alone (no dependencies) has an aarch64 or pure wheel (metadata only)."""
+def has_wheel(req: str, python: str, local: Path, arch: str = "aarch64") -> bool:
+    """Whether ``req`` alone (no dependencies) has an ``arch`` or pure wheel (metadata only)."""
     with tempfile.TemporaryDirectory() as tmp:
         r = pip(
             "install", "--dry-run", "--no-deps", "--ignore-installed", "-q", "--target", tmp,
-            "--find-links", str(local), *platform_args(python), req,
+            "--find-links", str(local), *platform_args(python, arch), req,
         )  # fmt: skip
     return r.returncode == 0
 
 
-def build_pure(req: str, who: str, python: str, local: Path, constraints: list[str]) -> Path:
+def build_pure(
+    req: str, who: str, python: str, local: Path, constraints: list[str], arch: str = "aarch64"
+) -> Path:
     """Build an sdist-only requirement on the host; it must come out ``none-any``."""
     with tempfile.TemporaryDirectory() as tmp:
         try:
@@ -100,18 +104,18 @@ def build_pure(req: str, who: str, python: str, local: Path, constraints: list[s
             )
         except subprocess.TimeoutExpired as e:
             raise NoArmWheel(
-                f"{req} (required by {who}): no aarch64 wheel for CPython {python}, and its "
+                f"{req} (required by {who}): no {arch} wheel for CPython {python}, and its "
                 f"sdist did not build within {SDIST_BUILD_TIMEOUT_S} s (not pure Python)"
             ) from e
         if r.returncode:
             raise NoArmWheel(
-                f"{req} (required by {who}): no aarch64 wheel for CPython {python}, and its sdist "
+                f"{req} (required by {who}): no {arch} wheel for CPython {python}, and its sdist "
                 f"does not build:\n{r.stderr[-2000:]}"
             )
         (wheel,) = Path(tmp).glob("*.whl")
         if not wheel.name.endswith("-none-any.whl"):
             raise NoArmWheel(
-                f"{req} (required by {who}): no aarch64 wheel for CPython {python}, and it is not "
+                f"{req} (required by {who}): no {arch} wheel for CPython {python}, and it is not "
                 f"pure Python (its sdist builds {wheel.name})"
             )
         local.mkdir(parents=True, exist_ok=True)
@@ -122,10 +126,15 @@ def build_pure(req: str, who: str, python: str, local: Path, constraints: list[s
 
 
 def resolve(
-    python: str, wheels: Path, speakd: Path, constraints: list[str], extras: tuple[str, ...] = ()
+    python: str,
+    wheels: Path,
+    speakd: Path,
+    constraints: list[str],
+    extras: tuple[str, ...] = (),
+    arch: str = "aarch64",
 ) -> list[dict]:
     """pip's install report (``install`` items) for speakd, its ``extras`` and their deps on
-    aarch64 ``python``."""
+    ``arch`` ``python``."""
     local = wheels / "local"
     local.mkdir(parents=True, exist_ok=True)
     built: set[str] = set()
@@ -142,17 +151,19 @@ def resolve(
                 str(report),
                 "--find-links",
                 str(local),
-                *platform_args(python),
+                *platform_args(python, arch),
                 *constraints,
                 f"{speakd}[{','.join(extras)}]" if extras else str(speakd),
             )
             if r.returncode == 0:
                 return json.loads(report.read_text())["install"]
         said = r.stdout + r.stderr
-        lacking = [(req, who) for req, who in candidates(said) if not has_wheel(req, python, local)]
+        lacking = [
+            (req, who) for req, who in candidates(said) if not has_wheel(req, python, local, arch)
+        ]
         if not lacking or lacking[0][0] in built:
-            raise NoArmWheel(f"pip cannot resolve speakd for aarch64 {python}:\n{said[-3000:]}")
-        build_pure(*lacking[0], python, local, constraints)
+            raise NoArmWheel(f"pip cannot resolve speakd for {arch} {python}:\n{said[-3000:]}")
+        build_pure(*lacking[0], python, local, constraints, arch)
         built.add(lacking[0][0])
     raise SystemExit(f"more than {MAX_SDIST_BUILDS} sdist-only dependencies; giving up")
 
@@ -174,12 +185,12 @@ def cmd_check(args: argparse.Namespace) -> int:
         wheels = Path(args.wheels or tmp)
         for python in args.python:
             try:
-                items = resolve(python, wheels, speakd, [], tuple(args.extra))
+                items = resolve(python, wheels, speakd, [], tuple(args.extra), args.arch)
             except NoArmWheel as e:
-                print(f"CPython {python} aarch64: FAIL: {e}")
+                print(f"CPython {python} {args.arch}: FAIL: {e}")
                 failed.append(python)
                 continue
-            print(f"CPython {python} aarch64: {len(items)} wheels")
+            print(f"CPython {python} {args.arch}: {len(items)} wheels")
             for line in describe(items):
                 print(f"  {line}")
     return 1 if failed else 0
@@ -194,9 +205,9 @@ def cmd_resolve(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         speakd = build_speakd(Path(tmp))
         try:
-            items = resolve(python, wheels, speakd, constraints)
+            items = resolve(python, wheels, speakd, constraints, arch=args.arch)
         except NoArmWheel as e:
-            print(f"CPython {python} aarch64: FAIL: {e}", file=sys.stderr)
+            print(f"CPython {python} {args.arch}: FAIL: {e}", file=sys.stderr)
             return 1
     pins, need = [], []
     for it in items:
@@ -209,8 +220,9 @@ def cmd_resolve(args: argparse.Namespace) -> int:
         if not (wheels / fname).exists() and not (wheels / "local" / fname).exists():
             need.append(f"{name}=={version}")
     if need:
-        print(f"downloading {len(need)} aarch64 wheels into {wheels}", file=sys.stderr)
-        r = pip("download", "-q", "--no-deps", "-d", str(wheels), *platform_args(python), *need)
+        print(f"downloading {len(need)} {args.arch} wheels into {wheels}", file=sys.stderr)
+        platform = platform_args(python, args.arch)
+        r = pip("download", "-q", "--no-deps", "-d", str(wheels), *platform, *need)
         if r.returncode:
             print(r.stderr, file=sys.stderr)
             return 1
@@ -236,7 +248,7 @@ def cmd_install(args: argparse.Namespace) -> int:
         str(wheels / "local"),
         "--target",
         args.target,
-        *platform_args(python),
+        *platform_args(python, args.arch),
         "-r",
         args.pins,
     )
@@ -251,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--python", action="append", required=True, help="e.g. 3.11 (repeatable)")
     p.add_argument("--wheels", help="wheel cache (local/ holds the wheels built from sdists)")
     p.add_argument("--extra", action="append", default=[], help="check: with this extra too")
+    p.add_argument("--arch", default="aarch64", choices=["aarch64", "x86_64"], help="wheel tags")
     p.add_argument("--constraints", help="pip constraints (the host venv's versions)")
     p.add_argument("--pins", help="resolve: write name==version lines; install: read them")
     p.add_argument("--target", help="install: the site-packages folder")

@@ -1,0 +1,287 @@
+"""The Debian package, installed for real: ``systemd/debian/build.sh`` builds it, apt installs,
+upgrades, removes and purges it on this machine, and the arm64 build speaks under qemu-user.
+
+* lintian finds no errors in the amd64 package;
+* ``apt-get install ./speakd_…_amd64.deb``: the ``speakd`` user, its directories, the enable links
+  (systemd is not PID 1 here, so nothing is started), ``speakd synth`` from /usr/bin, and a
+  ``speakd serve`` of the package run as user ``speakd`` with the packaged config, answering
+  ``speakd say`` and caching in /var/cache/speakd;
+* an upgrade to a rebuilt higher version keeps the admin's config, the cache and the voices dir;
+* remove keeps exactly config, data and the units' masks; purge leaves nothing, not even the user;
+* the arm64 package, unpacked into tests/arm64's bookworm root, synthesizes under qemu-aarch64.
+
+It needs root (CI runs as root) and installs system-wide for a few minutes; it will not touch a
+machine that already has a speakd install. Downloaded wheels stay in ~/.cache/speakd-deb.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import wave
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.waits import wait_until
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILD = ROOT / "systemd" / "debian" / "build.sh"
+UPSTREAM = next(
+    line.split('"')[1]
+    for line in (ROOT / "pyproject.toml").read_text().splitlines()
+    if line.startswith("version = ")
+)
+V1, V2 = f"{UPSTREAM}-1", f"{UPSTREAM}-2"
+# Where the package leaves traces; every path whose name has "speakd" in it is compared.
+WATCHED = ("/etc", "/opt", "/usr/bin", "/usr/lib", "/usr/share/doc", "/usr/share/lintian", "/var")
+NOT_OURS = ("/var/lib/dpkg/", "/var/cache/speakd-arm64", "/var/cache/apt/", "/var/lib/apt/")
+CONFIG = Path("/etc/speakd/speakd.toml")
+CACHE_DB = Path("/var/cache/speakd/cache.db")
+VOICES = Path("/var/lib/speakd/voices")
+# What remove keeps: the conffile, the data, and deb-systemd-helper's masks and state.
+KEPT_BY_REMOVE = {
+    "/etc/speakd",
+    str(CONFIG),
+    "/var/lib/speakd",
+    str(VOICES),
+    str(VOICES / "admin-note.txt"),
+    "/var/cache/speakd",
+    str(CACHE_DB),
+}
+KEPT_STATE_PREFIXES = (
+    "/var/lib/speakd/",  # what the daemon wrote: onnxruntime's ~/.cache, …
+    "/var/cache/speakd/",
+    "/etc/systemd/system/",  # the enable links and the masks (speakd.service -> /dev/null)
+    "/var/lib/systemd/deb-systemd-helper-enabled/",
+    "/var/lib/systemd/deb-systemd-helper-masked/",
+)
+# The test builds with --compress none (xz of 330 MB takes minutes here); `make deb` uses xz.
+UNCOMPRESSED = "uses-no-compression-for-control-tarball,uses-no-compression-for-data-tarball"
+ARM_CPU = "max,pauth-impdef=on,sve=off,sme=off"  # tests/arm64/test_arm64.py says why
+
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="installs a package system-wide: needs root"),
+    pytest.mark.skipif(
+        not (shutil.which("dpkg-deb") and shutil.which("apt-get")), reason="needs dpkg and apt"
+    ),
+    pytest.mark.timeout(1800),
+]
+
+
+def run(*cmd: str | Path, timeout: float = 900, **kw) -> subprocess.CompletedProcess[str]:
+    r = subprocess.run(list(map(str, cmd)), capture_output=True, text=True, timeout=timeout, **kw)
+    assert r.returncode == 0, f"{' '.join(map(str, cmd))}: {r.returncode}\n{r.stdout}{r.stderr}"
+    return r
+
+
+def apt(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    return run("apt-get", "-y", "-q", "-o", "DPkg::Lock::Timeout=600", *args, env=env)
+
+
+def build(out: Path, arch: str, version: str) -> Path:
+    r = run(BUILD, "--arch", arch, "--version", version, "--out", out, "--compress", "none",
+            env={**os.environ, "PYTHON": sys.executable})  # fmt: skip
+    deb = Path(r.stdout.strip().splitlines()[-1])
+    assert deb == out / f"speakd_{version}_{arch}.deb" and deb.is_file(), r.stdout
+    return deb
+
+
+def traces() -> set[str]:
+    """Every path under WATCHED whose name mentions speakd (the package's and the admin's)."""
+    found = set()
+    for top in WATCHED:
+        for dirpath, dirnames, filenames in os.walk(top):
+            if dirpath.startswith(NOT_OURS):
+                dirnames.clear()
+                continue
+            for name in dirnames + filenames:
+                path = os.path.join(dirpath, name)
+                if "speakd" in path and not path.startswith(NOT_OURS):
+                    found.add(path)
+    return found
+
+
+def installed_version() -> str:
+    r = subprocess.run(
+        ["dpkg-query", "-W", "-f", "${Status} ${Version}", "speakd"], capture_output=True, text=True
+    )
+    return r.stdout if r.returncode == 0 else ""
+
+
+def user_exists(name: str = "speakd") -> bool:
+    return subprocess.run(["getent", "passwd", name], capture_output=True).returncode == 0
+
+
+def answers(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX) as s:
+        try:
+            s.connect(str(path))
+        except OSError:
+            return False
+    return True
+
+
+def wav_seconds(path: Path) -> float:
+    with wave.open(str(path)) as w:
+        return w.getnframes() / w.getframerate()
+
+
+@pytest.fixture(scope="module")
+def debs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """amd64 at V1 and V2 (the upgrade), built once for the module."""
+    if installed_version() or CONFIG.exists() or Path("/opt/speakd").exists():
+        pytest.skip("this machine already has a speakd install; the test will not touch it")
+    out = tmp_path_factory.mktemp("debs")
+    return {"v1": build(out, "amd64", V1), "v2": build(out, "amd64", V2)}
+
+
+@pytest.fixture(scope="module")
+def before(debs: dict[str, Path]) -> Iterator[set[str]]:
+    """The traces before installing; whatever happens, the package is purged afterwards."""
+    seen = traces()
+    yield seen
+    if installed_version():
+        apt("purge", "speakd")
+
+
+def test_lintian_finds_no_errors(debs: dict[str, Path]) -> None:
+    if not shutil.which("lintian"):
+        pytest.skip("lintian missing (Debian: lintian)")
+    r = subprocess.run(
+        ["lintian", "--fail-on", "error", "--suppress-tags", UNCOMPRESSED, str(debs["v1"])],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    errors = [line for line in r.stdout.splitlines() if line.startswith("E:")]
+    assert r.returncode == 0 and not errors, "\n".join(errors) or r.stderr[-2000:]
+
+
+def test_install_creates_the_user_and_enables_without_starting(
+    debs: dict[str, Path], before: set[str]
+) -> None:
+    assert not user_exists()
+    r = apt("install", "--no-install-recommends", debs["v1"])
+    assert installed_version() == f"install ok installed {V1}"
+    assert user_exists()
+    for d in (Path("/var/lib/speakd"), VOICES, Path("/var/cache/speakd")):
+        st = d.stat()
+        assert (d.owner(), d.group(), oct(st.st_mode & 0o777)) == ("speakd", "speakd", "0o750")
+    links = {
+        "sockets.target.wants/speakd.socket",
+        "sockets.target.wants/speakd-ssip.socket",
+        "multi-user.target.wants/speakd.service",
+    }
+    for link in links:
+        assert Path("/etc/systemd/system", link).is_symlink(), r.stdout
+    if not Path("/run/systemd/system").is_dir():  # nothing may start without PID 1
+        assert not Path("/run/speakd").exists()
+    assert CONFIG.read_text() == (ROOT / "systemd" / "speakd.toml").read_text()
+    assert os.readlink("/usr/bin/speakd") == "/opt/speakd/venv/bin/speakd"
+    # No torch, no host tools: the device install only.
+    site = next(Path("/opt/speakd/venv/lib").glob("python3.*/site-packages"))
+    assert (site / "speakd").is_dir() and (site / "onnxruntime").is_dir()
+    assert not (site / "speakd_tools").exists() and not (site / "torch").exists()
+
+
+def test_synth_from_the_package(before: set[str], tmp_path: Path) -> None:
+    out = tmp_path / "hello.wav"
+    r = run("/usr/bin/speakd", "synth", "Hello from the package.", "-o", out, "--threads", "1",
+            cwd="/")  # fmt: skip
+    assert wav_seconds(out) > 0.5, r.stderr
+
+
+def test_daemon_from_the_package_as_user_speakd(before: set[str]) -> None:
+    """The packaged config and directories, run as the packaged user (what the unit runs,
+    without PID 1: the socket in a private directory, no sound card)."""
+    sock_dir = Path(tempfile.mkdtemp(prefix="speakd-deb-"))
+    shutil.chown(sock_dir, "speakd", "speakd")
+    sock = sock_dir / "speakd.sock"
+    env = {
+        **os.environ,
+        "SPEAKD_SOCKET_PATH": str(sock),
+        "SPEAKD_SOCKET_SSIP_PATH": "",
+        "SPEAKD_AUDIO_SINK": "null",
+        "HOME": "/var/lib/speakd",
+    }
+    serve = ["/opt/speakd/venv/bin/speakd", "serve", "--config", str(CONFIG)]
+    proc = subprocess.Popen(
+        ["setpriv", "--reuid=speakd", "--regid=speakd", "--init-groups", *serve],
+        env=env, cwd="/", stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        wait_until(lambda: answers(sock) or proc.poll() is not None, "the socket", 120)
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        run("/usr/bin/speakd", "say", "The package serves.", "--wait", "--id", "deb1", env=env)
+        assert CACHE_DB.is_file() and CACHE_DB.owner() == "speakd"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, proc.stdout.read() if proc.stdout else ""
+        shutil.rmtree(sock_dir)
+
+
+def test_upgrade_keeps_config_cache_and_voices(debs: dict[str, Path], before: set[str]) -> None:
+    changed = CONFIG.read_text().replace("# volume = 1.0 ", "volume = 0.8   # the admin's ", 1)
+    assert changed != CONFIG.read_text()
+    CONFIG.write_text(changed)
+    (VOICES / "admin-note.txt").write_text("a voice would be here")
+    cache = CACHE_DB.read_bytes()
+    apt("install", "--no-install-recommends", debs["v2"])
+    assert installed_version() == f"install ok installed {V2}"
+    assert CONFIG.read_text() == changed
+    assert (VOICES / "admin-note.txt").is_file()
+    assert CACHE_DB.read_bytes() == cache
+
+
+def test_remove_keeps_config_and_data(before: set[str]) -> None:
+    apt("remove", "speakd")
+    assert installed_version().startswith("deinstall ok config-files")
+    left = traces() - before
+    unexpected = {p for p in left - KEPT_BY_REMOVE if not p.startswith(KEPT_STATE_PREFIXES)}
+    assert not unexpected, sorted(unexpected)
+    assert left >= KEPT_BY_REMOVE, sorted(KEPT_BY_REMOVE - left)
+    assert "volume = 0.8   # the admin's" in CONFIG.read_text()
+    assert user_exists()
+
+
+def test_purge_leaves_nothing_behind(before: set[str]) -> None:
+    apt("purge", "speakd")
+    assert installed_version() == ""
+    assert sorted(traces() - before) == []
+    assert not user_exists()
+    assert subprocess.run(["getent", "group", "speakd"], capture_output=True).returncode != 0
+
+
+# ---- arm64: built on this x86 host, unpacked and run under qemu-aarch64 -----------------------
+
+
+def test_arm64_package_speaks_under_qemu(tmp_path_factory: pytest.TempPathFactory) -> None:
+    work = tmp_path_factory.mktemp("arm64-deb")
+    deb = build(work, "arm64", V1)
+    assert run("dpkg-deb", "-f", deb, "Architecture").stdout.strip() == "arm64"
+    r = run("bash", ROOT / "tests" / "arm64" / "build.sh", sys.executable, timeout=1800)
+    arm = dict(line.split("=", 1) for line in r.stdout.splitlines() if "=" in line)
+    root = work / "root"  # bookworm's arm64 python3.11, hard-linked, then the package on top
+    run("cp", "-al", arm["ROOT"], root)
+    run("dpkg-deb", "-x", deb, root)
+    venv = root / "opt/speakd/venv"
+    # What postinst does on the board (the bytecode is the same on every architecture).
+    run(sys.executable, "-m", "compileall", "-q", "-j", "0", venv / "lib")
+    qemu = [arm["QEMU"], "-cpu", ARM_CPU, "-L", str(root), str(venv / "bin/python3")]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "OPENBLAS_"))}
+    probe = run(*qemu, "-c", "import platform, sys, speakd; print(platform.machine(), "
+                "sys.prefix, speakd.__file__)", env=env)  # fmt: skip
+    machine, prefix, where = probe.stdout.split()
+    assert machine == "aarch64" and prefix.endswith("/opt/speakd/venv"), probe.stdout
+    assert where.startswith(str(venv)), probe.stdout
+    out = work / "arm.wav"
+    # tests/arm64/slow_cli.py: the package's own CLI, with the hang guard raised for emulation.
+    run(*qemu, ROOT / "tests/arm64/slow_cli.py", "synth", "Hello.", "-o", out, "--threads", "1",
+        env=env, timeout=1800)  # fmt: skip
+    assert wav_seconds(out) > 0.2
