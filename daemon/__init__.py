@@ -14,7 +14,7 @@ __all__ = ["AudioChunk", "LoadedEngine", "SynthesisConfig", "__version__", "load
 
 def __getattr__(name: str) -> Any:
     if name in ("AudioChunk", "LoadedEngine", "SynthesisConfig", "load_engine"):
-        from speakd import api
+        from speakd.library import api
 
         return getattr(api, name)
     raise AttributeError(f"module 'speakd' has no attribute {name!r}")

@@ -15,11 +15,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from speakd import __version__, logcontext
-from speakd.bundle import BundleError
-from speakd.client import Client, ClientError
+from speakd import __version__
 from speakd.config import ConfigError, load_config
 from speakd.engines.base import EngineError
+from speakd.engines.bundle import BundleError
+from speakd.library.client import Client, ClientError
+from speakd.machine import logcontext
 
 EXIT_FAILED, EXIT_USAGE = 1, 2
 
@@ -35,8 +36,8 @@ def _text(value: str) -> str:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from speakd.memory import bound_heap
-    from speakd.service import serve
+    from speakd.lifecycle.service import serve
+    from speakd.machine.memory import bound_heap
 
     bound_heap()
     return serve(args.config)
@@ -157,7 +158,7 @@ def _simple(op: str) -> Callable[[argparse.Namespace], int]:
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
-    from speakd.synth import synthesize_to_wav
+    from speakd.library.synth import synthesize_to_wav
 
     seconds = synthesize_to_wav(
         _text(args.text),
@@ -177,7 +178,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from speakd.doctor import run_doctor
+    from speakd.lifecycle.doctor import run_doctor
 
     return 0 if run_doctor(args.config, args.socket) else EXIT_FAILED
 

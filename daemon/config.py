@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 from urllib.parse import urlparse
 
-from speakd.loudness import DEFAULT_LUFS
-from speakd.npu import ACCELERATORS
+from speakd.machine.npu import ACCELERATORS
+from speakd.request.loudness import DEFAULT_LUFS
 
 DEFAULT_CONFIG_PATH = Path("/etc/speakd/speakd.toml")
 ENV_PREFIX = "SPEAKD_"

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import speakd.service
-from speakd.client import Client, ClientError
+import speakd.lifecycle.service
 from speakd.config import load_config
+from speakd.library.client import Client, ClientError
 from tests.waits import wait_until
 
 
@@ -151,7 +151,7 @@ class InProcessDaemon:
 
     def __init__(self, config_path: Path) -> None:
         self.config = load_config(config_path)
-        self.daemon = speakd.service.Daemon(self.config, config_path)
+        self.daemon = speakd.lifecycle.service.Daemon(self.config, config_path)
         self.loop = asyncio.new_event_loop()
         self.loop.add_signal_handler = lambda *args: None  # type: ignore[method-assign]
         self.thread = threading.Thread(target=self._run, name="speakd-under-test")

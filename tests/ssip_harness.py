@@ -14,12 +14,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from speakd.audio.sinks import NullSink, Sink, WavSink
 from speakd.control import Control
 from speakd.frontends.ssip import SsipFrontend
 from speakd.frontends.unixserver import AccessPolicy, start_unix_server
-from speakd.resolver import Resolver
-from speakd.scheduler import Scheduler
-from speakd.sinks import NullSink, Sink, WavSink
+from speakd.request.resolver import Resolver
+from speakd.request.scheduler import Scheduler
 from tests.tone_engine import ToneEngine
 from tests.waits import wait_until
 

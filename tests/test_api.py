@@ -27,10 +27,10 @@ def test_library_audio_is_the_daemons(tmp_path: Path) -> None:
     """``speakd synth`` (the daemon's request path) and the library give the same bytes."""
     text = "Library and daemon agree."
     engine = speakd.load_engine()
-    assert speakd.SynthesisConfig is speakd.api.SynthesisConfig
+    assert speakd.SynthesisConfig is speakd.library.api.SynthesisConfig
     assert engine.synthesize_wav(text, tmp_path / "lib.wav") > 1.0
     reference = synth(text, tmp_path / "cli.wav")
     assert read_wav(tmp_path / "lib.wav").pcm == read_wav(reference).pcm
-    with pytest.raises(speakd.api.RequestError) as e:
+    with pytest.raises(speakd.library.api.RequestError) as e:
         list(engine.synthesize(text, speakd.SynthesisConfig(lang="zh")))
     assert e.value.code == "unknown_language"

@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 
 from speakd.audio import AudioChunk, join_chunks, read_wav
-from speakd.breaker import CircuitBreaker, EngineTimeout, EngineUnavailable, Guard
+from speakd.audio.sinks import WavSink
 from speakd.engines.base import EngineError, SynthesisConfig
-from speakd.messages import Priority, SpeakRequest
-from speakd.resolver import Resolver
-from speakd.scheduler import Scheduler
-from speakd.sinks import WavSink
-from speakd.stream import AudioStream, Cancel
+from speakd.request.breaker import CircuitBreaker, EngineTimeout, EngineUnavailable, Guard
+from speakd.request.messages import Priority, SpeakRequest
+from speakd.request.resolver import Resolver
+from speakd.request.scheduler import Scheduler
+from speakd.request.stream import AudioStream, Cancel
 from tests.test_scheduler import Recorder, settle
 from tests.tone_engine import ToneEngine
 from tests.waits import Clock, wait_until
@@ -60,7 +60,7 @@ def test_breaker_opens_after_failures_and_recovers_half_open(
 ) -> None:
     inner = FaultyEngine()
     clock = inner.clock
-    monkeypatch.setattr("speakd.breaker.time", clock)  # the reset timeout passes on it
+    monkeypatch.setattr("speakd.request.breaker.time", clock)  # the reset timeout passes on it
     engine = guarded(inner, CircuitBreaker(failure_threshold=2, reset_timeout_s=0.3))
     inner.mode = "crash"
     for _ in range(2):
@@ -121,7 +121,7 @@ def test_too_slow_counts_as_failure_but_the_audio_is_delivered(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     inner = FaultyEngine()
-    monkeypatch.setattr("speakd.resolver.time", inner.clock)  # the synthesis is timed on it
+    monkeypatch.setattr("speakd.request.resolver.time", inner.clock)  # the synthesis is timed on it
     engine = guarded(inner, CircuitBreaker(failure_threshold=1), max_rtf=2.0)
     inner.mode = "slow"
     audio = drain(engine, " ".join(["w"] * 12))  # 1.2 s of audio at RTF ~5

@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 
 from speakd.audio import read_wav
+from speakd.audio.sinks import WavSink
 from speakd.cache.store import CacheStore, Clip
 from speakd.config import CacheConfig, Config
 from speakd.engines.base import EngineError, SynthesisConfig
-from speakd.messages import SpeakRequest
-from speakd.prepare import prepare
-from speakd.resolver import NotCachedError, Resolver
-from speakd.scheduler import Scheduler
-from speakd.sinks import WavSink
+from speakd.request.messages import SpeakRequest
+from speakd.request.prepare import prepare
+from speakd.request.resolver import NotCachedError, Resolver
+from speakd.request.scheduler import Scheduler
 from tests.test_scheduler import Recorder, settle
 from tests.tone_engine import ToneEngine
 from tests.waits import wait_until

@@ -20,7 +20,7 @@ from speakd.cache.packs import export_pack, import_pack
 from speakd.cache.store import SCHEMA_VERSION, CacheError, CacheStore, Clip
 from speakd.cli import main as speakd_main
 from speakd.engines.base import SynthesisConfig
-from speakd.keys import audio_key
+from speakd.engines.keys import audio_key
 from tests.tone_engine import ToneEngine
 
 

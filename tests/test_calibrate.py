@@ -13,10 +13,10 @@ import numpy as np
 import onnx
 import pytest
 
-from speakd.bundle import load_bundle
 from speakd.config import EngineConfig
 from speakd.engines import load_engine, resolve_bundle
 from speakd.engines.base import SynthesisConfig
+from speakd.engines.bundle import load_bundle
 from speakd_tools.calibrate import CalibrationError
 from speakd_tools.calibrate.asr import normalize_words
 from speakd_tools.calibrate.base import CalibrateOptions
@@ -235,7 +235,7 @@ def test_daemon_prefers_the_int8_sibling(vits_int8, tmp_path):
 def test_doctor_shows_precision(vits_int8, tmp_path):
     import io
 
-    from speakd.doctor import run_doctor
+    from speakd.lifecycle.doctor import run_doctor
 
     config = tmp_path / "speakd.toml"
     fp32 = vits_int8.with_name("joe")

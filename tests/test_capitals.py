@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from speakd.errors import RequestError
 from speakd.markup.capitals import Capitals, spelled
 from speakd.markup.segments import Audio, Mark, Style, Text
+from speakd.request.errors import RequestError
 
 
 @pytest.mark.parametrize(

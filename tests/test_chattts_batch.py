@@ -25,8 +25,8 @@ from speakd.engines.chattts.engine import ChatTTSEngine
 from speakd.engines.chattts.gpt_runner import DecodeStats
 from speakd.engines.chattts.sampling import SamplingParams
 from speakd.engines.chattts.vocoder import Vocoder
-from speakd.messages import SpeakRequest
-from speakd.resolver import Resolver
+from speakd.request.messages import SpeakRequest
+from speakd.request.resolver import Resolver
 from speakd_tools.precompute import Prompt, synthesize_batch
 from tests.waits import wait_until
 
@@ -484,7 +484,7 @@ def test_precompute_batch_equals_one_by_one(single: ChatTTSEngine, batched: Chat
 
 def test_batch_worker_log_lines_name_their_request(batched: ChatTTSEngine, caplog) -> None:
     """The decode worker serves many requests; each request's lines carry its id and voice."""
-    from speakd import logcontext
+    from speakd.machine import logcontext
 
     logcontext.install()
     caplog.set_level(logging.DEBUG, logger="speakd.engines.chattts.batch_scheduler")

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from speakd.audio import join_chunks
-from speakd.bundle import BundleError
 from speakd.engines.base import EngineError, SynthesisConfig, UnknownSpeakerError, UnknownVoiceError
+from speakd.engines.bundle import BundleError
 from speakd.engines.chattts.engine import ChatTTSEngine
 from speakd.engines.chattts.reach import bundle_reach
 from speakd.engines.chattts.sampling import CodeSampler, SamplingParams

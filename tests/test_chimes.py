@@ -16,8 +16,8 @@ import soxr
 from speakd.audio import AudioChunk, read_wav, scale_volume
 from speakd.cache.packs import import_pack
 from speakd.cache.store import CacheStore
-from speakd.loudness import integrated_loudness
-from speakd.sounds import Sounds, chime_key
+from speakd.request.loudness import integrated_loudness
+from speakd.request.sounds import Sounds, chime_key
 from tests.http_daemon import HttpDaemon, start_http_daemon, wav_samples
 from tests.ssip_harness import SsipClient
 from tests.test_ssml_daemon import synth as socket_synth

@@ -1,5 +1,5 @@
-"""A marked-up request's audio (speakd.compose): parts in order, exact silences, marks at their
-sample offsets, per-part volume, another voice's rate resampled, sounds, errors and
+"""A marked-up request's audio (speakd.request.compose): parts in order, exact silences, marks at
+their sample offsets, per-part volume, another voice's rate resampled, sounds, errors and
 cancellation."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from speakd.audio import AudioChunk
-from speakd.compose import compose
-from speakd.prepare import Marker, Silence, Sound, Speech
-from speakd.stream import AudioStream
+from speakd.request.compose import compose
+from speakd.request.prepare import Marker, Silence, Sound, Speech
+from speakd.request.stream import AudioStream
 
 RATE = 16000
 

@@ -61,7 +61,7 @@ def test_say_wait_round_trip_events_in_order(daemon: DaemonProc, hello_wav: Path
     # same text, same default seed → the daemon plays exactly what `speakd synth` wrote
     assert played.pcm == read_wav(hello_wav).pcm
     # what the cache logs from its synthesis thread says which request it was (journal lines)
-    line = " speakd.resolver: [door voice=default] stored clip "
+    line = " speakd.request.resolver: [door voice=default] stored clip "
     wait_until(lambda: line in daemon.log_text(), f"{line!r} in the log")
 
 

@@ -1,4 +1,4 @@
-"""``speakd doctor``'s CPU, bandwidth and speed checks (speakd.hardware)."""
+"""``speakd doctor``'s CPU, bandwidth and speed checks (speakd.machine.hardware)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from speakd import doctor, hardware
 from speakd.config import Config, EngineConfig
-from speakd.hardware import CpuInfo, project, read_bandwidth_gbs, read_cpu
+from speakd.lifecycle import doctor
+from speakd.machine import hardware
+from speakd.machine.hardware import CpuInfo, project, read_bandwidth_gbs, read_cpu
 
 PI5_FEATURES = "fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm"
 PI5_CORE = f"""BogoMIPS\t: 108.00

@@ -1,5 +1,5 @@
-"""``speakd doctor``'s npu line (daemon/doctor.py ``_check_npu``): this machine's answer, and a
-board's, from a probe result handed in (tests/test_npu.py feeds the probe itself)."""
+"""``speakd doctor``'s npu line (daemon/lifecycle/doctor.py ``_check_npu``): this machine's answer,
+and a board's, from a probe result handed in (tests/test_npu.py feeds the probe itself)."""
 
 from __future__ import annotations
 
@@ -8,16 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from speakd.npu import NpuInfo
+from speakd.machine.npu import NpuInfo
 from tests.test_npu import BOARD, SECTION
 
 
 def test_doctor_reports_the_npu_and_the_bundles_graphs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from speakd import npu
     from speakd.config import Config, EngineConfig
-    from speakd.doctor import WARN, _check_npu
+    from speakd.lifecycle.doctor import WARN, _check_npu
+    from speakd.machine import npu
 
     bundle = tmp_path / "joe-rk3588"
     bundle.mkdir()

@@ -12,7 +12,7 @@ import pytest
 import soundfile
 
 from speakd.audio import AudioChunk
-from speakd.encode import (
+from speakd.audio.encode import (
     ENCODER_DELAY,
     FORMATS,
     EncodedClips,

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("ChatTTS")
 
-from speakd.bundle import BundleError, load_bundle
+from speakd.engines.bundle import BundleError, load_bundle
 from speakd_tools.chattts.parity import OnnxGpt, session
 
 pytestmark = pytest.mark.host

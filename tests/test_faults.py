@@ -1,8 +1,8 @@
 """Faults end to end: a crashing or hung engine, a broker restart, an audio device that is missing
 or vanishes, a corrupt or tampered bundle, a full disk under the cache.
 
-Engine faults run the real ``speakd.service.Daemon`` in this process (its loop on a thread) with
-the real embedded voice behind a wrapper that crashes on "CRASH" and hangs on "HANG"
+Engine faults run the real ``speakd.lifecycle.service.Daemon`` in this process (its loop on a
+thread) with the real embedded voice behind a wrapper that crashes on "CRASH" and hangs on "HANG"
 (``speakd_tools.soak.faulty``, which the soak runs its daemon through) — no test hooks in the
 daemon. Everything else is a real ``speakd serve`` process, a real mosquitto, a real PortAudio
 stream into ALSA's ``file`` plugin and a FIFO (``speakd_tools.soak.device``), real SQLite files.
@@ -27,18 +27,18 @@ from typing import Any
 
 import pytest
 
-import speakd.service
+import speakd.lifecycle.service
 from speakd.audio import AudioChunk
-from speakd.breaker import CircuitBreaker, Guard
-from speakd.bundle import BundleError, file_entry
 from speakd.cache.store import CacheStore
 from speakd.config import EngineConfig
-from speakd.doctor import run_doctor
 from speakd.engines import load_engine
 from speakd.engines.base import SynthesisConfig
-from speakd.messages import SpeakRequest
-from speakd.resolver import Resolver
-from speakd.stream import EngineTimeout
+from speakd.engines.bundle import BundleError, file_entry
+from speakd.lifecycle.doctor import run_doctor
+from speakd.request.breaker import CircuitBreaker, Guard
+from speakd.request.messages import SpeakRequest
+from speakd.request.resolver import Resolver
+from speakd.request.stream import EngineTimeout
 from speakd_tools.soak.device import FifoDevice, asoundrc
 from speakd_tools.soak.faulty import HANG, FaultyEngine
 from tests.bench_report import report
@@ -108,7 +108,7 @@ def faulty(
     )
     config = write_config(tmp, extra, sink="null")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(speakd.service, "load_engine", lambda _config: engine)
+        mp.setattr(speakd.lifecycle.service, "load_engine", lambda _config: engine)
         mp.delenv("NOTIFY_SOCKET", raising=False)
         d = InProcessDaemon(config).start()
         try:
@@ -131,7 +131,7 @@ def test_engine_crash_is_an_error_event_the_breaker_opens_and_recovers(
     faulty: InProcessDaemon, watcher: Watcher, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     clock = Clock()
-    monkeypatch.setattr("speakd.breaker.time", clock)  # the reset timeout passes on it
+    monkeypatch.setattr("speakd.request.breaker.time", clock)  # the reset timeout passes on it
     events = faulty.say("CRASH now.")
     assert [e["event"] for e in events] == ["queued", "started", "error"]  # fallback played
     error = events[-1]

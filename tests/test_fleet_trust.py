@@ -20,7 +20,7 @@ from speakd.cache.store import CacheStore, Clip
 from speakd.cache.trust import Trust, TrustError, encode_public
 from speakd.cli import main as speakd_main
 from speakd.config import ConfigError, load_config
-from speakd.doctor import WARN, _check_fleet
+from speakd.lifecycle.doctor import WARN, _check_fleet
 from speakd.mqtt.messages import PackManifest
 from speakd_tools.bench import fleet as bench_fleet
 from speakd_tools.bench.fleet import BUNDLE, Outcomes, SimBoard

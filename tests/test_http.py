@@ -18,7 +18,7 @@ import pytest
 import soundfile
 
 from speakd.audio import read_wav
-from speakd.encode import ENCODER_DELAY
+from speakd.audio.encode import ENCODER_DELAY
 from tests.daemon_proc import synth
 from tests.http_daemon import HttpDaemon, start_http_daemon, wav_samples
 
@@ -92,7 +92,8 @@ def test_openai_sdk_miss_and_hit_decode_whole_with_libsndfile_and_ffmpeg(
 ) -> None:
     """libsndfile (``soundfile.read``) takes a file's length from its header, so a streamed miss
     must carry a true length or none: it decodes as long as the hit, within one frame, except
-    MP3's encoder delay and padding that only a whole file's Info tag trims (speakd.encode)."""
+    MP3's encoder delay and padding that only a whole file's Info tag trims
+    (speakd.audio.encode)."""
     text = f"The {fmt} clip, streamed once and cached. The door is open."
     decoded, chunked = [], []
     for cached in ("miss", "hit"):

@@ -18,7 +18,7 @@ import aiohttp
 import httpx
 import pytest
 
-import speakd.service
+import speakd.lifecycle.service
 from speakd.config import HttpConfig
 from speakd.frontends.http import HttpFrontend
 from tests.daemon_proc import InProcessDaemon, write_config
@@ -153,7 +153,7 @@ def test_slow_reader_is_cut_off_and_its_stream_released(tmp_path: Path) -> None:
     port = free_port()
     http = f'[http]\nlisten = "127.0.0.1:{port}"\ntimeout_s = {TIMEOUT_S}\n'
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(speakd.service, "load_engine", lambda _config: ToneEngine(word_s=2.0))
+        mp.setattr(speakd.lifecycle.service, "load_engine", lambda _config: ToneEngine(word_s=2.0))
         mp.delenv("NOTIFY_SOCKET", raising=False)
         d = InProcessDaemon(write_config(tmp_path, http, sink="null")).start()
     control, metrics = d.daemon.control, d.daemon.metrics

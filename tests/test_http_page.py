@@ -15,7 +15,7 @@ import pytest
 
 import speakd
 from speakd.audio import read_wav
-from speakd.encode import ENCODER_DELAY
+from speakd.audio.encode import ENCODER_DELAY
 from tests.cdp import Page, chromium
 from tests.http_daemon import start_http_daemon
 from tests.tiny_voices import tiny_multispeaker_voice

@@ -150,7 +150,12 @@ def test_the_mqtt_package_knows_nothing_of_front_ends_or_the_queue() -> None:
     path needs."""
     known = modules()
     graph = {name: imports(name, path, known) for name, path in known.items()}
-    forbidden = ("speakd.frontends", "speakd.scheduler", "speakd.control", "speakd.sinks")
+    forbidden = (
+        "speakd.frontends",
+        "speakd.request.scheduler",
+        "speakd.control",
+        "speakd.audio.sinks",
+    )
     package = [name for name in known if name == "speakd.mqtt" or name.startswith("speakd.mqtt.")]
     assert len(package) > 1
     for name in package:
@@ -160,11 +165,11 @@ def test_the_mqtt_package_knows_nothing_of_front_ends_or_the_queue() -> None:
 
 # The rooms a front-end must not enter: it speaks only to Control (docs/architecture.md).
 BEHIND_CONTROL = (
-    "speakd.scheduler",
-    "speakd.resolver",
+    "speakd.request.scheduler",
+    "speakd.request.resolver",
     "speakd.engines",
     "speakd.cache",
-    "speakd.voices",
+    "speakd.request.voices",
 )
 BEHIND_CONTROL_ATTRIBUTES = {"scheduler", "resolver", "engine", "library", "store"}
 
@@ -194,12 +199,12 @@ def test_the_boundary_check_sees_imports_and_reaching_through_control(tmp_path: 
     known = modules()
     module = tmp_path / "probe.py"
     module.write_text(
-        "from speakd.resolver import Resolver\n"
+        "from speakd.request.resolver import Resolver\n"
         "def f(self):\n    return self.control.scheduler.listeners, self.control.library\n"
     )
     known = {**known, "speakd.frontends.probe": module}
     assert boundary_breaches("speakd.frontends.probe", module, known) == [
-        "imports speakd.resolver",
+        "imports speakd.request.resolver",
         "line 3: self.control.library",
         "line 3: self.control.scheduler",
     ]

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from speakd import logcontext
+from speakd.audio.sinks import NullSink
 from speakd.config import CacheConfig
 from speakd.engines.base import SynthesisConfig
-from speakd.resolver import Resolver
-from speakd.scheduler import Scheduler
-from speakd.sinks import NullSink
+from speakd.machine import logcontext
+from speakd.request.resolver import Resolver
+from speakd.request.scheduler import Scheduler
 from tests.test_scheduler import Recorder, req, settle
 from tests.tone_engine import ToneEngine
 from tests.waits import until

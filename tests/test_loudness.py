@@ -17,11 +17,11 @@ from speakd.config import load_config
 from speakd.engines.base import SynthesisConfig
 from speakd.engines.chattts.engine import ChatTTSEngine
 from speakd.engines.vits import EMBEDDED_LOUDNESS, VitsEngine
-from speakd.loudness import CALIBRATION, VoiceLoudness, integrated_loudness, recorded
-from speakd.messages import SpeakRequest
-from speakd.resolver import Resolver
-from speakd.stream import Cancel
-from speakd.voices import Voice, VoiceLibrary, build_library
+from speakd.request.loudness import CALIBRATION, VoiceLoudness, integrated_loudness, recorded
+from speakd.request.messages import SpeakRequest
+from speakd.request.resolver import Resolver
+from speakd.request.stream import Cancel
+from speakd.request.voices import Voice, VoiceLibrary, build_library
 from tests.tone_engine import ToneEngine
 
 PIPER = "en_US-joe-medium"

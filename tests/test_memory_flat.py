@@ -5,8 +5,8 @@ synthesised whole, left by their client and cancelled, three streams at once, ca
 misses) must end within 1.1× its RSS after the first 50; the full 1 000-request run and its
 figures are in docs/benchmarks.md. The bound catches onnxruntime arenas kept at a long
 sentence's size; the other growth found, glibc's heap holding freed large blocks
-(``speakd.memory.bound_heap``), needs 5 000-character texts to show, so its pattern is tested
-on its own, in a fresh interpreter, with and without the bound."""
+(``speakd.machine.memory.bound_heap``), needs 5 000-character texts to show, so its pattern is
+tested on its own, in a fresh interpreter, with and without the bound."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from speakd_tools.bench.memory import measure
 FREED_BLOCKS = """
 import sys
 import numpy as np
-from speakd.memory import bound_heap, rss_bytes
+from speakd.machine.memory import bound_heap, rss_bytes
 if sys.argv[1] == "bound":
     bound_heap()
 keep, base = [], rss_bytes()

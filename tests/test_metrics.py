@@ -1,5 +1,5 @@
-"""speakd.metrics on its own: the front-end label from each front-end's origin, outcomes of played
-and streamed requests, and the figures read from the status at scrape time."""
+"""speakd.control.metrics on its own: the front-end label from each front-end's origin, outcomes of
+played and streamed requests, and the figures read from the status at scrape time."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from speakd.messages import Event, EventType, RequestError, SpeakRequest
-from speakd.metrics import Metrics, frontend_of
-from speakd.stream import AudioStream
+from speakd.control.metrics import Metrics, frontend_of
+from speakd.request.messages import Event, EventType, RequestError, SpeakRequest
+from speakd.request.stream import AudioStream
 
 STATUS: dict[str, Any] = {
     "queue_length": 2,

@@ -20,18 +20,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import speakd.service
+import speakd.lifecycle.service
 from speakd.audio import read_wav
+from speakd.audio.sinks import NullSink
 from speakd.config import ConfigError, MqttConfig, load_config
 from speakd.control import Control
 from speakd.frontends.mqtt import MqttFrontend, RecentIds
-from speakd.messages import RequestError
 from speakd.mqtt.messages import decode_object
 from speakd.mqtt.topics import parse_command_topic
-from speakd.resolver import Resolver
-from speakd.scheduler import Scheduler
-from speakd.sinks import NullSink
-from speakd.sounds import Sounds
+from speakd.request.messages import RequestError
+from speakd.request.resolver import Resolver
+from speakd.request.scheduler import Scheduler
+from speakd.request.sounds import Sounds
 from tests.daemon_proc import DaemonProc, InProcessDaemon, start_daemon, write_config
 from tests.mosquitto import Mosquitto, Received, Watcher
 from tests.test_scheduler import Recorder, settle
@@ -470,7 +470,9 @@ def test_reload_in_flight_says_finish_through_the_new_client(
 ) -> None:
     """A reload that replaces the MQTT client mid-utterance: the sayFinished of the say playing
     and the error + sayFinished of the one queued behind it go out through the new client."""
-    monkeypatch.setattr(speakd.service, "load_engine", lambda _config: ToneEngine(word_s=0.2))
+    monkeypatch.setattr(
+        speakd.lifecycle.service, "load_engine", lambda _config: ToneEngine(word_s=0.2)
+    )
     monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
     site = "reloading"
     config = write_config(tmp_path, mqtt_toml(broker, site), sink="null", realtime=True)

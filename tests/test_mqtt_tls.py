@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from speakd.doctor import run_doctor
+from speakd.lifecycle.doctor import run_doctor
 from tests.daemon_proc import DaemonProc, start_daemon, write_config
 from tests.mosquitto import Mosquitto
 from tests.test_mqtt import make_tls_files, mqtt_toml

@@ -1,5 +1,5 @@
-"""speakd.notify against the real systemd tools: datagrams as systemd-notify sends them, the
-watchdog interval rules, and the fds systemd-socket-activate passes."""
+"""speakd.lifecycle.notify against the real systemd tools: datagrams as systemd-notify sends them,
+the watchdog interval rules, and the fds systemd-socket-activate passes."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from speakd.notify import listen_fds, notify, watchdog_interval
+from speakd.lifecycle.notify import listen_fds, notify, watchdog_interval
 from tests.waits import wait_until
 
 
@@ -86,7 +86,7 @@ def test_watchdog_interval(monkeypatch, usec: str | None, pid: str | None, expec
 
 PROBE = """
 import json, os, socket
-from speakd.notify import listen_fds
+from speakd.lifecycle.notify import listen_fds
 fds = listen_fds()
 print(json.dumps({
     "fds": {n: [s.family == socket.AF_UNIX, s.type == socket.SOCK_STREAM, s.getsockname(),

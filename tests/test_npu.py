@@ -14,9 +14,9 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from speakd.bundle import BundleError
-from speakd.npu import NpuInfo, choose, probe
-from speakd.rknn_session import RknnSession, verify_rknn_files
+from speakd.engines.bundle import BundleError
+from speakd.engines.rknn_session import RknnSession, verify_rknn_files
+from speakd.machine.npu import NpuInfo, choose, probe
 from speakd_tools.rknn.graphs import cut_vits_decoder
 
 SECTION = {
@@ -157,7 +157,7 @@ def test_windowed_session_speaks_the_one_shot_audio(tmp_path: Path) -> None:
 
 
 def test_rknn_files_are_verified_against_the_manifest(tmp_path: Path) -> None:
-    from speakd.bundle import file_entry
+    from speakd.engines.bundle import file_entry
 
     (tmp_path / "rknn").mkdir()
     graph = tmp_path / "rknn/decoder.fp16.rknn"

@@ -17,11 +17,11 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from speakd import npu
-from speakd.bundle import file_entry
 from speakd.config import ConfigError, EngineConfig
 from speakd.engines import load_engine
 from speakd.engines.base import SynthesisConfig
+from speakd.engines.bundle import file_entry
+from speakd.machine import npu
 from speakd_tools.calibrate.bundle_out import write_manifest
 from speakd_tools.rknn.graphs import cut_vits_decoder
 from tests.test_npu import BOARD
@@ -30,7 +30,8 @@ TEXT = "The door is open. Please come in."
 
 
 class FakeRKNNLite:
-    """rknn-toolkit-lite2's ``RKNNLite``, as ``speakd.rknn_session.open_sessions`` uses it."""
+    """rknn-toolkit-lite2's ``RKNNLite``, as ``speakd.engines.rknn_session.open_sessions`` uses
+    it."""
 
     NPU_CORE_AUTO = 0
     shapes: ClassVar[dict[str, list[int]]] = {}  # .rknn path → the shape it was converted for
@@ -57,7 +58,7 @@ class FakeRKNNLite:
 
 @pytest.fixture(autouse=True)
 def fresh_log(monkeypatch: pytest.MonkeyPatch) -> None:
-    """speakd.npu says each fallback once per process; each test starts with none said."""
+    """speakd.machine.npu says each fallback once per process; each test starts with none said."""
     monkeypatch.setattr(npu, "_said", set())
 
 
@@ -99,19 +100,19 @@ def _snr(ref: np.ndarray, test: np.ndarray) -> float:
 
 def test_auto_without_an_npu_falls_back_in_one_line(caplog: pytest.LogCaptureFixture) -> None:
     cpu = load_engine(EngineConfig())
-    with caplog.at_level(logging.INFO, logger="speakd.npu"):
+    with caplog.at_level(logging.INFO, logger="speakd.machine.npu"):
         engine = load_engine(EngineConfig(accelerator="auto"))
         load_engine(EngineConfig(accelerator="auto"))  # a reload: said once is enough
-    lines = [r for r in caplog.records if r.name == "speakd.npu"]
+    lines = [r for r in caplog.records if r.name == "speakd.machine.npu"]
     assert len(lines) == 1 and lines[0].levelno == logging.INFO
     assert "engine.accelerator = auto, the embedded voice: the CPU runs it" in lines[0].message
     assert engine.bundle_id == cpu.bundle_id and engine.precision == "fp32"
 
 
 def test_rknn_without_an_npu_warns(caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
-    with caplog.at_level(logging.INFO, logger="speakd.npu"):
+    with caplog.at_level(logging.INFO, logger="speakd.machine.npu"):
         load_engine(EngineConfig(accelerator="rknn"))
-    (line,) = [r for r in caplog.records if r.name == "speakd.npu"]
+    (line,) = [r for r in caplog.records if r.name == "speakd.machine.npu"]
     assert line.levelno == logging.WARNING and "no .rknn graphs" in line.message
 
 
@@ -147,7 +148,7 @@ def test_chattts_decoder_and_vocos_on_the_npu(
 ) -> None:
     bundle = tmp_path / "chattts-tiny"
     shutil.copytree(tiny_bundle, bundle)
-    from speakd.bundle import load_bundle
+    from speakd.engines.bundle import load_bundle
 
     base = load_bundle(bundle).manifest
     hidden = base["model"]["hidden_size"]

@@ -1,4 +1,5 @@
-"""Pitch: the engine's PCM shifted by Rubber Band (``speakd.pitch``), keyed, length unchanged."""
+"""Pitch: the engine's PCM shifted by Rubber Band (``speakd.audio.pitch``), keyed, length
+unchanged."""
 
 from __future__ import annotations
 
@@ -6,17 +7,17 @@ import numpy as np
 import pytest
 
 from speakd.audio import AudioChunk, Word, join_chunks
+from speakd.audio.pitch import Shifter, shifted, ssip_semitones
+from speakd.audio.sinks import NullSink
 from speakd.control import Control
 from speakd.engines.base import SynthesisConfig
-from speakd.errors import RequestError
-from speakd.messages import SpeakRequest
-from speakd.pitch import Shifter, shifted, ssip_semitones
-from speakd.prepare import prepare
-from speakd.resolver import Resolver
-from speakd.scheduler import Scheduler
-from speakd.sinks import NullSink
-from speakd.stream import Cancel
-from speakd.voices import VoiceLibrary
+from speakd.request.errors import RequestError
+from speakd.request.messages import SpeakRequest
+from speakd.request.prepare import prepare
+from speakd.request.resolver import Resolver
+from speakd.request.scheduler import Scheduler
+from speakd.request.stream import Cancel
+from speakd.request.voices import VoiceLibrary
 from tests.tone_engine import ToneEngine
 
 TEXT = "one two three four five six"

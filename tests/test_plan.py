@@ -11,10 +11,10 @@ from speakd.engines.base import SynthesisConfig
 from speakd.markup.lexicon import Lexicon
 from speakd.markup.plan import plan, plan_key, prepare_request, with_chime
 from speakd.markup.ssml import parse_ssml
-from speakd.messages import RequestError
-from speakd.prepare import Marker, Part, Prepared, Silence, Sound, Speech
-from speakd.sounds import Sounds, chime_key
-from speakd.voices import VoiceLibrary
+from speakd.request.messages import RequestError
+from speakd.request.prepare import Marker, Part, Prepared, Silence, Sound, Speech
+from speakd.request.sounds import Sounds, chime_key
+from speakd.request.voices import VoiceLibrary
 from tests.tone_engine import ToneEngine
 
 LIBRARY = VoiceLibrary.of(ToneEngine())

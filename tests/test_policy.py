@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from speakd.messages import Priority
-from speakd.policy import Decision, Entry, QueueState, decide, next_entry
+from speakd.request.messages import Priority
+from speakd.request.policy import Decision, Entry, QueueState, decide, next_entry
 
 I, M, T, N, P = (  # noqa: E741 (the priorities' initials)
     Priority.IMPORTANT,

@@ -12,12 +12,12 @@ import pytest
 
 from speakd.cache.store import CacheStore
 from speakd.engines.base import SynthesisConfig
-from speakd.loudness import DEFAULT_LUFS, record
 from speakd.markup.lexicon import Lexicon
 from speakd.markup.plan import prepare_request
-from speakd.messages import SpeakRequest
-from speakd.resolver import Resolver
-from speakd.voices import VoiceLibrary
+from speakd.request.loudness import DEFAULT_LUFS, record
+from speakd.request.messages import SpeakRequest
+from speakd.request.resolver import Resolver
+from speakd.request.voices import VoiceLibrary
 from speakd_tools.precompute import Prompt, PromptError, precompute, read_prompts
 from tests.tone_engine import ToneEngine
 

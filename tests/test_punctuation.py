@@ -13,9 +13,9 @@ import httpx
 import numpy as np
 import pytest
 
-from speakd.errors import RequestError
 from speakd.markup.punctuation import LEVELS, Punctuation, table
 from speakd.markup.segments import Break, Mark, Style, Text
+from speakd.request.errors import RequestError
 from tests.daemon_proc import DaemonProc
 from tests.http_daemon import HttpDaemon, start_http_daemon, wav_samples
 from tests.ssip_harness import SsipClient, SsipServer

@@ -14,10 +14,10 @@ import pytest
 from speakd.audio import join_chunks
 from speakd.engines.base import SynthesisConfig, VoiceInfo
 from speakd.engines.chattts.engine import ChatTTSEngine
-from speakd.messages import RequestError, SpeakRequest
-from speakd.prepare import bcp47, prepare, select_voice
-from speakd.resolver import Resolver
-from speakd.stream import AudioStream, Cancel
+from speakd.request.messages import RequestError, SpeakRequest
+from speakd.request.prepare import bcp47, prepare, select_voice
+from speakd.request.resolver import Resolver
+from speakd.request.stream import AudioStream, Cancel
 from tests.tone_engine import ToneEngine
 from tests.waits import wait_until
 
@@ -176,9 +176,9 @@ def test_streamed_and_played_audio_are_the_same_bytes(chattts: ChatTTSEngine) ->
 async def test_a_play_and_a_fetch_of_one_request_share_one_synthesis(tmp_path: Path) -> None:
     """The board plays a request while a caller (socket synth, Wyoming, HTTP) fetches the same
     one: one synthesis, both get every chunk; the fetch never enters the playback queue."""
+    from speakd.audio.sinks import WavSink
     from speakd.control import Control
-    from speakd.scheduler import Scheduler
-    from speakd.sinks import WavSink
+    from speakd.request.scheduler import Scheduler
     from tests.test_scheduler import Recorder, settle
 
     engine = ToneEngine(compute_s=0.03)

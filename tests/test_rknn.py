@@ -17,8 +17,8 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from speakd.bundle import load_bundle, sha256_file
-from speakd.rknn_session import plan, stitch, windows
+from speakd.engines.bundle import load_bundle, sha256_file
+from speakd.engines.rknn_session import plan, stitch, windows
 from speakd_tools.rknn.convert import ConvertOptions, RknnError, convert, toolkit_python
 from speakd_tools.rknn.graphs import cut_vits_decoder
 

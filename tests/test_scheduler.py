@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from speakd.audio import read_wav
-from speakd.messages import Event, Priority, SpeakRequest
-from speakd.resolver import Resolver
-from speakd.scheduler import Scheduler
+from speakd.request.messages import Event, Priority, SpeakRequest
+from speakd.request.resolver import Resolver
+from speakd.request.scheduler import Scheduler
 from tests.tone_engine import ToneEngine
 from tests.waits import HeldSink
 

@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
-from speakd import sinks
+from speakd.audio import sinks
+from speakd.audio.sinks import SoundDeviceSink
 from speakd.engines.base import SynthesisConfig, VoiceInfo
-from speakd.resolver import Resolver
-from speakd.scheduler import Scheduler
-from speakd.sinks import SoundDeviceSink
-from speakd.voices import Voice, VoiceLibrary
+from speakd.request.resolver import Resolver
+from speakd.request.scheduler import Scheduler
+from speakd.request.voices import Voice, VoiceLibrary
 from tests.test_scheduler import Recorder, req, settle
 from tests.tone_engine import ToneEngine
 

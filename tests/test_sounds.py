@@ -1,5 +1,6 @@
-"""Sounds by name (speakd.sounds): the built-in chimes as shipped, pinned clips of a real imported
-pack found by their text (the request's voice's first), and every sound at the loudness target."""
+"""Sounds by name (speakd.request.sounds): the built-in chimes as shipped, pinned clips of a real
+imported pack found by their text (the request's voice's first), and every sound at the loudness
+target."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ import pytest
 from speakd.audio import read_wav
 from speakd.cache.packs import import_pack
 from speakd.cache.store import CacheStore, Clip
-from speakd.errors import RequestError
-from speakd.loudness import integrated_loudness
-from speakd.sounds import CHIMES, ICONS, Sounds
+from speakd.request.errors import RequestError
+from speakd.request.loudness import integrated_loudness
+from speakd.request.sounds import CHIMES, ICONS, Sounds
 from speakd_tools.tones import ICON_DECAY_S, ICON_NOTE_S, ICON_TONES, TONES, tone
 
 DATA = Path(__file__).resolve().parent.parent / "daemon" / "data"

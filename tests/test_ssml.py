@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from speakd.markup.segments import Audio, Break, Mark, Phonemes, Style, Text, canonical
 from speakd.markup.ssml import MAX_BREAK_MS, MAX_DEPTH, SsmlError, is_ssml, parse_ssml
-from speakd.messages import RequestError
+from speakd.request.messages import RequestError
 
 
 def texts(document: str, lang: str | None = None) -> list[str]:

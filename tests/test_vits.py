@@ -18,8 +18,8 @@ import pytest
 from onnx import TensorProto, helper
 
 from speakd.audio import join_chunks
-from speakd.bundle import file_entry
 from speakd.engines.base import EngineError, SynthesisConfig, UnknownSpeakerError, UnknownVoiceError
+from speakd.engines.bundle import file_entry
 from speakd.engines.noise import SEED_INPUT, make_noise_deterministic
 from speakd.engines.vits import VitsEngine, phonemize, split_long
 from tests.tiny_voices import tiny_multispeaker_voice

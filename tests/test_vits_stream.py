@@ -2,7 +2,8 @@
 
 Real onnxruntime sessions on the real voice: the windows join into the one-shot audio, the first
 chunk comes from one decoder run, cancellation reaches the next window (and, through
-``speakd.stream.Cancel``'s hook, the running one). Small generated graphs pin down ``reach``.
+``speakd.request.stream.Cancel``'s hook, the running one). Small generated graphs pin down
+``reach``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from speakd.audio import join_chunks
 from speakd.engines.base import SynthesisConfig
 from speakd.engines.vits import VitsEngine
 from speakd.engines.vits_split import Reach, SplitVoice, WholeVoice, WindowPlan, reach
-from speakd.stream import Cancel
+from speakd.request.stream import Cancel
 from speakd_tools.bench.vits import LONG_SENTENCE
 from speakd_tools.calibrate.metrics import snr_db
 from tests.tiny_voices import piper_model, tiny_multispeaker_voice
@@ -169,8 +170,8 @@ def test_the_cached_clip_is_the_streamed_audio(engine: VitsEngine, tmp_path) -> 
     """The resolver stores the chunks a reader streamed; a hit gives those bytes whole, and
     ``speakd synth``'s path (the engine's chunks joined) gives them too."""
     from speakd.cache.store import CacheStore
-    from speakd.messages import SpeakRequest
-    from speakd.resolver import Resolver
+    from speakd.request.messages import SpeakRequest
+    from speakd.request.resolver import Resolver
 
     resolver = Resolver(engine, CacheStore(tmp_path / "cache.db"))
     request = SpeakRequest(LONG, config=SynthesisConfig(seed=3))

@@ -18,11 +18,11 @@ from speakd.audio import join_chunks
 from speakd.cache.store import CacheStore
 from speakd.config import ConfigError, load_config
 from speakd.engines.base import SynthesisConfig
-from speakd.errors import RequestError
-from speakd.messages import SpeakRequest
-from speakd.resolver import Resolver
-from speakd.stream import Cancel
-from speakd.voices import VoiceLibrary, build_library
+from speakd.request.errors import RequestError
+from speakd.request.messages import SpeakRequest
+from speakd.request.resolver import Resolver
+from speakd.request.stream import Cancel
+from speakd.request.voices import VoiceLibrary, build_library
 from tests.tiny_voices import tiny_multispeaker_voice
 
 PIPER = "en_US-joe-medium"
@@ -208,7 +208,7 @@ def test_voice_add_checks_a_piper_voice_and_copies_it(tmp_path: Path) -> None:
 def test_doctor_lists_every_voice_with_its_licence_and_names_a_broken_one(
     tmp_path: Path, voices_dir: Path
 ) -> None:
-    from speakd.doctor import _check_voices
+    from speakd.lifecycle.doctor import _check_voices
 
     (voices_dir / "broken.onnx").write_bytes(b"junk")
     (voices_dir / "broken.onnx.json").write_text("{")

@@ -284,9 +284,9 @@ class TimedTone(ToneEngine):
 async def test_playback_reports_words_and_a_sentence_after_its_audio(tmp_path: Path) -> None:
     import asyncio
 
-    from speakd.messages import SpeakRequest
-    from speakd.resolver import Resolver
-    from speakd.scheduler import Scheduler
+    from speakd.request.messages import SpeakRequest
+    from speakd.request.resolver import Resolver
+    from speakd.request.scheduler import Scheduler
     from tests.test_scheduler import Recorder, settle
     from tests.waits import HeldSink
 

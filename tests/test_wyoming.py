@@ -35,10 +35,10 @@ from wyoming.tts import (
 )
 
 import speakd
-import speakd.service
+import speakd.lifecycle.service
 from speakd.audio import read_wav
 from speakd.config import ConfigError, load_config
-from speakd.sounds import Sounds
+from speakd.request.sounds import Sounds
 from tests.daemon_proc import DaemonProc, InProcessDaemon, start_daemon, write_config
 from tests.tiny_voices import tiny_multispeaker_voice
 from tests.tone_engine import ToneEngine
@@ -452,7 +452,9 @@ def tone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[InProcessDa
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(logger, "level", logging.INFO)
         mp.setattr(
-            speakd.service, "load_engine", lambda _config: ToneEngine(word_s=0.1, compute_s=0.05)
+            speakd.lifecycle.service,
+            "load_engine",
+            lambda _config: ToneEngine(word_s=0.1, compute_s=0.05),
         )
         mp.delenv("NOTIFY_SOCKET", raising=False)
         d = InProcessDaemon(config).start()

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from speakd.sinks import WavSink
+from speakd.audio.sinks import WavSink
 
 T = TypeVar("T")
 

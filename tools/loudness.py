@@ -3,7 +3,7 @@ so a board plays the voice at ``audio.loudness_lufs`` without first spending a s
 calibration text on it (seconds for ChatTTS on a Pi-class board). Export and calibration call it;
 ``speakd-tools loudness BUNDLE`` records a bundle made elsewhere. The record names the bundle id
 and the calibration text's version, so a stale one is ignored rather than trusted
-(``speakd.loudness.recorded``)."""
+(``speakd.request.loudness.recorded``)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from speakd.bundle import MANIFEST, BundleError, load_bundle
 from speakd.config import EngineConfig
 from speakd.engines import load_model
 from speakd.engines.base import EngineError
+from speakd.engines.bundle import MANIFEST, BundleError, load_bundle
 from speakd.engines.registry import kind_of
-from speakd.loudness import VOICES, record
+from speakd.request.loudness import VOICES, record
 
 log = logging.getLogger(__name__)
 

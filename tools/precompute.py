@@ -40,20 +40,20 @@ from pathlib import Path
 from typing import Any
 
 from speakd.audio import join_chunks
-from speakd.breaker import CircuitBreaker, Guard
-from speakd.bundle import BundleError
 from speakd.cache.store import CacheError, CacheStore, Clip
 from speakd.engines.base import Engine, EngineError, SynthesisConfig
-from speakd.loudness import DEFAULT_LUFS
+from speakd.engines.bundle import BundleError
 from speakd.markup.lexicon import Lexicon, LexiconError
 from speakd.markup.plan import prepare_request
 from speakd.markup.ssml import is_ssml
-from speakd.messages import SpeakRequest
-from speakd.prepare import Prepared, Sound, Speech, prepare
-from speakd.resolver import Resolver
-from speakd.sounds import Sounds
-from speakd.stream import Cancel
-from speakd.voices import VoiceLibrary
+from speakd.request.breaker import CircuitBreaker, Guard
+from speakd.request.loudness import DEFAULT_LUFS
+from speakd.request.messages import SpeakRequest
+from speakd.request.prepare import Prepared, Sound, Speech, prepare
+from speakd.request.resolver import Resolver
+from speakd.request.sounds import Sounds
+from speakd.request.stream import Cancel
+from speakd.request.voices import VoiceLibrary
 
 log = logging.getLogger(__name__)
 
@@ -254,7 +254,7 @@ def _clip(engine: Engine, p: Prompt) -> Clip | Exception:
 
 def _prepare(engine: Engine, p: Prompt) -> Prepared:
     """A prompt prepared as the daemon prepares it, normalised to audio.loudness_lufs's default
-    (``speakd.loudness``): a board with another level needs a pack made at it."""
+    (``speakd.request.loudness``): a board with another level needs a pack made at it."""
     return prepare(engine, p.text, p.config(), loudness=DEFAULT_LUFS)
 
 
@@ -453,7 +453,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from speakd.engines import load_engine
-    from speakd.synth import engine_config_for
+    from speakd.library.synth import engine_config_for
 
     jobs = 1 if args.jobs is None and not args.ray else args.jobs or 0  # 0: Ray decides
     if (args.jobs is not None and args.jobs < 1) or args.batch_size < 1 or args.threads < 1:

@@ -1,5 +1,5 @@
 """The built-in chimes and sound icons speakd ships (``speakd/data/chime-<name>.wav``,
-``speakd.sounds``): made here from sums of decaying partials, so the WAVs in the package are
+``speakd.request.sounds``): made here from sums of decaying partials, so the WAVs in the package are
 reproducible from code.
 
     python -m speakd_tools.tones daemon/data
@@ -17,7 +17,8 @@ import numpy as np
 from speakd.audio import AudioChunk, write_wav
 
 RATE = 22050
-PEAK = 0.5  # of full scale: headroom for the loudness gain (speakd.sounds measures each once)
+# of full scale: headroom for the loudness gain (speakd.request.sounds measures each once)
+PEAK = 0.5
 # A bell's partials (ratios to the note) and their levels: a struck bar's inharmonic overtones.
 PARTIALS = ((1.0, 1.0), (2.0, 0.35), (2.76, 0.25), (5.4, 0.08))
 # name: the notes (Hz, start s), each decaying over DECAY_S; the clip ends at the last note's end
@@ -26,7 +27,7 @@ TONES: dict[str, tuple[tuple[float, float], ...]] = {
     "ding-dong": ((659.25, 0.0), (523.25, 0.45)),
     "attention": ((523.25, 0.0), (659.25, 0.25), (783.99, 0.5)),
 }
-# Sound icons (speakd.sounds.ICONS): short enough to go before a letter at typing speed
+# Sound icons (speakd.request.sounds.ICONS): short enough to go before a letter at typing speed
 ICON_TONES: dict[str, tuple[tuple[float, float], ...]] = {"capital": ((1318.5, 0.0),)}
 NOTE_S = 0.9
 DECAY_S = 0.18  # time constant: a note is at -43 dB when it ends

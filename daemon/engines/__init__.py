@@ -15,10 +15,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from speakd.bundle import INT8_SUFFIX
 from speakd.engines.base import Engine, EngineError, VoiceModel
+from speakd.engines.bundle import INT8_SUFFIX
 from speakd.engines.registry import kind_of
-from speakd.memory import trim_heap
+from speakd.machine.memory import trim_heap
 
 if TYPE_CHECKING:
     from speakd.config import EngineConfig
@@ -52,10 +52,10 @@ def describe_engine(config: EngineConfig) -> VoiceModel:
 
 
 def accelerate(voice: VoiceModel, config: EngineConfig) -> VoiceModel:
-    """``engine.accelerator`` (speakd.npu): a voice whose bundle has ``.rknn`` graphs that this
-    board's NPU can run gets an NPU plan, and its own bundle id and precision, since NPU audio
+    """``engine.accelerator`` (speakd.machine.npu): a voice whose bundle has ``.rknn`` graphs that
+    this board's NPU can run gets an NPU plan, and its own bundle id and precision, since NPU audio
     is another precision; otherwise one log line says why the CPU runs it."""
-    from speakd.npu import plan_for
+    from speakd.machine.npu import plan_for
 
     plan = plan_for(config.accelerator, getattr(voice, "bundle_dir", None))
     if plan is not None:
@@ -71,7 +71,7 @@ def load_model(voice: VoiceModel, config: EngineConfig) -> Engine:
     engine = kind_of(voice.kind).load(voice, config)
     plan = getattr(voice, "npu", None)
     if plan is not None:
-        from speakd.rknn_session import open_sessions
+        from speakd.engines.rknn_session import open_sessions
 
         sessions = open_sessions(plan.bundle, plan.section, plan.precision)
         engine.use_npu(sessions, voice)  # type: ignore[attr-defined]  (VitsEngine, ChatTTSEngine)

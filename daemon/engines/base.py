@@ -43,7 +43,8 @@ class SynthesisConfig:
     speed: float | None = None  # 1.0 = normal; engines map it to their own scale
     seed: int | None = None
     lang: str | None = None  # a language the voice speaks ("en", "zh"); None = the voice's own
-    # semitones; not the engine's: its PCM is shifted afterwards (speakd.pitch). None = as made
+    # semitones; not the engine's: its PCM is shifted afterwards (speakd.audio.pitch). None = as
+    # made
     pitch: float | None = None
     # The engine's declared options (``Engine.options``), already validated.
     extra: dict[str, Any] = field(default_factory=dict)
@@ -74,7 +75,8 @@ class VoiceModel(Protocol):
     precision: str
     options: tuple[Option, ...]  # what a request may tune (speakd.engines.options)
     # the tools' measurement of this voice over the calibration text (the bundle manifest's
-    # ``loudness``, speakd.loudness), so the device need not spend a synthesis on it; or None
+    # ``loudness``, speakd.request.loudness), so the device need not spend a synthesis on it; or
+    # None
     loudness_record: dict[str, Any] | None
 
     def voices(self) -> list[VoiceInfo]: ...

@@ -27,7 +27,6 @@ import onnx
 import onnxruntime as ort
 
 from speakd.audio import AudioChunk, Word
-from speakd.bundle import load_bundle
 from speakd.engines.base import (
     EngineError,
     SynthesisConfig,
@@ -35,13 +34,14 @@ from speakd.engines.base import (
     UnknownVoiceError,
     VoiceInfo,
 )
+from speakd.engines.bundle import load_bundle
 from speakd.engines.noise import SEED_INPUT, make_noise_deterministic
 from speakd.engines.options import Option
 from speakd.engines.vits_split import SplitVoice, WholeVoice, Window, voice_sessions
 from speakd.engines.vits_words import WordAligner, timings
 
 if TYPE_CHECKING:
-    from speakd.npu import NpuPlan
+    from speakd.machine.npu import NpuPlan
 
 log = logging.getLogger(__name__)
 
@@ -211,7 +211,7 @@ def session_options(threads: int) -> ort.SessionOptions:
     return opts
 
 
-# The embedded voice over speakd.loudness's calibration text, as ``speakd-tools loudness
+# The embedded voice over speakd.request.loudness's calibration text, as ``speakd-tools loudness
 # embedded`` prints it; tests/test_loudness.py measures it again. Another package version has
 # another bundle id, so this record then no longer applies and the voice is measured on first use.
 EMBEDDED_LOUDNESS = {
@@ -469,8 +469,8 @@ class VitsEngine(VitsVoice):
         return cls(graphs, voice)
 
     def use_npu(self, sessions: dict[str, Any], voice: VitsVoice) -> None:
-        """The HiFi-GAN decoder on the NPU (``speakd.rknn_session``); the prior and the flow stay
-        on the CPU. The engine takes the voice's NPU bundle id and precision."""
+        """The HiFi-GAN decoder on the NPU (``speakd.engines.rknn_session``); the prior and the flow
+        stay on the CPU. The engine takes the voice's NPU bundle id and precision."""
         if not isinstance(self.graphs, SplitVoice):
             raise EngineError(f"{self.model_path}: the NPU decoder needs the split voice graph")
         self.graphs.use_decoder(sessions["decoder"])
@@ -486,8 +486,8 @@ class VitsEngine(VitsVoice):
         words that start in it (``speakd.engines.vits_words``; none when the graph runs whole).
 
         Sentences longer than ``max_phonemes`` are split and their pieces count as sentences.
-        A ``speakd.stream.Cancel`` (it has ``add_hook``) stops the running window between two
-        kernels; a plain ``threading.Event`` is looked at between windows.
+        A ``speakd.request.stream.Cancel`` (it has ``add_hook``) stops the running window between
+        two kernels; a plain ``threading.Event`` is looked at between windows.
 
         Sentence ``i`` uses the seed ``derive_seed(seed, i)``, where ``seed`` is
         ``config.seed`` or, when that is None, a hash of the normalised text and the resolved

@@ -293,7 +293,7 @@ class SplitVoice:
 
     def use_decoder(self, session: Any) -> None:
         """Another runner of the decoder graph with onnxruntime's ``run`` (the NPU's
-        ``speakd.rknn_session.RknnSession``): same input ``z``, same output."""
+        ``speakd.engines.rknn_session.RknnSession``): same input ``z``, same output."""
         self._decoder = session
 
     def render(self, feeds: dict[str, np.ndarray], run: ort.RunOptions) -> Iterator[Window]:

@@ -26,6 +26,7 @@ from prometheus_client import Counter
 
 from speakd.config import HttpConfig
 from speakd.control import Control
+from speakd.control.metrics import CONTENT_TYPE, Metrics
 from speakd.frontends import http_openai, http_speakd
 from speakd.frontends.http_base import (
     STATE,
@@ -36,8 +37,7 @@ from speakd.frontends.http_base import (
     state,
 )
 from speakd.frontends.unixserver import listen_backlog
-from speakd.messages import error_data
-from speakd.metrics import CONTENT_TYPE, Metrics
+from speakd.request.messages import error_data
 
 log = logging.getLogger(__name__)
 

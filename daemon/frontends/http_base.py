@@ -18,11 +18,11 @@ from typing import Any
 
 from aiohttp import web
 
+from speakd.audio.encode import EncodedClips
 from speakd.config import HttpConfig
 from speakd.control import Control
-from speakd.encode import EncodedClips
-from speakd.messages import RequestError, error_data, parse_json
-from speakd.metrics import Metrics
+from speakd.control.metrics import Metrics
+from speakd.request.messages import RequestError, error_data, parse_json
 
 # error code → HTTP status; every other code is a client error (400)
 STATUS = {

@@ -10,8 +10,8 @@ themselves, each at its own sample rate. speakd's request fields ``speaker``, ``
 along (the SDK's ``extra_body``), and ``"timestamps": true`` makes the answer JSON lines of audio
 and word events.
 The audio is the request path's (``Control.stream``): from the cache on a hit, else sent as it is
-synthesised, chunk by chunk, encoded by ``speakd.encode`` — except FLAC, whose header needs the
-whole clip, so a FLAC miss is sent once its synthesis has finished.
+synthesised, chunk by chunk, encoded by ``speakd.audio.encode`` — except FLAC, whose header needs
+the whole clip, so a FLAC miss is sent once its synthesis has finished.
 """
 
 from __future__ import annotations
@@ -24,8 +24,7 @@ from typing import Any
 from aiohttp import web
 
 from speakd.audio import AudioChunk
-from speakd.control import Control
-from speakd.encode import (
+from speakd.audio.encode import (
     FORMATS,
     PCM_RATE,
     WHOLE_ONLY,
@@ -34,11 +33,12 @@ from speakd.encode import (
     encode_whole,
     encoder,
 )
-from speakd.errors import RequestError
+from speakd.control import Control
 from speakd.frontends.http_base import client_key, ok, origin, read_json, refusals, state
-from speakd.logcontext import request_context
-from speakd.messages import dump_json
-from speakd.stream import AudioStream
+from speakd.machine.logcontext import request_context
+from speakd.request.errors import RequestError
+from speakd.request.messages import dump_json
+from speakd.request.stream import AudioStream
 
 log = logging.getLogger(__name__)
 

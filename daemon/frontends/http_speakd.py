@@ -23,7 +23,7 @@ from speakd.frontends.http_base import (
     refusals,
     state,
 )
-from speakd.messages import Event, EventType, RequestError
+from speakd.request.messages import Event, EventType, RequestError
 
 
 def routes() -> list[web.RouteDef]:

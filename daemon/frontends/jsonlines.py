@@ -43,8 +43,8 @@ from typing import Any
 
 from speakd.control import Control
 from speakd.frontends.unixserver import peer_of
-from speakd.messages import Event, RequestError, dump_json, error_data, parse_json
-from speakd.stream import AudioStream
+from speakd.request.messages import Event, RequestError, dump_json, error_data, parse_json
+from speakd.request.stream import AudioStream
 
 log = logging.getLogger(__name__)
 

@@ -46,9 +46,9 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from speakd import __version__
+from speakd.audio.sinks.mqtt_speaker import RemoteSpeakerSink
 from speakd.config import FleetConfig, LimitsConfig, MqttConfig
 from speakd.control import Control
-from speakd.messages import Event, EventType, RequestError
 from speakd.mqtt.client import Connection, Incoming, Subscriptions
 from speakd.mqtt.messages import (
     Availability,
@@ -72,7 +72,7 @@ from speakd.mqtt.topics import (
     parse_command_topic,
     play_finished_topic,
 )
-from speakd.sinks.mqtt_speaker import RemoteSpeakerSink
+from speakd.request.messages import Event, EventType, RequestError
 
 log = logging.getLogger(__name__)
 

@@ -11,9 +11,9 @@ SYNTHESIS_VOICE → the voice when speakd knows it (else the default voice, as s
 fall back), LANGUAGE → a voice of that language when the default voice is of another one,
 SSML_MODE on → the text is SSML (docs/ssml.md; a fragment without ``<speak>`` is wrapped in
 one), SPELLING on → letters spoken one by one, and speakd's own CHIME <name> (``NONE``: off) → that
-sound before each SPEAK (a request's ``chime``, ``speakd.sounds``), PUNCTUATION (and the old
+sound before each SPEAK (a request's ``chime``, ``speakd.request.sounds``), PUNCTUATION (and the old
 PUNCTUATION_IMPORTANT) → the request's ``punctuation`` (``speakd.markup.punctuation``), PITCH
-−100..100 → ``pitch`` ±12 semitones (``speakd.pitch``), CAP_LET_RECOGN → ``capitals``
+−100..100 → ``pitch`` ±12 semitones (``speakd.audio.pitch``), CAP_LET_RECOGN → ``capitals``
 (``speakd.markup.capitals``). PITCH_RANGE, VOICE_TYPE and OUTPUT_MODULE are accepted, stored and
 reported by GET, but change nothing.
 Events 700 (an SSML mark reached, ``INDEX MARK`` with its name) and 701–705 go out (when the
@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from xml.sax.saxutils import quoteattr
 
+from speakd.audio.pitch import ssip_semitones
 from speakd.control import Control
 from speakd.frontends.ssip_parser import (
     LineFramer,
@@ -59,9 +60,8 @@ from speakd.frontends.ssip_settings import (
 )
 from speakd.frontends.unixserver import peer_of
 from speakd.markup.ssml import is_ssml
-from speakd.messages import Event, EventType, Priority, RequestError
-from speakd.pitch import ssip_semitones
-from speakd.prepare import match_language
+from speakd.request.messages import Event, EventType, Priority, RequestError
+from speakd.request.prepare import match_language
 
 log = logging.getLogger(__name__)
 
@@ -369,7 +369,8 @@ class SsipFrontend:
         if not param:
             return ERR_MISSING_PARAMETER
         kind = words[0].lower()
-        if kind == "sound_icon":  # a sound speakd has (speakd.sounds) plays alone; others not
+        # a sound speakd has (speakd.request.sounds) plays alone; others not
+        if kind == "sound_icon":
             if self.control.sounds.find(param) is None:
                 return self._queue(conn, "")
             return self._queue(conn, f"<speak><audio src={quoteattr(param)}/></speak>", ssml=True)

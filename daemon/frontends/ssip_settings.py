@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from speakd.frontends.ssip_parser import parse_int, reply
-from speakd.messages import Priority
+from speakd.request.messages import Priority
 
 ERR_NOT_A_NUMBER = reply(511, "ERR PARAMETER NOT A NUMBER")
 ERR_NOT_ON_OFF = reply(513, "ERR PARAMETER NOT ON OR OFF")
@@ -108,7 +108,7 @@ class Settings:
     cap_let_recogn: str = "none"
     spelling: bool = False
     ssml_mode: bool = False
-    chime: str = ""  # a sound's name (speakd.sounds); "" none
+    chime: str = ""  # a sound's name (speakd.request.sounds); "" none
     pause_context: int = 0
     notify: set[str] = field(default_factory=set)
 

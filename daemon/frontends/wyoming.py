@@ -18,9 +18,9 @@ Events, on the ``wyoming`` package's own server and event classes:
   (docs/ssml.md); a streamed SSML text is spoken whole at ``synthesize-stop``, since markup cannot
   be cut into sentences before it is complete.
 * ``speakd_chime`` (speakd's own field) on ``synthesize`` or ``synthesize-start``: a request's
-  ``chime`` (``speakd.sounds``), played first in the same audio; a streamed text's first
+  ``chime`` (``speakd.request.sounds``), played first in the same audio; a streamed text's first
   sentence has it. ``speakd_pitch``, the same way: a request's ``pitch`` in semitones
-  (``speakd.pitch``), every sentence of a stream at it.
+  (``speakd.audio.pitch``), every sentence of a stream at it.
 * ``ping`` → ``pong``. Other event types are dropped, as the protocol asks of servers.
 * ``speakd-word`` (out, between ``audio-start`` and ``audio-stop``, ahead of the audio it starts
   in; ``speakd-sentence`` after a ChatTTS sentence): a word's timing, ``{"word", "start", "end",
@@ -68,12 +68,12 @@ from wyoming.tts import (
 
 from speakd.config import WyomingConfig
 from speakd.control import Control
-from speakd.errors import RequestError
 from speakd.frontends.sentences import SentenceSplitter
 from speakd.frontends.unixserver import widen_backlog
 from speakd.frontends.wyoming_wire import WireError, build_info, read_event
-from speakd.messages import SpeakRequest, error_data
-from speakd.stream import AudioStream
+from speakd.request.errors import RequestError
+from speakd.request.messages import SpeakRequest, error_data
+from speakd.request.stream import AudioStream
 
 log = logging.getLogger(__name__)
 

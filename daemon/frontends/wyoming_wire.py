@@ -19,8 +19,8 @@ from wyoming.event import Event
 from wyoming.info import Attribution, Info, TtsProgram, TtsVoice, TtsVoiceSpeaker
 
 import speakd
-from speakd.errors import RequestError
-from speakd.messages import parse_json
+from speakd.request.errors import RequestError
+from speakd.request.messages import parse_json
 
 PROGRAM = "speakd"
 SPEAKD = Attribution(name="speakd", url="")

@@ -6,7 +6,7 @@ does it over all the text a message says, a ``CHAR`` included:
 - ``spell``: the word "capital" before each capital letter that does not follow another one
   ("capital Hello capital World", "capital NASA", "capital T");
 - ``icon``: a sound before each word that starts with a capital, twice before a word of two or
-  more letters in capitals. speakd's sound is the built-in ``capital`` (``speakd.sounds``);
+  more letters in capitals. speakd's sound is the built-in ``capital`` (``speakd.request.sounds``);
 - ``none`` (the default): the letters go to the voice as written.
 
 The text changes before the request is prepared (``speakd.markup.plan``, after the punctuation),
@@ -19,11 +19,11 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 
-from speakd.errors import RequestError
 from speakd.markup.segments import Audio, Segment, Text
+from speakd.request.errors import RequestError
 
 MODES = ("none", "spell", "icon")
-ICON = "capital"  # the built-in sound (speakd.sounds.ICONS)
+ICON = "capital"  # the built-in sound (speakd.request.sounds.ICONS)
 SPOKEN = {"zh": "大写"}  # the word for "capital" by base language; English otherwise
 _WORD = re.compile(r"[^\W\d_]+")
 

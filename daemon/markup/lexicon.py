@@ -38,7 +38,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from speakd.keys import canonical_json
+from speakd.engines.keys import canonical_json
 from speakd.markup.segments import Phonemes, Segment, Style, Text, speakable
 
 _CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"

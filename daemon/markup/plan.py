@@ -1,14 +1,15 @@
-"""Segments → the parts a request's audio is composed of (``speakd.compose``), and their key.
+"""Segments → the parts a request's audio is composed of (``speakd.request.compose``), and their
+key.
 
 Neighbouring text and phonemes of one voice, language and prosody are one part, prepared and keyed
 like any plain request (so the same sentence in other markup, or sent as plain text, shares its
 clip). Phonemes go inline as Piper's ``[[ … ]]`` to a voice that takes them (``phoneme_input``), and
 as the word they stand for to one that does not. A break is a silence, a mark a marker, an
-``<audio src>`` the sound of that name (``speakd.sounds``: a built-in chime or a pinned clip), or,
-when there is none, its content (SSML's alternate text), else ``unknown_clip``. A request's
-``chime`` is a sound before its parts (``with_chime``). The request's key hashes the parts' keys,
-silences, marks and sounds in order: equal markup gives an equal key, and any change of a part, a
-pause, a mark or a sound changes it.
+``<audio src>`` the sound of that name (``speakd.request.sounds``: a built-in chime or a pinned
+clip), or, when there is none, its content (SSML's alternate text), else ``unknown_clip``. A
+request's ``chime`` is a sound before its parts (``with_chime``). The request's key hashes the
+parts' keys, silences, marks and sounds in order: equal markup gives an equal key, and any change of
+a part, a pause, a mark or a sound changes it.
 """
 
 from __future__ import annotations
@@ -18,13 +19,13 @@ import hashlib
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
+from speakd.audio.pitch import PITCH_RANGE
 from speakd.engines.base import SynthesisConfig
-from speakd.errors import RequestError
-from speakd.keys import canonical_json
+from speakd.engines.keys import canonical_json
+from speakd.engines.sayas import guess_language
 from speakd.markup.capitals import NO_CAPITALS, Capitals
 from speakd.markup.lexicon import Lexicon
 from speakd.markup.punctuation import NO_PUNCTUATION, Punctuation
-from speakd.markup.sayas import guess_language
 from speakd.markup.segments import (
     Audio,
     Break,
@@ -38,12 +39,12 @@ from speakd.markup.segments import (
     speakable,
 )
 from speakd.markup.ssml import parse_ssml
-from speakd.pitch import PITCH_RANGE
-from speakd.prepare import Marker, Part, Prepared, Silence, Sound, Speech
-from speakd.sounds import Sounds
+from speakd.request.errors import RequestError
+from speakd.request.prepare import Marker, Part, Prepared, Silence, Sound, Speech
+from speakd.request.sounds import Sounds
 
 if TYPE_CHECKING:
-    from speakd.voices import VoiceLibrary
+    from speakd.request.voices import VoiceLibrary
 
 PLAN_VERSION = 1
 SPEED_RANGE = (0.25, 4.0)
@@ -163,8 +164,9 @@ def plan(
 
 
 def with_chime(prepared: Prepared, chime: Sound) -> Prepared:
-    """The request with ``chime`` played before it: one composed stream (``speakd.compose``),
-    gapless, keyed by its parts as marked-up text is; its text parts keep their own clips."""
+    """The request with ``chime`` played before it: one composed stream
+    (``speakd.request.compose``), gapless, keyed by its parts as marked-up text is; its text parts
+    keep their own clips."""
     parts = (chime, *(prepared.parts or (Speech(prepared),)))
     return dataclasses.replace(prepared, parts=parts, key=plan_key(parts))
 

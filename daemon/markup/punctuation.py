@@ -25,9 +25,9 @@ import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from speakd.errors import RequestError
-from speakd.markup.sayas import guess_language, language
+from speakd.engines.sayas import guess_language, language
 from speakd.markup.segments import Segment, Text
+from speakd.request.errors import RequestError
 
 LEVELS = ("none", "some", "most", "all")
 MAX_IMPORTANT = 64  # characters in ``important``

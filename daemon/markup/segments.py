@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from speakd.keys import canonical_json
+from speakd.engines.keys import canonical_json
 
 _SPACE = re.compile(r"\s+")
 _SPACE_BEFORE_PUNCTUATION = re.compile(r"\s+(?=[.,!?;:…。，、！？；：])")

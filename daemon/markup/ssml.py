@@ -22,7 +22,8 @@ from xml.etree.ElementTree import Element, ParseError, TreeBuilder
 from defusedxml import DefusedXmlException, EntitiesForbidden
 from defusedxml.ElementTree import DefusedXMLParser
 
-from speakd.markup import sayas
+from speakd.audio.pitch import PITCH_RANGE
+from speakd.engines import sayas
 from speakd.markup.segments import (
     Audio,
     Break,
@@ -34,8 +35,7 @@ from speakd.markup.segments import (
     speakable,
     tidy,
 )
-from speakd.messages import RequestError
-from speakd.pitch import PITCH_RANGE
+from speakd.request.messages import RequestError
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ PITCH_KEYWORDS_ST = {"x-low": -6.0, "low": -3.0, "medium": 0.0, "high": 3.0, "x-
 RATE_RANGE = (0.25, 4.0)
 VOLUME_RANGE = (0.0, 4.0)
 # Hz become semitones against a typical speaking voice's pitch: the shift is relative
-# (speakd.pitch), and the voice's own f0 is not known before it speaks
+# (speakd.audio.pitch), and the voice's own f0 is not known before it speaks
 REFERENCE_HZ = 120.0
 
 _ROOT = re.compile(r"\s*<(?:\?xml|!DOCTYPE|speak[\s/>])")

@@ -12,7 +12,6 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
-from speakd.messages import RequestError, dump_json, parse_json
 from speakd.mqtt.topics import (
     HERMES_SAY_FINISHED,
     HERMES_TTS_ERROR,
@@ -23,6 +22,7 @@ from speakd.mqtt.topics import (
     pack_manifest_topic,
     play_bytes_topic,
 )
+from speakd.request.messages import RequestError, dump_json, parse_json
 
 
 def _camel(name: str) -> str:

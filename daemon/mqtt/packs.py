@@ -46,9 +46,9 @@ from speakd.cache.packs import (
 from speakd.cache.store import CacheError, CacheStore
 from speakd.cache.trust import Trust, TrustError
 from speakd.config import MqttConfig
-from speakd.messages import RequestError
 from speakd.mqtt.messages import Message, PackManifest, PackStatus, decode_object
 from speakd.mqtt.topics import SiteTopics, pack_manifest_topic, parse_pack_topic
+from speakd.request.messages import RequestError
 
 log = logging.getLogger(__name__)
 

@@ -12,15 +12,15 @@ from __future__ import annotations
 import functools
 import sys
 
-import speakd.resolver
-from speakd.breaker import Guard
+import speakd.request.resolver
 from speakd.cli import main
+from speakd.request.breaker import Guard
 
 HANG_TIMEOUT_S = 3600.0
 MAX_RTF = 1e6
 
 if __name__ == "__main__":
-    speakd.resolver.Guard = functools.partial(  # type: ignore[misc]
+    speakd.request.resolver.Guard = functools.partial(  # type: ignore[misc]
         Guard, hang_timeout_s=HANG_TIMEOUT_S, max_rtf=MAX_RTF
     )
     sys.exit(main(sys.argv[1:]))

@@ -48,8 +48,8 @@ def test_device_install_resolves_from_aarch64_wheels(python: str, check_output: 
 
 
 def test_the_npu_extra_resolves_where_rockchip_publishes_wheels(tmp_path: Path) -> None:
-    """``speakd[rknn]`` (rknn-toolkit-lite2, speakd.npu's runtime) on CPython 3.11 and 3.12: the
-    only aarch64 wheels Rockchip publishes (3.13 has none; the extra's marker skips it there, a
+    """``speakd[rknn]`` (rknn-toolkit-lite2, speakd.machine.npu's runtime) on CPython 3.11 and 3.12:
+    the only aarch64 wheels Rockchip publishes (3.13 has none; the extra's marker skips it there, a
     marker pip evaluates for this host, so 3.13 is not resolved here)."""
     args = [sys.executable, str(Path(wheels.__file__)), "check", "--extra", "rknn"]
     args += ["--python", "3.11", "--python", "3.12", "--wheels", str(tmp_path)]

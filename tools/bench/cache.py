@@ -62,7 +62,7 @@ def bench_precompute(
     import functools
 
     from speakd.engines import load_engine
-    from speakd.synth import engine_config_for
+    from speakd.library.synth import engine_config_for
     from speakd_tools.precompute import Prompt, precompute
 
     factory = functools.partial(load_engine, engine_config_for(bundle, max(1, threads // jobs)))
@@ -87,7 +87,7 @@ def serve(work: Path, engine: str = "", extra: str = "", env: dict[str, str] | N
     import subprocess
     import sys
 
-    from speakd.client import Client, ClientError
+    from speakd.library.client import Client, ClientError
 
     sock = work / "speakd.sock"
     config = work / "speakd.toml"
@@ -119,7 +119,7 @@ def serve(work: Path, engine: str = "", extra: str = "", env: dict[str, str] | N
 
 def _say(sock: str, text: str, rid: str) -> tuple[float, float]:
     """(server latency_ms, client send → started ms) for one request."""
-    from speakd.client import Client
+    from speakd.library.client import Client
 
     with Client(sock, timeout=120) as c:
         t0 = time.perf_counter()
@@ -135,7 +135,7 @@ def _say(sock: str, text: str, rid: str) -> tuple[float, float]:
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     from speakd.cache.packs import import_pack
     from speakd.cache.store import CacheStore
-    from speakd.client import Client
+    from speakd.library.client import Client
 
     prompts = PROMPTS[: args.prompts]
     result: dict[str, Any] = {"precompute": []}

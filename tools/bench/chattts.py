@@ -186,7 +186,7 @@ class OrtStep:
     def __init__(self, bundle: Path, threads: int, prefix: int, seed: int) -> None:
         import numpy as np
 
-        from speakd.bundle import load_bundle
+        from speakd.engines.bundle import load_bundle
         from speakd.engines.chattts.gpt_runner import GptRunner, ModelSpec
         from speakd.engines.chattts.ortsession import make_session
 
@@ -356,7 +356,7 @@ def _warm_page_cache(bundle: Path) -> None:
 def startup(bundle: Path, threads: int, text: str, starts: int, timeout: float) -> dict[str, Any]:
     """``speakd serve`` with this bundle: seconds from spawn to READY=1 (each start), the
     daemon's VmHWM at READY, then one uncached ``say`` → the ``started`` event's latency."""
-    from speakd.client import Client
+    from speakd.library.client import Client
 
     _warm_page_cache(bundle)
     with tempfile.TemporaryDirectory(prefix="speakd-bench-start-") as tmp:

@@ -10,15 +10,15 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from speakd.hardware import read_bandwidth_gbs, read_cpu
+from speakd.machine.hardware import read_bandwidth_gbs, read_cpu
 
 # the flags that change which matmul kernels onnxruntime's MLAS can use (x86 and Arm)
 ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8", "asimddp", "i8mm")
 
 
 def cpu() -> dict[str, Any]:
-    """CPU model, logical cores and which of ``ISA_FLAGS`` it has (``speakd.hardware``'s reading
-    of /proc/cpuinfo, the one ``speakd doctor`` reports)."""
+    """CPU model, logical cores and which of ``ISA_FLAGS`` it has (``speakd.machine.hardware``'s
+    reading of /proc/cpuinfo, the one ``speakd doctor`` reports)."""
     info = read_cpu()
     return {
         "model": info.model,

@@ -91,7 +91,7 @@ def settled(pid: int) -> dict[str, float]:
 
 
 def _synth(sock: str, text: str, params: dict[str, Any], leave_at_first: bool = False) -> str:
-    from speakd.client import Client
+    from speakd.library.client import Client
 
     with Client(sock, timeout=600) as c:
         c.send({"op": "synth", "text": text, "params": params})
@@ -104,7 +104,7 @@ def _synth(sock: str, text: str, params: dict[str, Any], leave_at_first: bool = 
 
 
 def _say(sock: str, text: str, params: dict[str, Any]) -> str:
-    from speakd.client import Client
+    from speakd.library.client import Client
 
     with Client(sock, timeout=600) as c:
         for event in c.say({"text": text, "params": params}, wait=True):
@@ -114,7 +114,7 @@ def _say(sock: str, text: str, params: dict[str, Any]) -> str:
 
 
 def _say_cancelled(sock: str, text: str, rid: str, params: dict[str, Any]) -> str:
-    from speakd.client import Client
+    from speakd.library.client import Client
 
     with Client(sock, timeout=600) as c:
         c.send({"op": "say", "text": text, "id": rid, "wait": True, "params": params})

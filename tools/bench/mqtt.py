@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from speakd.audio.sinks import NullSink
 from speakd.mqtt.topics import HERMES_SAY_FINISHED, SiteTopics
-from speakd.sinks import NullSink
 
 from .stats import summary
 
@@ -102,9 +102,9 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     from speakd.control import Control
     from speakd.engines import load_engine
     from speakd.frontends.mqtt import MqttFrontend
-    from speakd.messages import EventType
-    from speakd.resolver import Resolver
-    from speakd.scheduler import Scheduler
+    from speakd.request.messages import EventType
+    from speakd.request.resolver import Resolver
+    from speakd.request.scheduler import Scheduler
 
     tmp = Path(tempfile.mkdtemp(prefix="speakd-bench-mqtt-"))
     config = Config(

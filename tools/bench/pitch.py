@@ -1,4 +1,4 @@
-"""Pitch bench: what shifting a request's pitch (``speakd.pitch``) adds to the embedded voice.
+"""Pitch bench: what shifting a request's pitch (``speakd.audio.pitch``) adds to the embedded voice.
 
     speakd-tools bench pitch [--semitones 6] [--repeat 5] [--threads 2] [--json]
 
@@ -47,7 +47,7 @@ TEXTS = {
 
 def _shift_all(chunks: list[AudioChunk], semitones: float) -> tuple[float, float]:
     """(ms for the first chunk, ms for all of them), as one segment."""
-    from speakd.pitch import Shifter
+    from speakd.audio.pitch import Shifter
 
     shifter = Shifter(semitones)
     t0 = time.perf_counter()
@@ -65,7 +65,7 @@ def _log_spectrum(x: np.ndarray, n: int = 512, hop: int = 128) -> np.ndarray:
 
 def seams(chunks: list[AudioChunk], semitones: float) -> dict[str, float]:
     """Log-spectral distance of the chunk-by-chunk shift to a one-call shift, near seams and not."""
-    from speakd.pitch import Shifter, _pitch_shift
+    from speakd.audio.pitch import Shifter, _pitch_shift
 
     rate, hop = chunks[0].sample_rate, 128
     whole = np.concatenate([c.samples() for c in chunks]).astype(np.float32) / 32768.0
@@ -89,7 +89,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
     engine = VitsEngine.embedded(threads=args.threads)
     t0 = time.perf_counter()
-    from speakd.pitch import _pitch_shift
+    from speakd.audio.pitch import _pitch_shift
 
     _pitch_shift()
     import_s = time.perf_counter() - t0

@@ -33,7 +33,7 @@ TEXT = "Please remember to close the kitchen window before you leave."
 
 
 def _runner(bundle: Path, opts: ort.SessionOptions, ctx: int) -> Any:
-    from speakd.bundle import load_bundle
+    from speakd.engines.bundle import load_bundle
     from speakd.engines.chattts.gpt_runner import GptRunner, ModelSpec
 
     b = load_bundle(bundle, verify=False)

@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 from speakd.markup.ssml import parse_ssml
-from speakd.messages import RequestError
+from speakd.request.messages import RequestError
 
 from .machine import describe
 from .machine import line as machine_line

@@ -51,7 +51,7 @@ def _voices_dir(work: Path, chattts: str) -> list[str]:
 
 
 def _first_audio_ms(sock: str, voice: str, text: str) -> float:
-    from speakd.client import Client
+    from speakd.library.client import Client
 
     with Client(sock, timeout=300) as c:
         t0 = time.monotonic()

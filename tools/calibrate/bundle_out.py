@@ -1,6 +1,6 @@
-"""Writing the calibrated bundle's manifest: every file re-hashed (``speakd.bundle.file_entry``),
-precision, recipe, corpus hash and the report; the manifest is written last so a half-written
-bundle never looks valid."""
+"""Writing the calibrated bundle's manifest: every file re-hashed
+(``speakd.engines.bundle.file_entry``), precision, recipe, corpus hash and the report; the manifest
+is written last so a half-written bundle never looks valid."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from speakd.bundle import FORMAT, FORMAT_VERSION, MANIFEST, file_entry
+from speakd.engines.bundle import FORMAT, FORMAT_VERSION, MANIFEST, file_entry
 
 REPORT_DIR = "report"
 

@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from speakd.bundle import MANIFEST, load_bundle
 from speakd.engines.base import SynthesisConfig
+from speakd.engines.bundle import MANIFEST, load_bundle
 from speakd.engines.chattts import text as textfe
 from speakd.engines.chattts.engine import ChatTTSEngine
 from speakd.engines.chattts.gpt_runner import GptRunner

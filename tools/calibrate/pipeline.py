@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from speakd.bundle import MANIFEST, load_bundle
+from speakd.engines.bundle import MANIFEST, load_bundle
 
 from ..loudness import record_loudness
 from .base import CalibrateOptions

@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from speakd.bundle import load_bundle
 from speakd.engines.base import SynthesisConfig
+from speakd.engines.bundle import load_bundle
 from speakd.engines.vits import BUNDLE_CONFIG, BUNDLE_MODEL, VitsEngine
 
 from .base import CalibrateOptions, RunBase

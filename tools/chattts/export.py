@@ -25,7 +25,7 @@ from onnx import TensorProto, helper, numpy_helper
 from safetensors.numpy import load_file
 from tqdm import tqdm
 
-from speakd.bundle import FORMAT, FORMAT_VERSION, MANIFEST, file_entry
+from speakd.engines.bundle import FORMAT, FORMAT_VERSION, MANIFEST, file_entry
 
 from ..loudness import record_loudness
 from .checkpoint import CheckpointError, CheckpointSizes, read_sizes, source_report

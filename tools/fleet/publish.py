@@ -20,8 +20,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from speakd.cache.store import CacheStore
 from speakd.cache.trust import sign
-from speakd.messages import RequestError
 from speakd.mqtt.messages import PackChunk, PackManifest, decode_object
+from speakd.request.messages import RequestError
 from speakd_tools.fleet.broker import Session
 
 log = logging.getLogger(__name__)

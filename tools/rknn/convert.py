@@ -31,11 +31,11 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from speakd.bundle import MANIFEST, file_entry, load_bundle
 from speakd.engines.base import SynthesisConfig
+from speakd.engines.bundle import MANIFEST, file_entry, load_bundle
 from speakd.engines.chattts.vocoder import StreamSchedule
 from speakd.engines.noise import SEED_INPUT, make_noise_deterministic
-from speakd.rknn_session import plan, stitch, windows
+from speakd.engines.rknn_session import plan, stitch, windows
 
 from ..calibrate.bundle_out import copy_into, write_manifest
 from ..calibrate.corpus import Corpus, Sentence

@@ -4,8 +4,8 @@ CPU and why; and the windowing that runs a sentence of any length through a fixe
 An RKNN graph has one input shape, fixed at conversion, and no data-dependent sizes. So only the
 convolutional vocoders convert: they map a [1, C, W] window of frames to W·scale output frames,
 and a sentence is cut into overlapping windows whose centres are stitched back: the daemon's own
-``plan``, ``windows`` and ``stitch`` (daemon/rknn_session.py), which the board runs too. Each
-window carries ``context`` frames of its neighbours on both sides.
+``plan``, ``windows`` and ``stitch`` (daemon/engines/rknn_session.py), which the board runs too.
+Each window carries ``context`` frames of its neighbours on both sides.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from speakd.client import Client, ClientError
+from speakd.library.client import Client, ClientError
 
 from .device import asoundrc
 from .mosquitto import free_port

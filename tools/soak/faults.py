@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from speakd.client import Client
+from speakd.library.client import Client
 
 from .daemon import Supervised, cache_check
 from .device import FifoDevice

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from speakd.client import Client
+from speakd.library.client import Client
 
 from ..bench.cache import PROMPTS
 from . import traffic

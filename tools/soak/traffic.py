@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from speakd.client import Client
+from speakd.library.client import Client
 
 from .ledger import Ledger, Request
 

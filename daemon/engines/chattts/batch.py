@@ -39,7 +39,7 @@ import onnxruntime as ort
 
 from speakd.engines.chattts.gpt_runner import DecodeStats, GptRunner, ModelSpec
 from speakd.engines.chattts.sampling import CodeSampler, SamplingParams, sample_rows
-from speakd.memory import release_pages
+from speakd.machine.memory import release_pages
 
 
 def sentence_sampler(params: SamplingParams, eos: int, seed: int, index: int) -> CodeSampler:

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from speakd.audio import AudioChunk, Word
-from speakd.bundle import INT8_SUFFIX, Bundle, BundleError, load_bundle
 from speakd.engines.base import (
     EngineError,
     SynthesisConfig,
@@ -28,6 +27,7 @@ from speakd.engines.base import (
     UnknownVoiceError,
     VoiceInfo,
 )
+from speakd.engines.bundle import INT8_SUFFIX, Bundle, BundleError, load_bundle
 from speakd.engines.chattts import text as textfe
 from speakd.engines.chattts.batch import BatchDecoder, sentence_sampler
 from speakd.engines.chattts.batch_scheduler import BatchScheduler, Sentence
@@ -46,7 +46,7 @@ from speakd.engines.chattts.vocoder import (
 from speakd.engines.options import Option
 
 if TYPE_CHECKING:
-    from speakd.npu import NpuPlan
+    from speakd.machine.npu import NpuPlan
 
 log = logging.getLogger(__name__)
 
@@ -206,7 +206,7 @@ class ChatTTSVoice:
 
     def _default_seed(self, text: str, config: SynthesisConfig) -> int:
         """The daemon passes a seed; direct callers get the one the daemon would derive."""
-        from speakd.keys import audio_key, seed_from_key
+        from speakd.engines.keys import audio_key, seed_from_key
 
         return seed_from_key(audio_key(self, text, config))
 
@@ -280,8 +280,8 @@ class ChatTTSEngine(ChatTTSVoice):
         self.concurrent_synthesis = self.batch is not None  # the resolver drops its engine lock
 
     def use_npu(self, sessions: dict[str, Any], voice: ChatTTSVoice) -> None:
-        """The Decoder and Vocos on the NPU (``speakd.rknn_session``: each row runs alone, so
-        batched chunks stay batch-invariant); the GPT stays on the CPU. The engine takes the
+        """The Decoder and Vocos on the NPU (``speakd.engines.rknn_session``: each row runs alone,
+        so batched chunks stay batch-invariant); the GPT stays on the CPU. The engine takes the
         voice's NPU bundle id and precision."""
         self.vocoder.decoder, self.vocoder.vocos = sessions["decoder"], sessions["vocos"]
         self.bundle_id, self.precision = voice.bundle_id, voice.precision

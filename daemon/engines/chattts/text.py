@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import cn2an
 from num2words import num2words
 
-from speakd.markup.sayas import Lang, cardinal, digits
+from speakd.engines.sayas import Lang, cardinal, digits
 
 WORD_TAGS = frozenset({"[uv_break]", "[laugh]", "[lbreak]"})
 _TAG = re.compile(r"(\[[A-Za-z0-9_]+\])")

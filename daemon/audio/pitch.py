@@ -3,7 +3,7 @@ word timings) unchanged.
 
 Neither engine has a pitch control, so pitch is post-processing on what the engine makes, per
 text segment, on the synthesis thread: the shifted audio is what readers play and what the cache
-stores (the pitch is in the key, ``speakd.prepare``). The shifter is Rubber Band, through
+stores (the pitch is in the key, ``speakd.request.prepare``). The shifter is Rubber Band, through
 Spotify's ``pedalboard`` (manylinux wheels for x86_64 and aarch64, GPL-3 like speakd; why this
 library: docs/ssml.md). A pitch of 0 never comes here: neutral requests keep their audio and keys.
 

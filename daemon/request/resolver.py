@@ -13,9 +13,9 @@
 - the engine's health (``Guard``): an open breaker refuses at once; a hang, a crash or a crawl
   counts against it.
 
-The audio comes from the voice the request chose (``speakd.voices``), loaded by its first flight
-when it is not. A voice's engine calls are serialised by its lock, so a cancelled flight that is
-still finishing its current step never runs side by side with the next request's synthesis —
+The audio comes from the voice the request chose (``speakd.request.voices``), loaded by its first
+flight when it is not. A voice's engine calls are serialised by its lock, so a cancelled flight that
+is still finishing its current step never runs side by side with the next request's synthesis —
 unless the engine batches (``concurrent_synthesis``, ChatTTS with ``batch_size`` > 1): then misses
 for different keys run their flights at once and share decode steps, each cancellable alone.
 """
@@ -33,18 +33,18 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from speakd.audio import AudioChunk, join_chunks, scale_volume
-from speakd.breaker import CircuitBreaker, Guard
+from speakd.audio.pitch import shifted
 from speakd.cache.store import CacheError, CacheStore, Clip
-from speakd.compose import compose
 from speakd.config import CacheConfig
 from speakd.engines.base import Engine, EngineError
-from speakd.loudness import VOICES as LOUDNESS
-from speakd.messages import SpeakRequest
-from speakd.pitch import shifted
-from speakd.prepare import Prepared
-from speakd.sounds import Sounds
-from speakd.stream import AudioStream
-from speakd.voices import VoiceLibrary
+from speakd.request.breaker import CircuitBreaker, Guard
+from speakd.request.compose import compose
+from speakd.request.loudness import VOICES as LOUDNESS
+from speakd.request.messages import SpeakRequest
+from speakd.request.prepare import Prepared
+from speakd.request.sounds import Sounds
+from speakd.request.stream import AudioStream
+from speakd.request.voices import VoiceLibrary
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +177,8 @@ class Resolver:
 
     def _compose(self, prepared: Prepared, cache_only: bool) -> AudioStream:
         """Marked-up text: its parts' streams, each a hit or a shared synthesis as above, composed
-        on a thread of its own into one stream (``speakd.compose``) at its first voice's rate."""
+        on a thread of its own into one stream (``speakd.request.compose``) at its first voice's
+        rate."""
         voice = (
             self.voices.by_bundle.get(prepared.bundle) or self.voices.by_name[self.voices.default]
         )

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from speakd.config import Config, load_config
-from speakd.hardware import (
+from speakd.machine.hardware import (
     PROJECTION_CONTEXT,
     WEIGHT_RATIO,
     CpuInfo,
@@ -23,7 +23,7 @@ Check = tuple[bool | str, str]
 
 
 def _check_engine(config: Config) -> Check:
-    from speakd.bundle import load_bundle
+    from speakd.engines.bundle import load_bundle
 
     engine = config.engine
     if not engine.bundle:
@@ -51,7 +51,7 @@ def _check_engine(config: Config) -> Check:
 def _check_voices(config: Config) -> Check:
     """Every voice the daemon would serve, read from its files (nothing loads), with its
     licence; a broken voice file is named (the daemon serves the others)."""
-    from speakd.voices import build_library
+    from speakd.request.voices import build_library
 
     library = build_library(config)
     voices = [
@@ -77,12 +77,12 @@ def _check_cpu(cpu: CpuInfo, bandwidth_gbs: float) -> Check:
 
 
 def _check_npu(config: Config) -> Check:
-    """The Rockchip NPU (speakd.npu): driver, cores, runtime, and whether the bundle has
+    """The Rockchip NPU (speakd.machine.npu): driver, cores, runtime, and whether the bundle has
     ``.rknn`` graphs (``speakd-tools rknn convert``). On a board with the driver, warns with the
     reason ``accelerator = "auto"`` would give for staying on the CPU."""
-    from speakd.bundle import load_bundle
     from speakd.engines import resolve_bundle
-    from speakd.npu import choose, probe, rknn_section
+    from speakd.engines.bundle import load_bundle
+    from speakd.machine.npu import choose, probe, rknn_section
 
     info = probe()
     path = resolve_bundle(config.engine)
@@ -100,8 +100,8 @@ def _check_npu(config: Config) -> Check:
 
 def _check_speed(config: Config, cpu: CpuInfo, bandwidth_gbs: float) -> Check:
     """Warn when the configured precision's projected GPT step is slower than real time."""
-    from speakd.bundle import BundleError, load_bundle
     from speakd.engines import resolve_bundle
+    from speakd.engines.bundle import BundleError, load_bundle
 
     path = resolve_bundle(config.engine)
     if path is None or config.engine.kind != "chattts":
@@ -167,7 +167,7 @@ def _check_audio(config: Config) -> Check:
 
 
 def _check_socket(config: Config, socket_path: str | None) -> Check:
-    from speakd.client import Client, ClientError
+    from speakd.library.client import Client, ClientError
 
     path = socket_path or config.socket.path
     try:

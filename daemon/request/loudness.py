@@ -2,11 +2,11 @@
 
 Every voice plays at ``audio.loudness_lufs`` (docs/configuration.md): a voice's gain is measured
 once, over a fixed calibration text in its language, and every chunk it makes is scaled by that one
-constant (no pumping), before the cache stores it (``speakd.resolver``). The meter is BS.1770's:
-K-weighting (a high shelf and a high pass, the biquads of the recommendation, applied here in the
-frequency domain so the device needs no scipy), mean square over 400 ms blocks every 100 ms, an
-absolute gate at -70 LUFS and a relative gate 10 LU under the absolutely gated level. The test
-suite checks it against ``pyloudnorm``.
+constant (no pumping), before the cache stores it (``speakd.request.resolver``). The meter is
+BS.1770's: K-weighting (a high shelf and a high pass, the biquads of the recommendation, applied
+here in the frequency domain so the device needs no scipy), mean square over 400 ms blocks every 100
+ms, an absolute gate at -70 LUFS and a relative gate 10 LU under the absolutely gated level. The
+test suite checks it against ``pyloudnorm``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ RELATIVE_GATE = -10.0
 MAX_GAIN = 100.0  # +40 dB: a near-silent (broken) voice is not blown up into its noise
 
 # What a voice says to be measured. Changing it changes every voice's gain: bump CALIBRATION,
-# which is in every audio key (``speakd.prepare``), so no clip made with the old gain is served.
+# which is in every audio key (``speakd.request.prepare``), so no clip made with the old gain is
+# served.
 CALIBRATION = 1
 CALIBRATION_TEXT = {
     "en": "The next train to the airport leaves from platform two in five minutes. "

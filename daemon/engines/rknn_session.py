@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from speakd.bundle import BundleError, sha256_file
+from speakd.engines.bundle import BundleError, sha256_file
 
 log = logging.getLogger(__name__)
 

@@ -29,14 +29,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from speakd.bundle import INT8_SUFFIX
 from speakd.config import Config, ConfigError, EngineConfig
 from speakd.engines import accelerate, describe_engine, load_engine, load_model
 from speakd.engines.base import Engine, EngineError, SynthesisConfig, VoiceInfo, VoiceModel
+from speakd.engines.bundle import INT8_SUFFIX
 from speakd.engines.registry import KINDS, kind_of
-from speakd.errors import RequestError
-from speakd.memory import rss_bytes, trim_heap
-from speakd.prepare import (
+from speakd.machine.memory import rss_bytes, trim_heap
+from speakd.request.errors import RequestError
+from speakd.request.prepare import (
     DEFAULT_VOICE,
     Prepared,
     bcp47,
@@ -170,7 +170,7 @@ class VoiceLibrary:
         return None
 
     def prepare(self, text: str, config: SynthesisConfig, *, strict_lang: bool = True) -> Prepared:
-        """``speakd.prepare.prepare`` against the voice the request chooses."""
+        """``speakd.request.prepare.prepare`` against the voice the request chooses."""
         voice, name, lang = self.select(config.voice, config.lang, strict=strict_lang)
         extra = config.extra
         piper_like = any(o.name == "sentence_silence" for o in voice.model.options)
@@ -296,7 +296,7 @@ class VoiceLibrary:
                     "licence": voice.licence,
                     "options": [o.describe() for o in model.options],
                     # SSML this voice's engine cannot honour is said so (docs/ssml.md); pitch is
-                    # every voice's (speakd.pitch shifts the engine's PCM)
+                    # every voice's (speakd.audio.pitch shifts the engine's PCM)
                     "ssml": {"pitch": True, "phonemes": getattr(model, "phoneme_input", False)},
                 }
             )
@@ -420,7 +420,7 @@ def _bundle_kind(path: Path) -> str:
 
 
 def _describe(path: Path, kind: str) -> VoiceModel | VoiceProblem:
-    from speakd.bundle import BundleError
+    from speakd.engines.bundle import BundleError
 
     try:
         return kind_of(kind).describe(path)

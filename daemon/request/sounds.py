@@ -9,8 +9,8 @@ Pinned names are read from the cache once (``Sounds`` is made with the resolver,
 reload) and a name not known then is looked for again when asked, so a pack imported meanwhile is
 found.
 
-Sounds play at the loudness target like voices (``speakd.loudness``): a clip normalised to the
-target by its voice plays as stored, one normalised to another level is moved by the difference,
+Sounds play at the loudness target like voices (``speakd.request.loudness``): a clip normalised to
+the target by its voice plays as stored, one normalised to another level is moved by the difference,
 and a clip without a level (made with loudness off) or a built-in chime is measured once
 (BS.1770) and scaled to the target. The gain follows from the sound's key and the target, both in
 the request's key (``speakd.markup.plan.plan_key``).
@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING
 
 from speakd.audio import AudioChunk, scale_volume
 from speakd.cache.store import CacheError, Clip
-from speakd.errors import RequestError
-from speakd.loudness import gain_for, integrated_loudness
-from speakd.prepare import Sound
+from speakd.request.errors import RequestError
+from speakd.request.loudness import gain_for, integrated_loudness
+from speakd.request.prepare import Sound
 
 if TYPE_CHECKING:
     from speakd.cache.store import CacheStore

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from speakd.engines.base import EngineError
-from speakd.stream import EngineTimeout
+from speakd.request.stream import EngineTimeout
 
 __all__ = ["CircuitBreaker", "EngineTimeout", "EngineUnavailable", "Guard"]
 
@@ -95,7 +95,7 @@ class Guard:
     breaker: CircuitBreaker
     hang_timeout_s: float = 30.0
     max_rtf: float = 3.0
-    # told (compute s, audio s) of every synthesis that ran to its end (speakd.metrics: RTF)
+    # told (compute s, audio s) of every synthesis that ran to its end (speakd.control.metrics: RTF)
     on_synthesis: Callable[[float, float], None] | None = None
 
     def admit(self) -> None:

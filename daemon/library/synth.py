@@ -8,17 +8,17 @@ from pathlib import Path
 from typing import Any
 
 from speakd.audio import join_chunks, write_wav
-from speakd.bundle import load_bundle
 from speakd.config import EngineConfig
 from speakd.engines import load_engine
 from speakd.engines.base import EngineError, SynthesisConfig
-from speakd.loudness import DEFAULT_LUFS
+from speakd.engines.bundle import load_bundle
 from speakd.markup.plan import prepare_request
 from speakd.markup.ssml import is_ssml
-from speakd.messages import SpeakRequest
-from speakd.resolver import Resolver
-from speakd.stream import Cancel
-from speakd.voices import VoiceLibrary
+from speakd.request.loudness import DEFAULT_LUFS
+from speakd.request.messages import SpeakRequest
+from speakd.request.resolver import Resolver
+from speakd.request.stream import Cancel
+from speakd.request.voices import VoiceLibrary
 
 
 def engine_config_for(bundle: Path | None, threads: int) -> EngineConfig:

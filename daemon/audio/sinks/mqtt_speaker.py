@@ -16,8 +16,8 @@ from collections.abc import Callable
 from typing import Any
 
 from speakd.audio import AudioChunk, wav_bytes
+from speakd.audio.sinks import SinkUnavailable
 from speakd.mqtt.messages import Message, PlayBytes
-from speakd.sinks import SinkUnavailable
 
 log = logging.getLogger(__name__)
 

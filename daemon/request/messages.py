@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from speakd.engines.base import EngineError, SynthesisConfig, UnknownVoiceError
-from speakd.errors import RequestError
+from speakd.request.errors import RequestError
 
 if TYPE_CHECKING:
-    from speakd.prepare import Prepared
+    from speakd.request.prepare import Prepared
 
 
 class Priority(enum.IntEnum):
@@ -56,7 +56,7 @@ EventCallback = Callable[["Event"], None]
 @dataclass
 class SpeakRequest:
     """A request in the daemon: what the client asked (``text``, ``config``), how it is queued, and
-    once a front-end has validated it, what it means (``prepared``, ``speakd.prepare``)."""
+    once a front-end has validated it, what it means (``prepared``, ``speakd.request.prepare``)."""
 
     text: str
     id: str = field(default_factory=new_request_id)

@@ -17,20 +17,20 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from speakd.audio.pitch import PITCH_RANGE
 from speakd.engines.base import SynthesisConfig
-from speakd.errors import RequestError
 from speakd.markup.capitals import Capitals
 from speakd.markup.lexicon import Lexicon
 from speakd.markup.plan import prepare_request, with_chime
 from speakd.markup.punctuation import Punctuation
 from speakd.markup.ssml import is_ssml
-from speakd.messages import Event, EventCallback, Priority, SpeakRequest, validate_text
-from speakd.pitch import PITCH_RANGE
-from speakd.prepare import Marker, Part, Silence, Sound, Speech
-from speakd.scheduler import Scheduler
-from speakd.sounds import CHIMES, Sounds
-from speakd.stream import AudioStream
-from speakd.voices import VoiceLibrary
+from speakd.request.errors import RequestError
+from speakd.request.messages import Event, EventCallback, Priority, SpeakRequest, validate_text
+from speakd.request.prepare import Marker, Part, Silence, Sound, Speech
+from speakd.request.scheduler import Scheduler
+from speakd.request.sounds import CHIMES, Sounds
+from speakd.request.stream import AudioStream
+from speakd.request.voices import VoiceLibrary
 
 if TYPE_CHECKING:
     from speakd.cache.store import CacheStore
@@ -43,7 +43,7 @@ FORMATS = ("text", "ssml")
 
 class Observer(Protocol):
     """Hears of every request played, streamed back or refused, whichever front-end made it
-    (``speakd.metrics``); the outcome of a played one comes with the scheduler's events."""
+    (``speakd.control.metrics``); the outcome of a played one comes with the scheduler's events."""
 
     def said(self, request: SpeakRequest) -> None: ...
 
@@ -96,9 +96,9 @@ class Control:
         """Validate a request's fields (every front-end maps onto these names) and prepare it:
         ``text``, ``format`` (``text`` or ``ssml``; a text whose root is ``<speak>`` is SSML
         either way), ``id``, ``voice``, ``speaker``, ``lang``, ``priority``, ``speed``,
-        ``volume``, ``pitch`` (semitones, ``speakd.pitch``), ``seed``, ``params`` (the engine's
-        options), ``cache_only``, ``words`` (word events, ``speakd.audio.Word``), ``chime`` (a
-        sound played first, ``speakd.sounds``),
+        ``volume``, ``pitch`` (semitones, ``speakd.audio.pitch``), ``seed``, ``params`` (the
+        engine's options), ``cache_only``, ``words`` (word events, ``speakd.audio.Word``), ``chime``
+        (a sound played first, ``speakd.request.sounds``),
         ``punctuation`` and ``punctuation_important`` (symbols said by name,
         ``speakd.markup.punctuation``), ``capitals`` (``none``, ``spell`` or ``icon``,
         ``speakd.markup.capitals``)."""

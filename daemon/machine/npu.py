@@ -123,7 +123,7 @@ def rknn_section(manifest: dict[str, Any] | None) -> dict[str, Any] | None:
 def _manifest(bundle: Path | None) -> dict[str, Any] | None:
     if bundle is None or not (bundle / "manifest.json").is_file():
         return None  # a bare Piper voice or the embedded one: no bundle, no .rknn graphs
-    from speakd.bundle import BundleError, load_bundle
+    from speakd.engines.bundle import BundleError, load_bundle
 
     try:
         return load_bundle(bundle, verify=False).manifest

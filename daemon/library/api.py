@@ -20,10 +20,10 @@ from typing import Any
 
 from speakd.audio import AudioChunk, join_chunks, scale_volume, write_wav
 from speakd.engines.base import Engine, EngineError, SynthesisConfig
-from speakd.errors import RequestError
-from speakd.loudness import DEFAULT_LUFS
-from speakd.loudness import VOICES as LOUDNESS
-from speakd.prepare import Prepared, bcp47, prepare
+from speakd.request.errors import RequestError
+from speakd.request.loudness import DEFAULT_LUFS
+from speakd.request.loudness import VOICES as LOUDNESS
+from speakd.request.prepare import Prepared, bcp47, prepare
 
 
 @dataclass
@@ -81,7 +81,7 @@ def load_engine(bundle_or_voice: str | Path | None = None, *, threads: int = 2) 
     verified); a ``.onnx`` file: a Piper voice with its ``.onnx.json`` beside it."""
     from speakd.engines import load_engine as load_configured
     from speakd.engines.vits import VitsEngine
-    from speakd.synth import engine_config_for
+    from speakd.library.synth import engine_config_for
 
     if bundle_or_voice is not None and Path(bundle_or_voice).suffix == ".onnx":
         return LoadedEngine(VitsEngine.load(Path(bundle_or_voice), threads=threads))

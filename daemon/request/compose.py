@@ -5,8 +5,8 @@ each prepared and keyed on its own (``speakd.markup.plan``), silences, marks and
 ``compose`` produces the request's one ``AudioStream``: it opens each text part's own stream — a
 cache hit, or a synthesis shared with every other reader of that key — and copies its chunks in,
 scaled by the part's volume and resampled to the request's rate; a silence is zeros; a mark is
-noted before the chunk it precedes (``AudioStream.marks``); a sound (``speakd.sounds``) is its
-samples, resampled whole, so the next part follows its last sample with no gap. Only the parts
+noted before the chunk it precedes (``AudioStream.marks``); a sound (``speakd.request.sounds``) is
+its samples, resampled whole, so the next part follows its last sample with no gap. Only the parts
 are cached, so the same sentence in other markup shares its clip, and a mark's sample offset is
 exact whichever parts were cached.
 """
@@ -20,8 +20,8 @@ import numpy as np
 import soxr
 
 from speakd.audio import AudioChunk, scale_volume
-from speakd.prepare import Marker, Part, Prepared, Silence, Sound
-from speakd.stream import AudioStream
+from speakd.request.prepare import Marker, Part, Prepared, Silence, Sound
+from speakd.request.stream import AudioStream
 
 OpenPart = Callable[[Prepared], AudioStream]
 OpenSound = Callable[[Sound], AudioChunk]

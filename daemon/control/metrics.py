@@ -8,7 +8,8 @@ Fed from three places, so no front-end counts anything itself and a new one is c
   ``speakd.control``'s ``observer``;
 - the scheduler's ``listeners`` carry every played request's events: ``started`` gives the
   first-audio latency, the terminal ``finished``/``error`` the outcome;
-- the ``Guard`` (``speakd.breaker``) reports each synthesis it judged (compute s, audio s): RTF.
+- the ``Guard`` (``speakd.request.breaker``) reports each synthesis it judged (compute s, audio s):
+  RTF.
 
 The front-end label is the prefix of ``SpeakRequest.origin`` (``json:``, ``ssip:``, ``mqtt:``,
 ``wyoming:``, ``http:``). Queue, streams, cache and breaker figures are read from
@@ -34,8 +35,8 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from speakd.messages import Event, EventType, SpeakRequest, error_data
-from speakd.stream import AudioStream
+from speakd.request.messages import Event, EventType, SpeakRequest, error_data
+from speakd.request.stream import AudioStream
 
 if TYPE_CHECKING:
     from speakd.control import Control

@@ -1,6 +1,6 @@
 """One synthesis, many readers: the audio stream every consumer of a request reads.
 
-A prepared request opens an ``AudioStream`` (``speakd.resolver``). One producer fills it — a
+A prepared request opens an ``AudioStream`` (``speakd.request.resolver``). One producer fills it — a
 synthesis thread, or the cache handing over a stored clip at once — and any number of readers
 follow it from its first chunk: the playback worker, a socket ``synth`` client, a Wyoming or HTTP
 caller, ``speakd synth`` and precompute. A reader that joins late starts from the beginning.
@@ -128,7 +128,8 @@ class AudioStream:
         self._wake()
 
     def mark(self, name: str) -> None:
-        """A mark at this point of the audio, before the next chunk put (``speakd.compose``)."""
+        """A mark at this point of the audio, before the next chunk put
+        (``speakd.request.compose``)."""
         with self._cond:
             if not self.done:
                 self.marks.append((len(self.chunks), name))

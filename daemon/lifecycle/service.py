@@ -1,5 +1,5 @@
-"""``speakd serve``: load the ``[engine]`` voice and read the others (speakd.voices), start the
-scheduler and the listeners, then tell systemd.
+"""``speakd serve``: load the ``[engine]`` voice and read the others (speakd.request.voices), start
+the scheduler and the listeners, then tell systemd.
 
 READY=1 goes out only after the model is loaded and every listener is up; WATCHDOG=1 is sent from
 the event loop itself, so a wedged loop stops the pings and systemd restarts the daemon. SIGHUP
@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from speakd.audio import AudioChunk, join_chunks
-from speakd.breaker import CircuitBreaker, Guard
+from speakd.audio.sinks import Sink, make_sink
 from speakd.config import Config, ConfigError, EngineConfig, load_config
 from speakd.control import Control
+from speakd.control.metrics import Metrics
 from speakd.engines import load_engine
 from speakd.engines.base import Engine
 from speakd.frontends.http import HttpFrontend
@@ -34,14 +35,13 @@ from speakd.frontends.mqtt import MqttFrontend
 from speakd.frontends.ssip import SsipFrontend
 from speakd.frontends.unixserver import AccessPolicy, start_unix_server
 from speakd.frontends.wyoming import WyomingFrontend
+from speakd.lifecycle.notify import listen_fds, notify, watchdog_interval
 from speakd.markup.lexicon import Lexicon, LexiconError
-from speakd.messages import SpeakRequest
-from speakd.metrics import Metrics
-from speakd.notify import listen_fds, notify, watchdog_interval
-from speakd.resolver import Resolver
-from speakd.scheduler import Scheduler
-from speakd.sinks import Sink, make_sink
-from speakd.voices import VoiceLibrary, build_library
+from speakd.request.breaker import CircuitBreaker, Guard
+from speakd.request.messages import SpeakRequest
+from speakd.request.resolver import Resolver
+from speakd.request.scheduler import Scheduler
+from speakd.request.voices import VoiceLibrary, build_library
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from speakd.messages import Priority
+from speakd.request.messages import Priority
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,8 @@
 
 sha256 of a canonical JSON of everything that changes the audio — the text as normalised for the
 request's language, the resolved synthesis parameters (voice, and the language where the engine
-reads text by it) and the bundle id — never the text alone. ``speakd.prepare`` is its one caller in
-the request path.
+reads text by it) and the bundle id — never the text alone. ``speakd.request.prepare`` is its one
+caller in the request path.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """The one queue every front-end feeds: priorities, interruption, stop/cancel, and playback.
 
 What to do with a new request — admit, replace, interrupt, discard — is decided by
-``speakd.policy`` (SSIP's rules, as pure functions); this module carries the decisions out.
+``speakd.request.policy`` (SSIP's rules, as pure functions); this module carries the decisions out.
 
 Threads: the queue logic runs on the asyncio loop; each utterance plays on one worker thread that
-opens the request's audio stream (``speakd.resolver``: a cache hit is whole at once, a miss is
-filled by its synthesis thread) and reads it straight into the sink, so a cache hit reaches the
+opens the request's audio stream (``speakd.request.resolver``: a cache hit is whole at once, a miss
+is filled by its synthesis thread) and reads it straight into the sink, so a cache hit reaches the
 sink with one hand-off, and every wait is on an event, never a poll. Playback goes in blocks of
 ``block_ms``; cancellation is checked between blocks, so stop/cancel take effect within one block.
 A pause (of all requests, or of one client's) is checked there too: the playing utterance is
@@ -25,10 +25,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from speakd import policy
 from speakd.audio import AudioChunk, Word, scale_volume
-from speakd.logcontext import request_context
-from speakd.messages import (
+from speakd.audio.sinks import Sink, SinkUnavailable
+from speakd.machine.logcontext import request_context
+from speakd.request import policy
+from speakd.request.messages import (
     Event,
     EventCallback,
     EventType,
@@ -37,9 +38,8 @@ from speakd.messages import (
     SpeakRequest,
     error_data,
 )
-from speakd.resolver import Resolver
-from speakd.sinks import Sink, SinkUnavailable
-from speakd.stream import AudioStream, Cancel
+from speakd.request.resolver import Resolver
+from speakd.request.stream import AudioStream, Cancel
 
 log = logging.getLogger(__name__)
 
@@ -491,8 +491,8 @@ def _order(job: Job) -> tuple[int, int]:
 
 def _degrades(e: BaseException) -> bool:
     """Failures of the engine itself (not of the request) fall back to the cached prompt."""
-    from speakd.breaker import EngineTimeout, EngineUnavailable
     from speakd.engines.base import EngineError
+    from speakd.request.breaker import EngineTimeout, EngineUnavailable
 
     if isinstance(e, RequestError):
         return False

@@ -13,12 +13,12 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from speakd.audio.pitch import neutral
 from speakd.engines.base import EngineError, SynthesisConfig, VoiceInfo, VoiceModel
+from speakd.engines.keys import key_of, seed_from_key
 from speakd.engines.options import OptionError, validate
-from speakd.errors import RequestError
-from speakd.keys import key_of, seed_from_key
-from speakd.loudness import CALIBRATION
-from speakd.pitch import neutral
+from speakd.request.errors import RequestError
+from speakd.request.loudness import CALIBRATION
 
 DEFAULT_VOICE = "default"
 
@@ -28,7 +28,7 @@ class Prepared:
     """A request ready for the cache or the engine. ``config`` has the voice resolved and the seed
     pinned; ``params`` is what the engine says changes the audio (stored beside each clip).
     Marked-up text (SSML, ``speakd.markup.plan``) has ``parts``: its audio is composed of them
-    (``speakd.compose``), and ``key`` hashes them."""
+    (``speakd.request.compose``), and ``key`` hashes them."""
 
     text: str
     normalized: str
@@ -59,7 +59,7 @@ class Marker:
 
 @dataclass(frozen=True)
 class Sound:
-    """A sound played as it is (``speakd.sounds``): a built-in chime or a pinned clip, by
+    """A sound played as it is (``speakd.request.sounds``): a built-in chime or a pinned clip, by
     ``name``; ``key`` says which audio, ``loudness`` the LUFS it plays at (None: as stored)."""
 
     name: str
@@ -83,11 +83,11 @@ def prepare(
     ``strict_lang`` False (SSIP's LANGUAGE setting) lets a language no voice speaks fall back to
     the default voice, as speech-dispatcher does, instead of failing the request.
 
-    ``loudness`` is the LUFS the clip is normalised to (``speakd.loudness``; None: as the engine
-    makes it; the daemon's is audio.loudness_lufs). It is in ``params`` and so in the key, since
-    it changes the clip's bytes, but not in the seed: the same request at another level is the
-    same speech, louder. ``config.pitch`` (semitones, ``speakd.pitch``) is keyed the same way; a
-    neutral pitch adds nothing, so its key and audio are those of a request without one.
+    ``loudness`` is the LUFS the clip is normalised to (``speakd.request.loudness``; None: as the
+    engine makes it; the daemon's is audio.loudness_lufs). It is in ``params`` and so in the key,
+    since it changes the clip's bytes, but not in the seed: the same request at another level is the
+    same speech, louder. ``config.pitch`` (semitones, ``speakd.audio.pitch``) is keyed the same way;
+    a neutral pitch adds nothing, so its key and audio are those of a request without one.
     """
     try:
         extra = validate(engine.options, config.extra)

@@ -1,0 +1,1 @@
+"""speakd as a library: in-process synthesis, `speakd synth`, the socket client."""

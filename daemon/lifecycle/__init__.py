@@ -1,0 +1,1 @@
+"""The daemon's life: start-up, systemd notifications, reload, shutdown, and `speakd doctor`."""
