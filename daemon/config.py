@@ -18,6 +18,10 @@ from speakd.machine.npu import ACCELERATORS
 from speakd.request.loudness import DEFAULT_LUFS
 
 DEFAULT_CONFIG_PATH = Path("/etc/speakd/speakd.toml")
+# The engine kinds a file may name (engine.kind), as data: speakd.engines.registry says what each
+# one is and how to load it, under these names (tests/test_config.py holds the two together).
+# The registry imports this module's EngineConfig; this module never imports the registry.
+ENGINE_KINDS = ("vits", "chattts")
 ENV_PREFIX = "SPEAKD_"
 
 
@@ -88,9 +92,7 @@ class EngineConfig:
     accelerator: str = "cpu"
 
     def validate(self) -> None:
-        from speakd.engines.registry import KINDS
-
-        _choice("engine.kind", self.kind, tuple(KINDS))
+        _choice("engine.kind", self.kind, ENGINE_KINDS)
         _choice("engine.precision", self.precision, ("int8", "exact"))
         _choice("engine.accelerator", self.accelerator, ACCELERATORS)
         if self.kind == "chattts" and not self.bundle:

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from speakd.config import ConfigError, load_config
+from speakd.config import ENGINE_KINDS, ConfigError, load_config
+from speakd.engines.registry import KINDS
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -84,3 +85,9 @@ def test_http_beyond_loopback_needs_a_token(tmp_path: Path) -> None:
         load_config(
             None, env={"SPEAKD_HTTP_LISTEN": ":1", "SPEAKD_HTTP_TOKEN_FILE": str(token_file)}
         )
+
+
+def test_config_names_every_engine_kind_the_registry_has() -> None:
+    """config.py takes the kinds as data (it never imports the registry, which imports it): the
+    two lists must stay one."""
+    assert sorted(ENGINE_KINDS) == sorted(KINDS)

@@ -2,9 +2,11 @@
 
 Each kind says how to read a voice of its own (a bundle folder, or a bare model file) without
 loading it, how to load it, whether it ships an embedded voice, who makes its models (Wyoming's
-``info``) and the licence its published weights carry when a voice does not name one. The
-config (``engine.kind``), the voice library, Wyoming, ``speakd doctor`` and the docs read this
-table; adding a kind means adding one entry here and its modules in ``speakd.engines``.
+``info``) and the licence its published weights carry when a voice does not name one. The voice
+library, Wyoming, ``speakd doctor`` and the docs read this table. The config takes the kinds'
+names as data (``speakd.config.ENGINE_KINDS``, what ``engine.kind`` may say) and never imports
+this module, which imports its ``EngineConfig``: adding a kind means adding its name there, one
+entry here and its modules in ``speakd.engines``.
 """
 
 from __future__ import annotations
