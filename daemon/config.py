@@ -15,13 +15,13 @@ from typing import Any, get_args, get_origin, get_type_hints
 from urllib.parse import urlparse
 
 from speakd.machine.npu import ACCELERATORS
-from speakd.request.loudness import DEFAULT_LUFS
 
 DEFAULT_CONFIG_PATH = Path("/etc/speakd/speakd.toml")
 # The engine kinds a file may name (engine.kind), as data: speakd.engines.registry says what each
 # one is and how to load it, under these names (tests/test_config.py holds the two together).
 # The registry imports this module's EngineConfig; this module never imports the registry.
 ENGINE_KINDS = ("vits", "chattts")
+DEFAULT_LUFS = -20.0  # audio.loudness_lufs: a broadcast-style level (EBU R 128 is -23)
 ENV_PREFIX = "SPEAKD_"
 
 

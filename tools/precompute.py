@@ -41,13 +41,13 @@ from typing import Any
 
 from speakd.audio import join_chunks
 from speakd.cache.store import CacheError, CacheStore, Clip
+from speakd.config import DEFAULT_LUFS
 from speakd.engines.base import Engine, EngineError, SynthesisConfig
 from speakd.engines.bundle import BundleError
 from speakd.markup.lexicon import Lexicon, LexiconError
 from speakd.markup.plan import prepare_request
 from speakd.markup.ssml import is_ssml
 from speakd.request.breaker import CircuitBreaker, Guard
-from speakd.request.loudness import DEFAULT_LUFS
 from speakd.request.messages import SpeakRequest
 from speakd.request.prepare import Prepared, Sound, Speech, prepare
 from speakd.request.resolver import Resolver

@@ -13,10 +13,10 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from speakd.engines.base import Engine, EngineError, VoiceModel
-from speakd.engines.bundle import INT8_SUFFIX
+from speakd.engines.bundle import INT8_SUFFIX, BundleError, load_bundle
 from speakd.engines.registry import kind_of
 from speakd.machine.memory import trim_heap
 
@@ -51,13 +51,23 @@ def describe_engine(config: EngineConfig) -> VoiceModel:
     return accelerate(kind.embedded(), config)
 
 
+def _manifest(bundle: Path | None) -> dict[str, Any] | None:
+    if bundle is None or not (bundle / "manifest.json").is_file():
+        return None  # a bare Piper voice or the embedded one: no bundle, no .rknn graphs
+    try:
+        return load_bundle(bundle, verify=False).manifest
+    except BundleError:
+        return None  # the voice's own loader names the problem
+
+
 def accelerate(voice: VoiceModel, config: EngineConfig) -> VoiceModel:
     """``engine.accelerator`` (speakd.machine.npu): a voice whose bundle has ``.rknn`` graphs that
     this board's NPU can run gets an NPU plan, and its own bundle id and precision, since NPU audio
     is another precision; otherwise one log line says why the CPU runs it."""
     from speakd.machine.npu import plan_for
 
-    plan = plan_for(config.accelerator, getattr(voice, "bundle_dir", None))
+    bundle = getattr(voice, "bundle_dir", None)
+    plan = plan_for(config.accelerator, bundle, _manifest(bundle))
     if plan is not None:
         voice.npu = plan  # type: ignore[attr-defined]  (VitsVoice, ChatTTSVoice)
         voice.bundle_id = f"{voice.bundle_id}+{plan.tag}"

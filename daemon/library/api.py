@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from speakd.audio import AudioChunk, join_chunks, scale_volume, write_wav
+from speakd.config import DEFAULT_LUFS
 from speakd.engines.base import Engine, EngineError, SynthesisConfig
 from speakd.request.errors import RequestError
-from speakd.request.loudness import DEFAULT_LUFS
 from speakd.request.loudness import VOICES as LOUDNESS
 from speakd.request.prepare import Prepared, bcp47, prepare
 

@@ -8,13 +8,12 @@ from pathlib import Path
 from typing import Any
 
 from speakd.audio import join_chunks, write_wav
-from speakd.config import EngineConfig
+from speakd.config import DEFAULT_LUFS, EngineConfig
 from speakd.engines import load_engine
 from speakd.engines.base import EngineError, SynthesisConfig
 from speakd.engines.bundle import load_bundle
 from speakd.markup.plan import prepare_request
 from speakd.markup.ssml import is_ssml
-from speakd.request.loudness import DEFAULT_LUFS
 from speakd.request.messages import SpeakRequest
 from speakd.request.resolver import Resolver
 from speakd.request.stream import Cancel

@@ -120,17 +120,6 @@ def rknn_section(manifest: dict[str, Any] | None) -> dict[str, Any] | None:
     return section if section and section.get("graphs") else None
 
 
-def _manifest(bundle: Path | None) -> dict[str, Any] | None:
-    if bundle is None or not (bundle / "manifest.json").is_file():
-        return None  # a bare Piper voice or the embedded one: no bundle, no .rknn graphs
-    from speakd.engines.bundle import BundleError, load_bundle
-
-    try:
-        return load_bundle(bundle, verify=False).manifest
-    except BundleError:
-        return None  # the voice's own loader names the problem
-
-
 def choose(setting: str, manifest: dict[str, Any] | None, info: NpuInfo) -> Decision:
     """``cpu``: always the CPU. ``rknn`` and ``auto``: the NPU when the bundle has ``.rknn``
     graphs for this SoC, the driver is loaded and rknn-toolkit-lite2 is installed; otherwise
@@ -189,12 +178,17 @@ def _once(level: int, message: str) -> None:
         log.log(level, message)
 
 
-def plan_for(setting: str, bundle: Path | None, info: NpuInfo | None = None) -> NpuPlan | None:
-    """``engine.accelerator`` for one voice's bundle: the NPU plan, or None after one log line
-    that says why the CPU runs it (nothing is logged for ``cpu``, and nothing is probed)."""
+def plan_for(
+    setting: str,
+    bundle: Path | None,
+    manifest: dict[str, Any] | None,
+    info: NpuInfo | None = None,
+) -> NpuPlan | None:
+    """``engine.accelerator`` for one voice's bundle (and its manifest, as the engines read it):
+    the NPU plan, or None after one log line that says why the CPU runs it (nothing is logged for
+    ``cpu``, and nothing is probed)."""
     if setting == "cpu":
         return None
-    manifest = _manifest(bundle)
     decision = choose(setting, manifest, info or probe())
     if decision.accelerator == "rknn" and bundle is not None:
         _once(logging.INFO, f"engine.accelerator = {setting}, {bundle}: {decision.reason}")

@@ -37,7 +37,6 @@ CALIBRATION_TEXT = {
     "zh": "下一班开往机场的列车将在五分钟后从二号站台出发。请不要靠近正在关闭的车门。",
 }
 CALIBRATION_SEED = 1770
-DEFAULT_LUFS = -20.0  # audio.loudness_lufs: a broadcast-style level (EBU R 128 is -23)
 
 
 def _biquad(kind: str, gain_db: float, q: float, fc: float, rate: int) -> tuple[list, list]:
