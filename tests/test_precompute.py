@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from speakd.cache.store import CacheStore
+from speakd.config import DEFAULT_LUFS
 from speakd.engines.base import SynthesisConfig
 from speakd.markup.lexicon import Lexicon
 from speakd.markup.plan import prepare_request
-from speakd.request.loudness import DEFAULT_LUFS, record
+from speakd.request.loudness import record
 from speakd.request.messages import SpeakRequest
 from speakd.request.resolver import Resolver
 from speakd.request.voices import VoiceLibrary

@@ -366,8 +366,9 @@ def arm_runs(arm: Arm, bundles: dict[str, Path], x86: dict, work: Path) -> dict[
 def test_arm64_synth_embedded_voice_matches_x86(cpu: str, arm_runs, x86) -> None:
     run_ = arm_runs[cpu]
     run_.need("synth embedded")
+    from speakd.config import DEFAULT_LUFS
     from speakd.engines.vits import EMBEDDED_LOUDNESS
-    from speakd.request.loudness import DEFAULT_LUFS, gain_for
+    from speakd.request.loudness import gain_for
 
     gain = gain_for(EMBEDDED_LOUDNESS["lufs"], DEFAULT_LUFS)  # a step before it is `gain` after
     snr, diff = compare_fp32_audio(
