@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from speakd.cache.packs import export_pack, import_pack
-from speakd.cache.store import SCHEMA_VERSION, CacheError, CacheStore, Clip
+from speakd.cache.schema import MIGRATIONS, SCHEMA_VERSION, CacheError
+from speakd.cache.store import CacheStore, Clip
 from speakd.cli import main as speakd_main
 from speakd.engines.base import SynthesisConfig
 from speakd.engines.keys import audio_key
@@ -88,7 +89,6 @@ def test_a_schema_1_cache_keeps_its_clips_and_gains_word_timings(tmp_path: Path)
     from sqlite_utils import Database
 
     from speakd.audio import Word
-    from speakd.cache.store import MIGRATIONS
 
     path = tmp_path / "c.db"
     old = Database(sqlite3.connect(path))

@@ -13,6 +13,10 @@ to every hit to save disk space the byte budget already bounds).
 
 One connection serves every thread behind a lock; other processes (``speakd cache import`` while
 the daemon runs) are serialised by SQLite's own locking with a busy timeout.
+
+This module holds the clips and every query; the file itself (opening it, its schema and
+migrations, telling and moving aside a damaged one) is ``speakd.cache.schema``, which also defines
+``CacheError``, the error of both.
 """
 
 from __future__ import annotations
@@ -33,29 +37,21 @@ from typing import Any, TypeVar
 from sqlite_utils import Database
 
 from speakd.audio import SAMPLE_WIDTH, AudioChunk, Word
+from speakd.cache.schema import (
+    SCHEMA_VERSION,
+    CacheError,
+    connect,
+    is_corruption,
+    move_aside,
+    write_transaction,
+)
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2
 ENCODING = "pcm_s16le"
-SQLITE_MAGIC = b"SQLite format 3\x00"
-_CORRUPT_CODES = {11, 26}  # SQLITE_CORRUPT, SQLITE_NOTADB (primary result codes)
 TOUCH_FLUSH_S = 30.0  # hit bookkeeping is batched: fewer fsyncs, less SD-card wear
 
 T = TypeVar("T")
-
-
-class CacheError(Exception):
-    """The cache cannot be used as asked; the message names the file."""
-
-
-def is_corruption(e: BaseException) -> bool:
-    code = getattr(e, "sqlite_errorcode", None)
-    return (
-        isinstance(e, sqlite3.DatabaseError)
-        and code is not None
-        and code & 0xFF in (_CORRUPT_CODES)
-    )
 
 
 @dataclass
@@ -131,80 +127,6 @@ class Clip:
         )
 
 
-@contextmanager
-def _write(db: Database) -> Iterator[None]:
-    """A write transaction that takes the write lock up front (BEGIN IMMEDIATE).
-
-    A deferred BEGIN that reads and then writes fails at once with "database is locked" when
-    another connection (the daemon vs `speakd cache import`) committed in between; IMMEDIATE
-    waits for the lock under the busy timeout instead.
-    """
-    if db.conn.in_transaction:
-        yield
-        return
-    db.execute("BEGIN IMMEDIATE")
-    try:
-        yield
-    except BaseException:
-        db.rollback()
-        raise
-    db.execute("COMMIT")
-
-
-# ---- schema -------------------------------------------------------------------------------
-
-
-def _v1(db: Database) -> None:
-    db["meta"].create({"key": str, "value": str}, pk="key", if_not_exists=True)
-    db["clips"].create(
-        {
-            "key": str,
-            "text": str,
-            "voice": str,
-            "params": str,
-            "bundle": str,
-            "sample_rate": int,
-            "encoding": str,
-            "audio": bytes,
-            "duration": float,
-            "pinned": int,
-            "created": float,
-            "expires": float,
-            "last_used": float,
-            "hits": int,
-            "bytes": int,
-        },
-        pk="key",
-        not_null={"text", "voice", "params", "bundle", "sample_rate", "encoding", "audio"},
-        defaults={"pinned": 0, "hits": 0},
-    )
-    db["clips"].create_index(["pinned", "last_used"], index_name="clips_lru")
-    db["clips"].create_index(["bundle", "pinned"], index_name="clips_bundle")
-
-
-def _v2(db: Database) -> None:
-    """Word timings (JSON ``[[text, start, end, kind], …]``); NULL for clips stored before."""
-    db["clips"].add_column("words", str)
-
-
-# MIGRATIONS[n] takes a database at schema version n to n + 1; append, never edit.
-MIGRATIONS: list[Callable[[Database], None]] = [_v1, _v2]
-assert len(MIGRATIONS) == SCHEMA_VERSION
-
-
-def _enable_wal(db: Database, attempts: int = 100) -> None:
-    """Switching a fresh file to WAL needs an exclusive lock, and SQLite answers "database is
-    locked" at once (no busy wait) while another process is doing the same: retry briefly."""
-    for attempt in range(attempts):
-        try:
-            db.enable_wal()
-            return
-        except sqlite3.OperationalError as e:
-            if "locked" not in str(e) or attempt == attempts - 1:
-                raise
-            time.sleep(0.02 + random.random() * 0.05)
-
-
 class CacheStore:
     """The cache file. Thread-safe; every public method is one transaction."""
 
@@ -241,74 +163,12 @@ class CacheStore:
         except OSError as e:
             raise CacheError(f"{self.path.parent}: cannot create the cache directory: {e}") from e
         try:
-            self._db = self._connect()
+            self._db, self._file = connect(self.path)
         except sqlite3.DatabaseError as e:
             if not (is_corruption(e) and self.recover):
                 raise CacheError(f"{self.path}: cannot open the cache database: {e}") from e
-            self._move_aside(str(e))
-            self._db = self._connect()
-
-    def _connect(self) -> Database:
-        if self.path.exists() and self.path.stat().st_size >= len(SQLITE_MAGIC):
-            with self.path.open("rb") as f:
-                if f.read(len(SQLITE_MAGIC)) != SQLITE_MAGIC:
-                    err = sqlite3.DatabaseError("file is not a database (bad header)")
-                    err.sqlite_errorcode = 26  # type: ignore[attr-defined]
-                    raise err
-        conn = sqlite3.connect(str(self.path), check_same_thread=False, timeout=10.0)
-        try:
-            db = Database(conn, execute_plugins=False)
-            _enable_wal(db)
-            db.execute("PRAGMA synchronous=FULL")
-            self._migrate(db)
-            db.execute("SELECT COUNT(*) FROM clips").fetchone()
-        except BaseException:
-            conn.close()
-            raise
-        st = self.path.stat()
-        self._file = (st.st_dev, st.st_ino)
-        return db
-
-    def _migrate(self, db: Database) -> None:
-        if self._version(db) == SCHEMA_VERSION:
-            return
-        with _write(db):  # re-read under the lock: another process may have just migrated
-            version = self._version(db)
-            if version == 0 and db["clips"].exists():
-                raise CacheError(f"{self.path}: has a clips table but no schema version")
-            for n in range(version, SCHEMA_VERSION):
-                MIGRATIONS[n](db)
-                db["meta"].upsert({"key": "schema_version", "value": str(n + 1)}, pk="key")
-        if version < SCHEMA_VERSION:
-            log.info("cache %s: schema %d → %d", self.path, version, SCHEMA_VERSION)
-
-    def _version(self, db: Database) -> int:
-        version = 0
-        if db["meta"].exists():
-            row = db.execute("SELECT value FROM meta WHERE key = ?", ["schema_version"]).fetchone()
-            version = int(row[0]) if row else 0
-        if version > SCHEMA_VERSION:
-            raise CacheError(
-                f"{self.path}: schema version {version} is newer than this speakd understands "
-                f"({SCHEMA_VERSION}); upgrade speakd or point cache.path elsewhere"
-            )
-        return version
-
-    def _move_aside(self, reason: str) -> None:
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        target = self.path.with_name(f"{self.path.name}.corrupt-{stamp}")
-        for suffix in ("", "-wal", "-shm"):
-            src = Path(f"{self.path}{suffix}")
-            if src.exists():
-                src.rename(Path(f"{target}{suffix}"))
-        self.recovered_from = str(target)
-        log.error(
-            "cache database %s is damaged (%s): moved it to %s and started an empty cache; "
-            "re-import prompt packs with `speakd cache import PACK`",
-            self.path,
-            reason,
-            target,
-        )
+            self.recovered_from = move_aside(self.path, str(e))
+            self._db, self._file = connect(self.path)
 
     def close(self) -> None:
         with self._lock:
@@ -353,8 +213,8 @@ class CacheStore:
                     raise
                 self._db.close()
                 self._db = None
-                self._move_aside(str(e))
-                self._db = self._connect()
+                self.recovered_from = move_aside(self.path, str(e))
+                self._db, self._file = connect(self.path)
                 raise CacheError(f"{self.path}: damaged, replaced by an empty cache") from e
 
     def _run(self, fn: Callable[[Database], T]) -> T:
@@ -485,7 +345,7 @@ class CacheStore:
 
         def write(db: Database) -> list[str]:
             self._flush_touches()
-            with _write(db):
+            with write_transaction(db):
                 db["clips"].upsert(clip.row(), pk="key")
                 return self._evict(db, keep=clip.key)
 
@@ -496,7 +356,7 @@ class CacheStore:
 
         def write(db: Database) -> int:
             added = 0
-            with _write(db):
+            with write_transaction(db):
                 for clip in clips:
                     exists = db.execute("SELECT 1 FROM clips WHERE key = ?", [clip.key]).fetchone()
                     if exists and skip_existing:
@@ -524,7 +384,7 @@ class CacheStore:
     def _flush_touches(self) -> None:
         if not self._touches or self._db is None:
             return
-        with _write(self._db):
+        with write_transaction(self._db):
             for key, (count, last) in self._touches.items():
                 self._db.execute(
                     "UPDATE clips SET hits = hits + ?, last_used = MAX(last_used, ?) WHERE key = ?",
@@ -544,7 +404,7 @@ class CacheStore:
 
         def write(db: Database) -> dict[str, int]:
             self._flush_touches()
-            with _write(db):
+            with write_transaction(db):
                 expired = db.execute(
                     "DELETE FROM clips WHERE pinned = 0 AND expires IS NOT NULL AND expires <= ?",
                     [now],
