@@ -4,6 +4,10 @@ Phonemes and ids come from ``piper-tts`` (espeak-ng, bundled data); the ONNX inf
 speakd owns threads, streaming and cancellation. Piper's graphs draw fresh random noise on every
 run; ``speakd.engines.noise`` rewrites them at load so the audio is a pure function of
 (text, voice, scales, seed), which the cache and the tests rely on.
+
+This module makes the audio: the voice as its JSON describes it, text to phonemes to ids, and the
+sentence-by-sentence (or window-by-window) stream with cancellation. Reading a voice's files and
+preparing its graph is ``speakd.engines.vits_graph``.
 """
 
 from __future__ import annotations
@@ -23,7 +27,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 
 from speakd.audio import AudioChunk, Word
@@ -35,8 +38,16 @@ from speakd.engines.base import (
     VoiceInfo,
 )
 from speakd.engines.bundle import load_bundle
-from speakd.engines.noise import SEED_INPUT, make_noise_deterministic
+from speakd.engines.noise import SEED_INPUT
 from speakd.engines.options import Option
+from speakd.engines.vits_graph import (
+    VoiceConfig,
+    model_card_licence,
+    read_voice_file,
+    session_options,
+    voice_config,
+    voice_graph,
+)
 from speakd.engines.vits_split import SplitVoice, WholeVoice, Window, voice_sessions
 from speakd.engines.vits_words import WordAligner, timings
 
@@ -126,66 +137,6 @@ def derive_seed(*parts: Any) -> int:
 
 
 @dataclass(frozen=True)
-class VoiceConfig:
-    """The parts of Piper's ``<voice>.onnx.json`` that synthesis needs."""
-
-    sample_rate: int
-    espeak_voice: str
-    phoneme_id_map: dict[str, list[int]]
-    noise_scale: float
-    length_scale: float
-    noise_w: float
-    num_speakers: int
-    speaker_id_map: dict[str, int]
-    language: str
-    vowel_clusters: frozenset[tuple[str, ...]] | None = None
-    licence: str = ""  # the JSON's "license", when the voice's maker put one there
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any], source: Path) -> VoiceConfig:
-        def get(*keys: str, default: Any = ...) -> Any:
-            node: Any = d
-            for k in keys:
-                if not isinstance(node, dict) or k not in node:
-                    if default is not ...:
-                        return default
-                    raise EngineError(f"{source}: missing key {'.'.join(keys)!r}")
-                node = node[k]
-            return node
-
-        phoneme_type = get("phoneme_type", default="espeak")
-        if phoneme_type != "espeak":
-            raise EngineError(
-                f"{source}: phoneme_type {phoneme_type!r} is not supported (speakd reads "
-                "espeak voices)"
-            )
-        clusters = get("vowel_clusters", default=None)
-        return cls(
-            sample_rate=int(get("audio", "sample_rate")),
-            espeak_voice=str(get("espeak", "voice")),
-            phoneme_id_map=dict(get("phoneme_id_map")),
-            noise_scale=float(get("inference", "noise_scale", default=0.667)),
-            length_scale=float(get("inference", "length_scale", default=1.0)),
-            noise_w=float(get("inference", "noise_w", default=0.8)),
-            num_speakers=int(get("num_speakers", default=1)),
-            speaker_id_map={str(k): int(v) for k, v in get("speaker_id_map", default={}).items()},
-            language=str(get("language", "code", default=get("espeak", "voice"))),
-            vowel_clusters=frozenset(tuple(c) for c in clusters) if clusters else None,
-            licence=str(get("license", default="")),
-        )
-
-    def speakers(self) -> dict[str, int]:
-        """Speaker name → id, by id, for multi-speaker voices (ids as names if the map is empty).
-
-        The first (lowest id) is the voice's default speaker, as in Piper.
-        """
-        if self.num_speakers <= 1:
-            return {}
-        speakers = self.speaker_id_map or {str(i): i for i in range(self.num_speakers)}
-        return dict(sorted(speakers.items(), key=lambda item: item[1]))
-
-
-@dataclass(frozen=True)
 class VitsParams:
     """Everything resolved for one request that changes the audio (``audio_params``)."""
 
@@ -196,21 +147,6 @@ class VitsParams:
     sentence_silence: float
 
 
-def session_options(threads: int) -> ort.SessionOptions:
-    """The one place speakd's VITS sessions are tuned: the daemon decides the thread budget.
-
-    The prior, flow and decoder sessions take turns on the same cores; a pool that spins after
-    its run would take them from the next session's threads, so no pool spins (as ChatTTS's
-    Decoder and Vocos, daemon/engines/chattts/ortsession.py).
-    """
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return opts
-
-
 # The embedded voice over speakd.request.loudness's calibration text, as ``speakd-tools loudness
 # embedded`` prints it; tests/test_loudness.py measures it again. Another package version has
 # another bundle id, so this record then no longer applies and the voice is measured on first use.
@@ -219,21 +155,6 @@ EMBEDDED_LOUDNESS = {
     "bundle_id": "en_US-joe-medium-43b5ece81b64a8ab",
     "lufs": -25.78,
 }
-
-
-def _graph(voice: VitsVoice) -> onnx.ModelProto:
-    """The voice's graph with its noise seeded, its inputs checked."""
-    try:
-        model = onnx.load_from_string(_read(voice.model_path))
-    except Exception as e:  # protobuf's DecodeError and friends
-        raise EngineError(f"{voice.model_path}: not an ONNX model: {e}") from e
-    try:
-        replaced = make_noise_deterministic(model)
-    except ValueError as e:
-        raise EngineError(f"{voice.model_path}: {e}") from e
-    _check_io({i.name for i in model.graph.input}, voice.config, voice.model_path)
-    log.debug("vits voice %s: %d noise nodes seeded", voice.name, replaced)
-    return model
 
 
 class VitsVoice:
@@ -261,7 +182,7 @@ class VitsVoice:
     ) -> None:
         self.config = config
         self.loudness_record = loudness_record
-        self.licence = licence or config.licence or _model_card_licence(model_path)
+        self.licence = licence or config.licence or model_card_licence(model_path)
         self.model_path = model_path
         self.name = name
         self.bundle_id = bundle_id
@@ -284,7 +205,7 @@ class VitsVoice:
         """A Piper ``<voice>.onnx`` + ``<voice>.onnx.json``; the id hashes both files' bytes."""
         model_path = Path(model_path)
         config_path = Path(config_path) if config_path else Path(f"{model_path}.json")
-        config_bytes = _read(config_path)
+        config_bytes = read_voice_file(config_path)
         digest = hashlib.sha256()
         try:
             with model_path.open("rb") as f:
@@ -294,7 +215,7 @@ class VitsVoice:
             raise EngineError(f"{model_path}: cannot read the voice file: {e.strerror}") from e
         digest.update(config_bytes)
         return cls(
-            _voice_config(config_bytes, config_path),
+            voice_config(config_bytes, config_path),
             model_path=model_path,
             name=model_path.stem,
             bundle_id=f"{model_path.stem}-{digest.hexdigest()[:16]}",
@@ -311,7 +232,7 @@ class VitsVoice:
             raise EngineError(f"{manifest}: engine {bundle.engine!r}, expected 'vits'")
         config_path = bundle.file(BUNDLE_CONFIG)
         voice = cls(
-            _voice_config(_read(config_path), config_path),
+            voice_config(read_voice_file(config_path), config_path),
             model_path=bundle.file(BUNDLE_MODEL),
             name=str(bundle.manifest.get("name", bundle.path.name)),
             bundle_id=bundle.bundle_id,
@@ -454,7 +375,7 @@ class VitsEngine(VitsVoice):
         t0 = time.monotonic()
         model_path = voice.model_path
         try:
-            graphs = voice_sessions(lambda: _graph(voice), session_options(threads))
+            graphs = voice_sessions(lambda: voice_graph(voice), session_options(threads))
         except EngineError:
             raise
         except Exception as e:  # onnxruntime raises its own Fail/InvalidGraph types
@@ -597,28 +518,6 @@ def _phonemize_cached(
     return phonemize(espeak_voice, text, vowel_clusters)
 
 
-def _model_card_licence(model_path: Path) -> str:
-    """The ``License:`` line of the MODEL_CARD Piper publishes beside each voice
-    (``NAME.MODEL_CARD`` or ``MODEL_CARD`` in the voice's folder), else "unknown"."""
-    for card in (model_path.with_suffix(".MODEL_CARD"), model_path.parent / "MODEL_CARD"):
-        try:
-            text = card.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            continue
-        for line in text.splitlines():
-            label, _, value = line.strip(" *-").partition(":")
-            if label.strip().lower() in ("license", "licence") and value.strip():
-                return value.strip()
-    return "unknown"
-
-
-def _voice_config(config_bytes: bytes, config_path: Path) -> VoiceConfig:
-    try:
-        return VoiceConfig.from_dict(json.loads(config_bytes), config_path)
-    except ValueError as e:
-        raise EngineError(f"{config_path}: not a Piper voice config: {e}") from e
-
-
 def _number(name: str, value: Any, positive: bool = False) -> float:
     try:
         x = float(value)
@@ -627,20 +526,3 @@ def _number(name: str, value: Any, positive: bool = False) -> float:
     if not math.isfinite(x) or x < 0 or (positive and x == 0):
         raise EngineError(f"vits: {name} must be {'> 0' if positive else '>= 0'}, got {value!r}")
     return x
-
-
-def _read(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError as e:
-        raise EngineError(f"{path}: cannot read the voice file: {e.strerror}") from e
-
-
-def _check_io(names: set[str], config: VoiceConfig, model_path: Path) -> None:
-    """Refuse a graph that is not a Piper VITS voice before the first request finds out."""
-    needed = {"input", "input_lengths", "scales"} | ({"sid"} if config.num_speakers > 1 else set())
-    missing = sorted(needed - names)
-    if missing:
-        raise EngineError(
-            f"{model_path}: not a Piper VITS graph, missing inputs {missing} (has {sorted(names)})"
-        )
