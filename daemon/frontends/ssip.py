@@ -18,7 +18,8 @@ PUNCTUATION_IMPORTANT) → the request's ``punctuation`` (``speakd.markup.punctu
 reported by GET, but change nothing.
 Events 700 (an SSML mark reached, ``INDEX MARK`` with its name) and 701–705 go out (when the
 client turned them on with ``SET SELF NOTIFICATION``) only between complete replies. Framing
-rules live in ``ssip_parser``.
+rules live in ``ssip_parser``, each client's state in ``ssip_connection``, the command table in
+``ssip_commands``; this module serves the connections and queues their speech.
 """
 
 from __future__ import annotations
@@ -27,116 +28,39 @@ import asyncio
 import itertools
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
-from xml.sax.saxutils import quoteattr
 
 from speakd.audio.pitch import ssip_semitones
 from speakd.control import Control
+from speakd.frontends.ssip_commands import ERR_INVALID_ENCODING, SsipCommands
+from speakd.frontends.ssip_connection import Connection, Message, origin
 from speakd.frontends.ssip_parser import (
     LineFramer,
     LineTooLong,
     SpeakBody,
     decode_text,
-    event,
-    parse_int,
     printable,
     reply,
-    split_command,
     strip_ssml,
 )
 from speakd.frontends.ssip_settings import (
-    ERR_PARAMETER_INVALID,
-    OBSOLETE_NAMES,
-    OBSOLETE_TABLES,
-    SET_REPLIES,
-    VOICE_TYPES,
     Settings,
-    apply_setting,
     rate_to_speed,
     request_lang,
-    setting_value,
     volume_to_gain,
 )
 from speakd.frontends.unixserver import peer_of
 from speakd.markup.ssml import is_ssml
-from speakd.request.messages import Event, EventType, Priority, RequestError
-from speakd.request.prepare import match_language
+from speakd.request.messages import Event, EventType, RequestError
 
 log = logging.getLogger(__name__)
 
 MAX_CONNECTIONS = 256
 READ_CHUNK = 65536
-
 OK_QUEUED = "OK MESSAGE QUEUED"
-ERR_INVALID_COMMAND = reply(500, "ERR INVALID COMMAND")
-ERR_INVALID_ENCODING = reply(501, "ERR INVALID ENCODING")
-ERR_MISSING_PARAMETER = reply(510, "ERR MISSING PARAMETER")
-ERR_NOT_ALLOWED_INSIDE_BLOCK = reply(332, "ERR NOT ALLOWED INSIDE BLOCK")
-ERR_NOT_IMPLEMENTED = reply(380, "ERR NOT YET IMPLEMENTED")
-ERR_ID_NOT_EXIST = reply(406, "ERR ID DOESNT EXIST")
-
-NOTIFICATIONS = ("begin", "end", "cancel", "pause", "resume", "index_marks")
-NOT_IN_BLOCK = {"history", "stop", "cancel", "pause", "resume", "list", "get", "help"}
 
 
-@dataclass(eq=False)
-class Connection:
-    client_id: int
-    writer: asyncio.StreamWriter
-    peer: str
-    settings: Settings = field(default_factory=Settings)
-    in_block: bool = False
-    busy: bool = False  # between a command and its reply: events wait in ``held``
-    held: list[bytes] = field(default_factory=list)
-    closed: bool = False  # QUIT received or the peer went away: read no further
-
-    @property
-    def key(self) -> str:
-        return client_key(self.client_id)
-
-    def write(self, data: bytes) -> None:
-        if not self.writer.is_closing():
-            self.writer.write(data)
-
-    def answer(self, data: bytes) -> None:
-        """Send a complete reply, then any events that came in while it was being made."""
-        self.write(data)
-        held, self.held = self.held, []
-        for item in held:
-            self.write(item)
-
-    def notify(self, kind: str, code: int, msg_id: int, text: str, *extra: str) -> None:
-        if kind not in self.settings.notify:
-            return
-        data = event(code, msg_id, self.client_id, text, *extra)
-        if self.busy:
-            self.held.append(data)
-        else:
-            self.write(data)
-
-
-def _origin(conn: Connection) -> str:
-    """What a message is logged and counted under: its client's name, else its number."""
-    return f"ssip:{conn.settings.client_name or conn.client_id}"
-
-
-def client_key(client_id: int) -> str:
-    return f"ssip:{client_id}"
-
-
-@dataclass(eq=False)
-class Message:
-    """One queued SSIP message: its ids and whether its 225 reply went out yet."""
-
-    msg_id: int
-    client_id: int
-    conn: Connection
-    accepted: bool = False
-    rejected: Event | None = None
-
-
-class SsipFrontend:
+class SsipFrontend(SsipCommands):
     # What a peer outside the socket's allow-list reads before the connection closes.
     REFUSAL = reply(400, "ERR NOT ALLOWED HERE")
 
@@ -227,128 +151,16 @@ class SsipFrontend:
             return reply(500, f"ERR LINE TOO LONG (limit {self.max_line_bytes})"), None
         return self._command(conn, line)
 
-    # ---- commands -------------------------------------------------------------------------
-
-    def _command(self, conn: Connection, raw: bytes) -> tuple[bytes, SpeakBody | None]:
-        """One command line → its complete reply (and a body collector after SPEAK)."""
-        line = decode_text(raw.replace(b"\x00", b"?"))
-        if line is None:
-            return ERR_INVALID_ENCODING, None
-        words = split_command(line)
-        name = words[0].lower()
-        if conn.in_block and name in NOT_IN_BLOCK:
-            return ERR_NOT_ALLOWED_INSIDE_BLOCK, None
-        if name == "speak":
-            body = SpeakBody(max_bytes=4 * self.control.max_text_chars + self.max_line_bytes)
-            return reply(230, "OK RECEIVING DATA"), body
-        if name in ("quit", "bye"):
-            conn.closed = True
-            return reply(231, "HAPPY HACKING"), None
-        handler = self._handlers.get(name)
-        if handler is None:
-            return ERR_INVALID_COMMAND, None
-        return handler(conn, words, line), None
-
-    # ---- SET ------------------------------------------------------------------------------
-
-    def _set(self, conn: Connection, words: list[str], line: str) -> bytes:
-        who, sub, value = _arg(words, 1), _arg(words, 2).lower(), _arg(words, 3)
-        if not who or not sub:
-            return ERR_MISSING_PARAMETER
-        sub = OBSOLETE_NAMES.get(sub, sub)
-        if sub in OBSOLETE_TABLES:
-            return reply(*OBSOLETE_TABLES[sub]) if value else ERR_MISSING_PARAMETER
-        self_only = who.lower() == "self"
-        if sub == "priority":
-            if conn.in_block:
-                return ERR_NOT_ALLOWED_INSIDE_BLOCK
-            if not self_only:
-                return reply(301, "ERR COULDNT SET PRIORITY")
-            if not value:
-                return ERR_MISSING_PARAMETER
-            try:
-                conn.settings.priority = Priority[value.upper()]
-            except KeyError:
-                return reply(408, "ERR UNKNOWN PRIORITY")
-            return reply(202, "OK PRIORITY SET")
-        if sub == "client_name":
-            if conn.in_block:
-                return ERR_NOT_ALLOWED_INSIDE_BLOCK
-            if not self_only:
-                return ERR_PARAMETER_INVALID
-            if not value:
-                return ERR_MISSING_PARAMETER
-            if value.count(":") != 2:
-                return reply(311, "ERR COULDNT SET CLIENT_NAME")
-            conn.settings.client_name = value.strip('"').lower()
-            return reply(208, "OK CLIENT NAME SET")
-        if sub == "notification":
-            return self._set_notification(conn, self_only, value, _arg(words, 4))
-        if sub not in SET_REPLIES:
-            return ERR_INVALID_COMMAND
-        if conn.in_block and sub in ("output_module", "spelling"):
-            return ERR_NOT_ALLOWED_INSIDE_BLOCK
-        if sub in ("synthesis_voice", "chime", "punctuation_important"):  # the rest of the line
-            value = " ".join(words[3:]).strip()
-        if not value:
-            return ERR_MISSING_PARAMETER
-        parsed = setting_value(sub, value)
-        if isinstance(parsed, bytes):
-            return parsed
-        if sub == "chime" and parsed and self.control.sounds.find(parsed) is None:
-            return reply(418, "ERR UNKNOWN CHIME")
-        targets = self._targets(conn, who)
-        if targets is None:
-            return ERR_PARAMETER_INVALID
-        code, text, err, err_text = SET_REPLIES[sub]
-        if not targets:
-            return reply(err, err_text)
-        for target in targets:
-            apply_setting(target.settings, sub, parsed)
-        return reply(code, text)
-
-    def _set_notification(self, conn: Connection, self_only: bool, kind: str, state: str) -> bytes:
-        if not self_only:
-            return ERR_PARAMETER_INVALID
-        if not kind or not state:
-            return ERR_MISSING_PARAMETER
-        if state.lower() not in ("on", "off"):
-            return ERR_PARAMETER_INVALID
-        kind = kind.lower()
-        kinds = NOTIFICATIONS if kind == "all" else (kind,)
-        if kind != "all" and kind not in NOTIFICATIONS:
-            return reply(316, "ERR COULDNT SET NOTIFICATION")
-        if state.lower() == "on":
-            conn.settings.notify.update(kinds)
-        else:
-            conn.settings.notify.difference_update(kinds)
-        return reply(220, "OK NOTIFICATION SET")
-
-    def _targets(self, conn: Connection, who: str) -> list[Connection] | None:
-        """``self`` / ``all`` / a client id → connections; None when ``who`` is malformed."""
-        who = who.lower()
-        if who == "self":
-            return [conn]
-        if who == "all":
-            return list(self._clients.values())
-        client_id = parse_int(who)
-        if client_id is None:
-            return None
-        target = self._clients.get(client_id)
-        return [target] if target else []
-
-    # ---- SPEAK, CHAR, KEY, SOUND_ICON -----------------------------------------------------
-
     def _speak(self, conn: Connection, body: SpeakBody) -> bytes:
         if body.overflow:
-            self.control.refused(_origin(conn), "text_too_long")
+            self.control.refused(origin(conn), "text_too_long")
             return reply(400, f"ERR TEXT TOO LONG (limit {self.control.max_text_chars} characters)")
         data = body.data()
         if not data:
             return reply(227, "OK MESSAGE CANCELED")
         text = decode_text(data)
         if text is None:
-            self.control.refused(_origin(conn), "bad_encoding")
+            self.control.refused(origin(conn), "bad_encoding")
             return ERR_INVALID_ENCODING
         settings = conn.settings
         if settings.ssml_mode and settings.spelling:
@@ -362,21 +174,6 @@ class SsipFrontend:
             document = text if is_ssml(text) else f"<speak>{text}</speak>"
             return self._queue(conn, document, ssml=True, chime=chime)
         return self._queue(conn, text, chime=chime)
-
-    def _event_message(self, conn: Connection, words: list[str], line: str) -> bytes:
-        """CHAR, KEY and SOUND_ICON: one short message each, answered like SPEAK."""
-        param = _arg(words, 1)
-        if not param:
-            return ERR_MISSING_PARAMETER
-        kind = words[0].lower()
-        # a sound speakd has (speakd.request.sounds) plays alone; others not
-        if kind == "sound_icon":
-            if self.control.sounds.find(param) is None:
-                return self._queue(conn, "")
-            return self._queue(conn, f"<speak><audio src={quoteattr(param)}/></speak>", ssml=True)
-        if kind == "key":
-            return self._queue(conn, param.replace("_", " "))
-        return self._queue(conn, param if param != "space" else "space")
 
     def _queue(
         self, conn: Connection, text: str, *, ssml: bool = False, chime: str | None = None
@@ -407,7 +204,7 @@ class SsipFrontend:
         try:
             request = self.control.build_request(
                 {k: v for k, v in fields.items() if v is not None},
-                origin=_origin(conn),
+                origin=origin(conn),
                 client=conn.key,
                 on_event=lambda ev: self._on_event(msg, ev),
                 strict_lang=False,  # speechd speaks a language it lacks in the default voice
@@ -457,155 +254,6 @@ class SsipFrontend:
         return None
 
     # ---- STOP, CANCEL, PAUSE, RESUME ------------------------------------------------------
-
-    def _scope(self, conn: Connection, words: list[str]) -> str | int | bytes:
-        """``all`` → "all", ``self``/<id> → a client id, else the error reply."""
-        who = _arg(words, 1).lower()
-        if not who:
-            return ERR_MISSING_PARAMETER
-        if who == "all":
-            return "all"
-        if who == "self":
-            return conn.client_id
-        client_id = parse_int(who)
-        if client_id is None:
-            return ERR_PARAMETER_INVALID
-        if client_id <= 0:
-            return ERR_ID_NOT_EXIST
-        return client_id
-
-    def _stop(self, conn: Connection, words: list[str], line: str) -> bytes:
-        """Stop what is being spoken now (all clients' or one client's); the queue goes on."""
-        scope = self._scope(conn, words)
-        if isinstance(scope, bytes):
-            return scope
-        current = self.control.status()["current"]
-        if scope == "all":
-            self.control.cancel()
-        elif current in self._inflight and self._inflight[current].client_id == scope:
-            self.control.cancel(request_id=current)
-        return reply(210, "OK STOPPED")
-
-    def _cancel(self, conn: Connection, words: list[str], line: str) -> bytes:
-        """Stop and drop everything queued (all clients' or one client's)."""
-        scope = self._scope(conn, words)
-        if isinstance(scope, bytes):
-            return scope
-        if scope == "all":
-            self.control.stop()
-        else:
-            self.control.cancel(client=client_key(int(scope)))
-        return reply(213, "OK CANCELED")
-
-    def _pause(self, conn: Connection, words: list[str], line: str) -> bytes:
-        scope = self._scope(conn, words)
-        if isinstance(scope, bytes):
-            return scope
-        if scope == "all":
-            self._pause_all_owner = conn.client_id
-        self.control.pause(None if scope == "all" else client_key(int(scope)))
-        return reply(211, "OK PAUSED")
-
-    def _resume(self, conn: Connection, words: list[str], line: str) -> bytes:
-        scope = self._scope(conn, words)
-        if isinstance(scope, bytes):
-            return scope
-        if scope == "all":
-            self._pause_all_owner = None
-        if not self.control.resume(None if scope == "all" else client_key(int(scope))):
-            return reply(417, "ERR NOT PAUSED")
-        return reply(212, "OK RESUMED")
-
-    # ---- LIST, GET, HISTORY, HELP, BLOCK --------------------------------------------------
-
-    def _list(self, conn: Connection, words: list[str], line: str) -> bytes:
-        what = _arg(words, 1).lower()
-        if not what:
-            return ERR_MISSING_PARAMETER
-        if what == "voices":
-            return reply(249, "OK VOICE LIST SENT", *(v.upper() for v in VOICE_TYPES))
-        if what == "synthesis_voices":
-            lang = request_lang(_arg(words, 2))
-            rows = [  # one row per speaker, its name as the variant, as speech-dispatcher lists
-                f"{printable(v['name'])}\t{printable(v['language'])}\t{printable(speaker)}"
-                for v in self.control.voices()
-                if not lang or match_language(tuple(v["languages"]), lang) is not None
-                for speaker in v["speakers"] or ["none"]
-            ]
-            return reply(249, "OK VOICE LIST SENT", *rows)
-        if what == "output_modules":
-            kinds = dict.fromkeys(v["engine"] for v in self.control.voices())
-            return reply(250, "OK MODULE LIST SENT", *kinds)
-        return ERR_PARAMETER_INVALID
-
-    def _get(self, conn: Connection, words: list[str], line: str) -> bytes:
-        what = _arg(words, 1).lower()
-        what = OBSOLETE_NAMES.get(what, what)
-        if not what:
-            return ERR_MISSING_PARAMETER
-        s = conn.settings
-        values: dict[str, Any] = {
-            "voice_type": s.voice_type.upper() if not s.synthesis_voice else "NO_VOICE",
-            "output_module": s.output_module or self.control.status()["engine"]["kind"],
-            "language": s.language,
-            "rate": s.rate,
-            "pitch": s.pitch,
-            "volume": s.volume,
-            "punctuation": s.punctuation,
-        }
-        if what not in values:
-            return ERR_PARAMETER_INVALID
-        return reply(251, "OK GET RETURNED", printable(str(values[what])))
-
-    def _history(self, conn: Connection, words: list[str], line: str) -> bytes:
-        """Only ``HISTORY GET CLIENT_ID`` (libspeechd's spd_get_client_id); speakd keeps no
-        history, so the rest answers 380 as speechd does for its unimplemented parts."""
-        main, sub = _arg(words, 1).lower(), _arg(words, 2).lower()
-        if not main:
-            return ERR_MISSING_PARAMETER
-        if main == "get":
-            if sub == "client_id":
-                return reply(245, "OK CLIENT ID SENT", str(conn.client_id))
-            if sub in ("client_list", "client_messages", "last", "message"):
-                return ERR_NOT_IMPLEMENTED
-            return ERR_MISSING_PARAMETER
-        if main in ("cursor", "say", "sort"):
-            return ERR_NOT_IMPLEMENTED
-        return ERR_INVALID_COMMAND
-
-    def _help(self, conn: Connection, words: list[str], line: str) -> bytes:
-        lines = [
-            "  SPEAK           -- say text",
-            "  KEY             -- say a combination of keys",
-            "  CHAR            -- say a character",
-            "  SOUND_ICON      -- execute a sound icon",
-            "  SET             -- set a parameter",
-            "  GET             -- get a current parameter",
-            "  LIST            -- list available arguments",
-            "  HISTORY         -- commands related to history",
-            "  QUIT            -- close the connection",
-        ]
-        return reply(248, "OK HELP SENT", *lines)
-
-    def _block(self, conn: Connection, words: list[str], line: str) -> bytes:
-        what = _arg(words, 1).lower()
-        if not what:
-            return ERR_MISSING_PARAMETER
-        if what == "begin":
-            if conn.in_block:
-                return reply(330, "ERR ALREADY INSIDE BLOCK")
-            conn.in_block = True
-            return reply(260, "OK INSIDE BLOCK")
-        if what == "end":
-            if not conn.in_block:
-                return reply(331, "ERR ALREADY OUTSIDE BLOCK")
-            conn.in_block = False
-            return reply(261, "OK OUTSIDE BLOCK")
-        return ERR_PARAMETER_INVALID
-
-
-def _arg(words: list[str], i: int) -> str:
-    return words[i] if i < len(words) else ""
 
 
 def _error_reply(code: str, message: str) -> bytes:
