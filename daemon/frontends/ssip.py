@@ -253,8 +253,6 @@ class SsipFrontend(SsipCommands):
         log.debug("ssip: unknown voice %r, using the default", settings.synthesis_voice)
         return None
 
-    # ---- STOP, CANCEL, PAUSE, RESUME ------------------------------------------------------
-
 
 def _error_reply(code: str, message: str) -> bytes:
     """A request speakd refuses: 4xx when the client can fix it, 3xx when speakd cannot."""

@@ -168,7 +168,7 @@ class SsipCommands:
         target = self._clients.get(client_id)
         return [target] if target else []
 
-    # ---- SPEAK, CHAR, KEY, SOUND_ICON -----------------------------------------------------
+    # ---- CHAR, KEY, SOUND_ICON (SPEAK is SsipFrontend._speak) ----------------------------
 
     def _event_message(self, conn: Connection, words: list[str], line: str) -> bytes:
         """CHAR, KEY and SOUND_ICON: one short message each, answered like SPEAK."""
@@ -184,6 +184,8 @@ class SsipCommands:
         if kind == "key":
             return self._queue(conn, param.replace("_", " "))
         return self._queue(conn, param if param != "space" else "space")
+
+    # ---- STOP, CANCEL, PAUSE, RESUME ------------------------------------------------------
 
     def _scope(self, conn: Connection, words: list[str]) -> str | int | bytes:
         """``all`` → "all", ``self``/<id> → a client id, else the error reply."""
