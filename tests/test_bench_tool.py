@@ -10,13 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from speakd_tools.bench.chattts import (
-    _parse_bundles,
-    find_contenders,
-    projection,
-    run_steps,
-    step_bytes,
-)
+from speakd_tools.bench.chattts import _parse_bundles, find_contenders
+from speakd_tools.bench.chattts_step import projection, run_steps, step_bytes
 from speakd_tools.bench.report import table
 from speakd_tools.bench.stats import peak_rss_mb, percentile, summary
 
@@ -167,7 +162,7 @@ def test_bench_json_carries_the_machine_and_each_contenders_floor_and_step(
     context, floor = bytes one step reads ÷ the bandwidth measured with the bench's threads
     (torch reads the fp32 bytes); the table prints step ÷ floor."""
     from speakd_tools.bench import machine
-    from speakd_tools.bench.chattts import floors
+    from speakd_tools.bench.chattts_step import floors
 
     monkeypatch.setattr(machine, "read_bandwidth", lambda threads, **_: 10.0 * threads)
     info = machine.describe(threads=2)

@@ -31,6 +31,9 @@ float32, an fp32 KV cache).
 
 A contender whose bundle or checkpoint is missing is reported as missing. Random weights show
 speed and plumbing, not voice quality. The load average is recorded with every phase.
+
+This module holds the contenders, phases 2 and 5, the run of every phase and the outputs; phase 1
+and the bandwidth floor are ``chattts_step``, phases 3 and 4 ``chattts_serve``.
 """
 
 from __future__ import annotations
@@ -39,19 +42,17 @@ import argparse
 import json
 import logging
 import os
-import shutil
-import socket
-import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from .chattts_serve import cache_hits, startup
+from .chattts_step import floors, projection, run_steps, step_bytes
 from .machine import describe
-from .stats import in_child, loadavg, peak_rss_mb, percentile
+from .stats import in_child, loadavg
 
 log = logging.getLogger(__name__)
 
@@ -109,200 +110,6 @@ def model_bytes(c: Contender) -> dict[str, int]:
     }
 
 
-# --- board projection ------------------------------------------------------------------------
-
-STEP_MS_AUDIO = 512 / 24  # one GPT step = 512 samples at 24 kHz = 21.33 ms of audio
-BOARDS = {  # effective DRAM read bandwidth, GB/s (published memcpy figures of the boards)
-    "Raspberry Pi 5": (9.0, 10.5),
-    "RK3588": (12.4, 12.4),
-}
-NOT_STREAMED = ("cos_cache", "sin_cache")  # RoPE tables: GQA reads one row per step
-
-
-def step_bytes(bundle: Path, contexts: tuple[int, ...]) -> dict[str, Any]:
-    """Bytes one decode step must read: every GPT weight once + the KV cache up to ``ctx``."""
-    import onnx
-
-    manifest = json.loads((bundle / "manifest.json").read_text())
-    model = manifest["model"]
-    graph = onnx.load(str(bundle / "gpt.onnx")).graph
-    weights = sum(
-        len(t.raw_data) or onnx.numpy_helper.to_array(t).nbytes
-        for t in graph.initializer
-        if t.name not in NOT_STREAMED
-    )
-    kv_item = 1 if model.get("kv_dtype") == "int8" else 4
-    per_pos = 2 * model["num_layers"] * model["num_heads"] * model["head_dim"] * kv_item
-    return {
-        "weights": weights,
-        "kv_dtype": model.get("kv_dtype", "float32"),
-        "kv": {str(c): per_pos * c for c in contexts},
-    }
-
-
-def floors(result: dict[str, Any]) -> dict[str, dict[str, dict[str, float]]]:
-    """Per contender: ``step_ms`` (the interleaved GPT step's median) and ``floor_ms`` (bytes one
-    step reads ÷ the measured read bandwidth), each by context; empty when either is missing."""
-    gbps = result.get("machine", {}).get("read_gbps")
-    per_step = result.get("bytes_per_step") or {}
-    out: dict[str, dict[str, dict[str, float]]] = {}
-    for name, steps in (result.get("steps") or {}).items():
-        if name not in result.get("contenders", {}):
-            continue  # the phase's load averages and load times
-        b = per_step.get("fp32" if name == "torch" else name)
-        out[name] = {
-            "step_ms": {ctx: cell["median_ms"] for ctx, cell in steps.items()},
-            "floor_ms": {
-                ctx: round((b["weights"] + kv) / (gbps * 1e9) * 1e3, 3)
-                for ctx, kv in (b["kv"] if b and gbps else {}).items()
-            },
-        }
-    return out
-
-
-def projection(bytes_per_step: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Bandwidth floor per board: ms/step = bytes / bandwidth; GPT-only RTF = ms / 21.33."""
-    out: dict[str, Any] = {}
-    for name, b in bytes_per_step.items():
-        for ctx, kv in b["kv"].items():
-            total = b["weights"] + kv
-            row: dict[str, Any] = {"mb_per_step": round(total / 1e6, 1)}
-            for board, (lo, hi) in BOARDS.items():
-                slow, fast = total / (lo * 1e9) * 1e3, total / (hi * 1e9) * 1e3
-                row[board] = {
-                    "ms_per_step": [round(fast, 1), round(slow, 1)],
-                    "gpt_rtf": [round(fast / STEP_MS_AUDIO, 2), round(slow / STEP_MS_AUDIO, 2)],
-                }
-            out.setdefault(name, {})[ctx] = row
-    return out
-
-
-# --- phase 1: GPT step, interleaved -------------------------------------------------------------
-
-
-class OrtStep:
-    """The engine's decode step (``GptRunner.step``) at a fixed context."""
-
-    def __init__(self, bundle: Path, threads: int, prefix: int, seed: int) -> None:
-        import numpy as np
-
-        from speakd.engines.bundle import load_bundle
-        from speakd.engines.chattts.gpt_runner import GptRunner, ModelSpec
-        from speakd.engines.chattts.ortsession import make_session
-
-        b = load_bundle(bundle, verify=False)
-        spec = ModelSpec.from_manifest(b.manifest["model"])
-        emb_code = np.load(b.file("emb_code.npy"))
-        self.runner = GptRunner(make_session(b.file("gpt.onnx"), threads), spec, emb_code)
-        rng = np.random.default_rng(seed)
-        self.codes = rng.integers(0, spec.num_audio_tokens - 1, (64, spec.num_vq))
-        embeds = emb_code[np.arange(spec.num_vq), rng.integers(0, 625, (prefix, spec.num_vq))]
-        self.runner.prompt(embeds.sum(axis=1)[None].astype(np.float32))  # fills slots 0..prefix-1
-        self.i = 0
-
-    def __call__(self, ctx: int) -> None:
-        self.runner.position = ctx
-        self.runner.step(self.codes[self.i % len(self.codes)])
-        self.i += 1
-
-
-class TorchStep:
-    """One ``GPT.generate`` code step of ChatTTS's own modules, at a fixed context."""
-
-    def __init__(self, checkpoint: Path, threads: int, contexts: list[int], seed: int) -> None:
-        import torch
-        from torch.nn.utils import parametrize
-        from transformers import DynamicCache
-
-        from speakd_tools.chattts.modules import load_modules
-
-        torch.set_num_threads(threads)
-        self.torch, self.parametrize = torch, parametrize
-        self.mods = load_modules(checkpoint)
-        self.gpt = self.mods.gpt
-        g = torch.Generator().manual_seed(seed)
-        q = self.mods.sizes.num_vq
-        self.codes = torch.randint(0, 625, (64, 1, 1, q), generator=g)
-        self.caches: dict[int, Any] = {}
-        with torch.inference_mode():
-            for ctx in contexts:
-                ids = torch.randint(0, 625, (1, ctx, q), generator=g)
-                emb = torch.stack([self.gpt.emb_code[i](ids[:, :, i]) for i in range(q)], 3).sum(3)
-                cache = DynamicCache()
-                self.gpt.gpt(inputs_embeds=emb, past_key_values=cache, use_cache=True)
-                self.caches[ctx] = cache
-        self.i = 0
-
-    def __call__(self, ctx: int) -> None:
-        torch, gpt, q = self.torch, self.gpt, self.mods.sizes.num_vq
-        cache = self.caches[ctx]
-        ids = self.codes[self.i % len(self.codes)]
-        self.i += 1
-        with torch.inference_mode():
-            extra = cache.get_seq_length() - ctx
-            if extra:  # drop the previous timed step's token (transformers 5: crop(-n))
-                cache.crop(-extra)
-            emb = torch.stack([gpt.emb_code[i](ids[:, :, i]) for i in range(q)], 3).sum(3)
-            out = gpt.gpt(
-                inputs_embeds=emb,
-                attention_mask=torch.ones(1, ctx + 1, dtype=torch.long),
-                position_ids=torch.tensor([[ctx]]),
-                cache_position=torch.tensor([ctx]),
-                past_key_values=cache,
-                use_cache=True,
-            )
-            h = out.last_hidden_state.float()
-            with self.parametrize.cached():
-                logits = torch.empty(1, 1, 626, q)
-                for i in range(q):
-                    logits[..., i] = gpt.head_code[i](h)
-
-
-def run_steps(spec: dict[str, Any]) -> dict[str, Any]:
-    """Phase 1 in this process: every present contender loaded, interleaved rounds."""
-    contexts: list[int] = spec["contexts"]
-    rounds, steps, warm = spec["rounds"], spec["steps_per_round"], spec["warmup"]
-    timers: dict[str, Any] = {}
-    load_s: dict[str, float] = {}
-    for c in spec["contenders"]:
-        t0 = time.perf_counter()
-        if c["name"] == "torch":
-            timers["torch"] = TorchStep(Path(c["path"]), spec["threads"], contexts, spec["seed"])
-        else:
-            timers[c["name"]] = OrtStep(
-                Path(c["path"]), spec["threads"], max(contexts), spec["seed"]
-            )
-        load_s[c["name"]] = round(time.perf_counter() - t0, 2)
-    names = list(timers)
-    times: dict[str, dict[int, list[list[float]]]] = {n: {x: [] for x in contexts} for n in names}
-    la0 = loadavg()
-    for r in range(rounds):
-        order = names[r % len(names) :] + names[: r % len(names)]
-        for ctx in contexts:
-            for n in order:
-                step = timers[n]
-                for _ in range(warm):
-                    step(ctx)
-                got = []
-                for _ in range(steps):
-                    t0 = time.perf_counter()
-                    step(ctx)
-                    got.append((time.perf_counter() - t0) * 1e3)
-                times[n][ctx].append(got)
-    out: dict[str, Any] = {"loadavg_before": la0, "loadavg_after": loadavg(), "load_s": load_s}
-    for n in names:
-        out[n] = {}
-        for ctx in contexts:
-            flat = [t for rnd in times[n][ctx] for t in rnd]
-            out[n][str(ctx)] = {
-                "median_ms": round(statistics.median(flat), 3),
-                "best_round_ms": round(min(statistics.median(rnd) for rnd in times[n][ctx]), 3),
-                "p90_ms": round(percentile(flat, 90), 3),
-                "n": len(flat),
-            }
-    return out
-
-
 # --- phase 2: end to end (engine.py's functions, one process per contender) ---------------------
 
 
@@ -340,128 +147,6 @@ def throttled(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
         hog.kill()
         hog.wait()
     return {**r, "throttle": f"1 thread on CPU 0, busy loop on CPU {hog_cpu}"}
-
-
-# --- phase 3: start-up to READY -----------------------------------------------------------------
-
-
-def _warm_page_cache(bundle: Path) -> None:
-    for f in bundle.iterdir():
-        if f.is_file():
-            with f.open("rb") as fh:
-                while fh.read(1 << 24):
-                    pass
-
-
-def startup(bundle: Path, threads: int, text: str, starts: int, timeout: float) -> dict[str, Any]:
-    """``speakd serve`` with this bundle: seconds from spawn to READY=1 (each start), the
-    daemon's VmHWM at READY, then one uncached ``say`` → the ``started`` event's latency."""
-    from speakd.library.client import Client
-
-    _warm_page_cache(bundle)
-    with tempfile.TemporaryDirectory(prefix="speakd-bench-start-") as tmp:
-        work = Path(tmp)
-        sock = work / "speakd.sock"
-        (work / "speakd.toml").write_text(
-            f'[engine]\nkind = "chattts"\nbundle = "{bundle}"\nprecision = "exact"\n'
-            f'threads = {threads}\nfallback_text = ""\n\n[audio]\nsink = "null"\n\n'
-            f'[socket]\npath = "{sock}"\nssip_path = ""\n\n[cache]\npath = "{work / "c.db"}"\n'
-        )
-        notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        notify.bind(str(work / "notify.sock"))
-        env = {**os.environ, "NOTIFY_SOCKET": str(work / "notify.sock")}
-        env["SPEAKD_LOG_LEVEL"] = "WARNING"
-        ready, rss, ttfa = [], [], None
-        for n in range(starts):
-            t0 = time.monotonic()
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "speakd", "serve", "--config", str(work / "speakd.toml")],
-                stdout=subprocess.DEVNULL,
-                stderr=(work / f"serve{n}.log").open("wb"),
-                env=env,
-            )
-            try:
-                notify.settimeout(1.0)
-                while b"READY=1" not in _recv(notify):
-                    if proc.poll() is not None or time.monotonic() - t0 > timeout:
-                        raise RuntimeError(
-                            f"speakd serve {bundle} never sent READY=1: "
-                            + (work / f"serve{n}.log").read_text()[-2000:]
-                        )
-                ready.append(round(time.monotonic() - t0, 3))
-                rss.append(peak_rss_mb(proc.pid))
-                if n == starts - 1:
-                    with Client(str(sock), timeout=timeout) as c:
-                        for ev in c.say({"text": text, "id": "bench-ttfa"}, wait=True):
-                            if ev["event"] == "started":
-                                ttfa = float(ev["latency_ms"])
-                                break
-                            if ev["event"] == "error":
-                                raise RuntimeError(f"say failed: {ev}")
-            finally:
-                proc.terminate()
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-        notify.close()
-    return {
-        "ready_s": ready,
-        "ready_s_warm": min(ready[1:] or ready),
-        "vmhwm_at_ready_mb": rss,
-        "daemon_first_audio_ms": ttfa,
-        "loadavg": loadavg(),
-    }
-
-
-def _recv(sock: socket.socket) -> bytes:
-    try:
-        return sock.recv(4096)
-    except TimeoutError:
-        return b""
-
-
-# --- phase 4: cache hits --------------------------------------------------------------------------
-
-
-def cache_hits(says: int, threads: int) -> dict[str, Any]:
-    """``bench cache`` (socket, real daemon) and ``bench mqtt`` (real mosquitto), cached clips."""
-    import asyncio
-
-    from . import cache, mqtt
-
-    out: dict[str, Any] = {"loadavg_before": loadavg()}
-    for name in ("speakd", "paho"):  # per-request INFO lines would drown the table
-        logging.getLogger(name).setLevel(logging.WARNING)
-    ns = argparse.Namespace(
-        prompts=8, jobs=[1], threads=threads, says=says, misses=0, bundle=None, pack=None
-    )
-    r = cache.measure(ns)
-    out["socket"] = {"server_ms": r["hit_server_ms"], "client_ms": r["hit_client_ms"]}
-    mosquitto = shutil.which("mosquitto")
-    if mosquitto is None:
-        out["mqtt"] = {"missing": "mosquitto not installed"}
-        return out
-    with tempfile.TemporaryDirectory(prefix="speakd-bench-mqtt-") as tmp:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        conf = Path(tmp, "m.conf")
-        conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\nset_tcp_nodelay true\n")
-        broker = subprocess.Popen([mosquitto, "-c", str(conf)], stderr=subprocess.DEVNULL)
-        try:
-            time.sleep(0.5)
-            ns = argparse.Namespace(
-                host="127.0.0.1", port=port, count=says, qos=1, threads=threads,
-                client_nagle=False, miss=False,
-            )  # fmt: skip
-            r = asyncio.run(mqtt.measure(ns))
-            out["mqtt"] = {"say_to_first_sample_ms": r["say_to_first_sample_ms"], "qos": 1}
-        finally:
-            broker.terminate()
-            broker.wait(10)
-    out["loadavg_after"] = loadavg()
-    return out
 
 
 # --- orchestration --------------------------------------------------------------------------------

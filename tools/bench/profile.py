@@ -181,7 +181,7 @@ def matmul_nbits_us(count: int, threads: int, k: int = 768, n: int = 6144) -> fl
 def machine(bundle: Path) -> None:
     """Why this box's GPT step sits where it does: its ISA, its DRAM read bandwidth, the 4-bit
     kernel's speed with weights hot vs streamed, and the bandwidth floor of one decode step."""
-    from .chattts import step_bytes
+    from .chattts_step import step_bytes
 
     info = cpu()
     print(f"cpu: {info['model']}, {info['logical_cores']} logical cores, load {os.getloadavg()}")

@@ -116,7 +116,7 @@ def table(result: dict[str, Any]) -> str:
 
 
 def _floor_lines(result: dict[str, Any]) -> list[str]:
-    """GPT step ÷ its bandwidth floor per contender and context (``chattts.floors``)."""
+    """GPT step ÷ its bandwidth floor per contender and context (``chattts_step.floors``)."""
     machine = result["machine"]
     rows = {n: c for n, c in result["contenders"].items() if c.get("floor_ms") and c.get("step_ms")}
     if not rows:
