@@ -6,6 +6,8 @@ Errors name the key (``mqtt.port: expected an integer…``). Environment variabl
 
 from __future__ import annotations
 
+import base64
+import binascii
 import ipaddress
 import os
 import tomllib
@@ -305,15 +307,23 @@ class FleetConfig:
     trusted_keys: list[str] = field(default_factory=list)
 
     def validate(self) -> None:
-        if not self.trusted_keys:
-            return
-        from speakd.cache.trust import public_key  # cryptography: only for boards that sign
-
         for i, key in enumerate(self.trusted_keys):
             try:
-                public_key(key)
+                ed25519_public_bytes(key)
             except ValueError as e:
                 raise ConfigError(f"fleet.trusted_keys[{i}]: {e}") from None
+
+
+def ed25519_public_bytes(text: str) -> bytes:
+    """The 32 bytes of a base64 Ed25519 public key (as ``fleet keygen`` prints it); checked here
+    so that config needs no crypto library (``speakd.cache.trust`` makes the key of them)."""
+    try:
+        raw = base64.b64decode(text.strip(), validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError(f"{text!r} is not base64") from None
+    if len(raw) != 32:
+        raise ValueError(f"{text!r} is {len(raw)} bytes, an Ed25519 public key is 32")
+    return raw
 
 
 @dataclass(frozen=True)

@@ -446,7 +446,7 @@ class CacheStore:
     def transaction(self) -> Iterator[Database]:
         """One write transaction around several calls (a pack replacing another,
         ``speakd.cache.packs``); the methods called inside join it."""
-        with self._guard() as db, _write(db):
+        with self._guard() as db, write_transaction(db):
             yield db
 
     def set_meta(self, key: str, value: str) -> None:

@@ -24,6 +24,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from speakd.config import ed25519_public_bytes
+
 # The refusal reasons a board counts (speakd_pack_refusals_total{reason}); REPLAYED is checked
 # against what the cache remembers (speakd.cache.packs), the others here.
 UNSIGNED, BAD_SIGNATURE, UNTRUSTED_KEY, REPLAYED = (
@@ -44,13 +46,7 @@ class TrustError(Exception):
 
 def public_key(text: str) -> Ed25519PublicKey:
     """A base64 public key (as ``fleet keygen`` prints it); ValueError says what is wrong."""
-    try:
-        raw = base64.b64decode(text.strip(), validate=True)
-    except (binascii.Error, ValueError):
-        raise ValueError(f"{text!r} is not base64") from None
-    if len(raw) != 32:
-        raise ValueError(f"{text!r} is {len(raw)} bytes, an Ed25519 public key is 32")
-    return Ed25519PublicKey.from_public_bytes(raw)
+    return Ed25519PublicKey.from_public_bytes(ed25519_public_bytes(text))
 
 
 def encode_public(key: Ed25519PublicKey) -> str:
