@@ -180,6 +180,23 @@ def test_audio_src_plays_the_pinned_clip_else_its_content(served: HttpDaemon, cl
     assert done["status"] == "done"
 
 
+def test_http_says_a_skipped_clip_in_a_header_and_counts_it(served: HttpDaemon) -> None:
+    r = httpx.post(
+        f"{served.url}/v1/audio/speech",
+        json={
+            "input": f'<speak>{TEXT} <audio src="Not a clip."/></speak>',
+            "voice": "alloy",
+            "response_format": "wav",
+        },
+        headers=served.auth,
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+    assert r.headers["x-speakd-warnings"] == "unknown_clip"
+    assert np.array_equal(wav_samples(r.content)[0], synth(served, text=TEXT)[0])
+    assert served.metric("speakd_warnings_total", code="unknown_clip", frontend="http") >= 1
+
+
 def test_an_unknown_chime_is_refused_counted_and_the_daemon_serves_on(
     served: HttpDaemon,
 ) -> None:
