@@ -92,8 +92,9 @@ def cmd_say(args: argparse.Namespace) -> int:
         for event in client.say(fields, wait=args.wait):
             if args.json:
                 print(json.dumps(event, ensure_ascii=False), flush=True)
-            if event["event"] == "error":
+            if event["event"] in ("warning", "error"):
                 print(f"speakd: {event['code']}: {event['message']}", file=sys.stderr)
+            if event["event"] == "error":
                 return EXIT_FAILED
             if event["event"] == "finished" and event.get("status") != "done":
                 print(f"speakd: request {event['id']} {event['status']}", file=sys.stderr)

@@ -194,8 +194,10 @@ class LimitsConfig:
     max_queue: int = 32
     max_line_bytes: int = 65536  # one JSON line / SSIP line on the sockets
     # Callers that take the audio back (socket synth, Wyoming, HTTP) streaming at once; one more
-    # is refused with "busy" (playback on the board has its own queue, max_queue).
+    # waits its turn (playback on the board has its own queue, max_queue)...
     max_streams: int = 4
+    # ...for up to this many seconds, then is refused with "busy" (0: refused at once).
+    stream_wait_s: float = 30.0
     # Exit (for systemd to restart speakd) when resident memory passes this many MiB; 0 = off.
     # For kernels where MemoryMax= does nothing (Raspberry Pi kernels disable the memory cgroup).
     max_rss_mb: int = 0
@@ -212,6 +214,7 @@ class LimitsConfig:
         _range("limits.max_queue", self.max_queue, 1, 100_000)
         _range("limits.max_line_bytes", self.max_line_bytes, 1024, 16 * 1024 * 1024)
         _range("limits.max_streams", self.max_streams, 1, 1024)
+        _range("limits.stream_wait_s", self.stream_wait_s, 0, 3600)
         _range("limits.max_rss_mb", self.max_rss_mb, 0, 1 << 20)
         _range("limits.max_pack_bytes", self.max_pack_bytes, 0, 1 << 40)
         _range("limits.max_loaded_voices", self.max_loaded_voices, 0, 1000)

@@ -170,10 +170,31 @@ def test_audio_src_plays_the_pinned_clip_else_its_content(served: HttpDaemon, cl
     pcm, events = synth(served, text=f'<speak><audio src="{PROMPT}"/> {TEXT}</speak>')
     assert events[-1]["status"] == "done"
     assert np.array_equal(pcm, np.concatenate([clip, text]))
-    alt, _ = synth(served, text=f'<speak><audio src="Not a clip.">{TEXT}</audio></speak>')
+    alt, events = synth(served, text=f'<speak><audio src="Not a clip.">{TEXT}</audio></speak>')
     assert np.array_equal(alt, text)  # SSML's alternate content, said instead
-    _, events = synth(served, text='<speak>Hello <audio src="Not a clip."/></speak>')
-    assert events[-1]["event"] == "error" and events[-1]["code"] == "unknown_clip"
+    assert [e.get("code") for e in events if e["event"] == "warning"] == ["unknown_clip"]
+    pcm, events = synth(served, text=f'<speak>{TEXT} <audio src="Not a clip."/></speak>')
+    assert np.array_equal(pcm, text)  # no content: the clip is skipped, the rest spoken
+    warning, *_, done = events
+    assert (warning["event"], warning["code"]) == ("warning", "unknown_clip")
+    assert done["status"] == "done"
+
+
+def test_http_says_a_skipped_clip_in_a_header_and_counts_it(served: HttpDaemon) -> None:
+    r = httpx.post(
+        f"{served.url}/v1/audio/speech",
+        json={
+            "input": f'<speak>{TEXT} <audio src="Not a clip."/></speak>',
+            "voice": "alloy",
+            "response_format": "wav",
+        },
+        headers=served.auth,
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+    assert r.headers["x-speakd-warnings"] == "unknown_clip"
+    assert np.array_equal(wav_samples(r.content)[0], synth(served, text=TEXT)[0])
+    assert served.metric("speakd_warnings_total", code="unknown_clip", frontend="http") >= 1
 
 
 def test_an_unknown_chime_is_refused_counted_and_the_daemon_serves_on(

@@ -38,6 +38,8 @@ def test_defaults_without_a_file() -> None:
         ('[socket]\nmode = "rw"\n', "socket.mode"),
         ("[cache]\nttl_jitter = 2.0\n", "cache.ttl_jitter"),
         ("[limits]\nmax_queue = true\n", "limits.max_queue"),
+        ("[limits]\nstream_wait_s = -1\n", "limits.stream_wait_s"),
+        ('[limits]\nstream_wait_s = "soon"\n', "limits.stream_wait_s"),
         ("[engine]\nvoices = 3\n", "engine.voices"),
         ("[speakers]\nx = 1\n", "speakers"),
         ("engine = 3\n", "engine"),

@@ -206,10 +206,11 @@ def test_fifty_concurrent_clients_share_one_synthesis(d: HttpDaemon) -> None:
 
 @pytest.fixture(scope="module")
 def tight(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpDaemon]:
-    """One stream at a time, a queue of one, and a sink that plays in real time."""
+    """One stream at a time that no other waits for, a queue of one, and a sink that plays in
+    real time."""
     daemon = start_http_daemon(
         tmp_path_factory.mktemp("tight"),
-        "[limits]\nmax_streams = 1\nmax_queue = 1",
+        "[limits]\nmax_streams = 1\nstream_wait_s = 0\nmax_queue = 1",
         realtime=True,
     )
     yield daemon

@@ -319,6 +319,23 @@ def test_ssml_marks_are_replies_as_playback_reaches_them(
     assert replies[2] == {"id": "marks1", "status": "mark", "name": "b", "sample": len(played)}
 
 
+def test_a_clip_speakd_lacks_is_a_warning_reply_and_the_rest_is_spoken(
+    kitchen: DaemonProc, watcher: Watcher
+) -> None:
+    since = watcher.mark()
+    watcher.publish(
+        "speakd/kitchen/say",
+        json.dumps({"text": '<speak>Door <audio src="yo.wav"/> open</speak>', "id": "clip1"}),
+        response_topic="test/clip",
+        correlation=b"clip1",
+    )
+    watcher.wait("test/clip", lambda m: m.json()["status"] == "done", since)
+    replies = [m.json() for m in watcher.matching("test/clip", since=since)]
+    assert [r["status"] for r in replies] == ["warning", "queued", "done"]
+    assert replies[0]["code"] == "unknown_clip" and "yo.wav" in replies[0]["message"]
+    assert read_wav(wav_dir(kitchen) / "clip1.wav").duration > 0.3
+
+
 def test_a_chime_plays_before_the_text_on_both_say_topics(
     kitchen: DaemonProc, watcher: Watcher
 ) -> None:

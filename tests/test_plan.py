@@ -11,6 +11,7 @@ from speakd.engines.base import SynthesisConfig
 from speakd.markup.lexicon import Lexicon
 from speakd.markup.plan import plan, plan_key, prepare_request, with_chime
 from speakd.markup.ssml import parse_ssml
+from speakd.request.errors import InputWarning
 from speakd.request.messages import RequestError
 from speakd.request.prepare import Marker, Part, Prepared, Silence, Sound, Speech
 from speakd.request.sounds import Sounds, chime_key
@@ -89,21 +90,31 @@ def test_equal_markup_has_one_key_and_any_change_changes_it() -> None:
         assert key_of(other) != base, other
 
 
-def test_audio_is_its_sound_else_its_content_else_unknown_clip() -> None:
-    """SSML's rule: the alternate content is said when the source cannot be played."""
+def test_audio_is_its_sound_else_its_content_else_nothing_with_a_warning() -> None:
+    """SSML's rule: the alternate content is said when the source cannot be played; with none,
+    the clip is skipped and the rest spoken. Either way the client is warned (unknown_clip)."""
     sounds = Sounds(loudness=-20.0)
+    warnings: list[InputWarning] = []
 
     def parts(document: str) -> list[Part]:
-        return plan(parse_ssml(document), SynthesisConfig(), prepare_text, find_sound=sounds.find)
+        return plan(
+            parse_ssml(document),
+            SynthesisConfig(),
+            prepare_text,
+            find_sound=sounds.find,
+            warn=warnings.append,
+        )
 
     said = parts('<speak>Doors <audio src="ding">ding dong</audio> closing</speak>')
     assert [type(p) for p in said] == [Speech, Sound, Speech]
     assert said[1] == Sound("ding", chime_key("ding"), -20.0)
+    assert not warnings
     [alt] = speech(parts('<speak><audio src="no such clip">ding dong</audio></speak>'))
     assert alt.prepared.text == "ding dong"
-    with pytest.raises(RequestError) as e:
-        parts('<speak>Doors <audio src="no such clip"/></speak>')
-    assert e.value.code == "unknown_clip"
+    [said] = speech(parts('<speak>Doors <audio src="no such clip"/></speak>'))
+    assert said.prepared.text == "Doors"
+    assert [w.code for w in warnings] == ["unknown_clip", "unknown_clip"]
+    assert "content is said instead" in warnings[0].message and "skipped" in warnings[1].message
 
 
 def test_a_sound_is_in_the_key() -> None:
@@ -182,3 +193,37 @@ def test_bad_markup_is_bad_ssml() -> None:
     with pytest.raises(RequestError) as info:
         prepare_request(LIBRARY, "<speak>open", SynthesisConfig(), ssml=True)
     assert info.value.code == "bad_ssml"
+
+
+def test_a_document_of_nothing_but_clips_speakd_lacks_is_refused() -> None:
+    with pytest.raises(RequestError) as info:
+        prepare_request(
+            LIBRARY, '<speak><audio src="yo.wav"/></speak>', SynthesisConfig(), ssml=True
+        )
+    assert info.value.code == "unknown_clip"
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        '<speak><amazon:effect name="whispered">quietly</amazon:effect> said</speak>',
+        '<speak xmlns:amazon="http://amazon.com/ssml"><amazon:effect>quietly</amazon:effect>'
+        " said</speak>",
+        '<speak><amazon:effect xmlns:amazon="x">quietly</amazon:effect> <b amazon:x="1">said'
+        "</b></speak>",
+    ],
+)
+def test_an_element_of_any_prefix_declared_or_not_keeps_its_text(document: str) -> None:
+    """Alexa-style content: the prefixed element is unknown, so ignored, and its text said."""
+    [text] = parse_ssml(document)
+    assert text.text.split() == ["quietly", "said"]
+
+
+def test_a_bad_document_with_an_undeclared_prefix_is_placed_in_the_clients_text() -> None:
+    """The declarations speakd adds for the prefix do not move the column it reports."""
+    with pytest.raises(RequestError) as with_prefix:
+        parse_ssml("<speak><a:b>x</a:b><p>open</speak>")
+    with pytest.raises(RequestError) as without:
+        parse_ssml("<speak><abb>x</abb><p>open</speak>")
+    assert with_prefix.value.code == "bad_ssml"
+    assert str(with_prefix.value) == str(without.value)

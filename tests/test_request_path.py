@@ -183,13 +183,13 @@ async def test_a_play_and_a_fetch_of_one_request_share_one_synthesis(tmp_path: P
 
     engine = ToneEngine(compute_s=0.03)
     scheduler = Scheduler(Resolver(engine), WavSink(tmp_path))
-    control = Control(scheduler, max_text_chars=500, max_streams=1)
+    control = Control(scheduler, max_text_chars=500, max_streams=1, stream_wait_s=0.05)
     task = asyncio.create_task(scheduler.run())
     rec = Recorder()
     text = "shared words for the board and the caller"
     control.say(control.build_request({"text": text, "id": "play"}, origin="test", on_event=rec))
     async with control.stream(control.build_request({"text": text}, origin="test")) as stream:
-        with pytest.raises(RequestError) as busy:  # limits.max_streams
+        with pytest.raises(RequestError) as busy:  # limits.max_streams, after stream_wait_s
             async with control.stream(control.build_request({"text": "x"}, origin="test")):
                 pass
         fetched = b"".join([c.pcm async for c in stream.aread()])

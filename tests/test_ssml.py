@@ -69,7 +69,6 @@ def test_every_element_of_the_subset() -> None:
         ('<speak><prosody volume="50">x</prosody></speak>', 1, 8, "volume must be"),
         ('<speak><prosody pitch="2 octaves">x</prosody></speak>', 1, 8, "pitch must be"),
         ("<speak>a<mark/></speak>", 1, 9, "<mark>: name is required"),
-        ("<speak><audio>x</audio></speak>", 1, 8, "<audio>: src"),
         ('<speak><phoneme alphabet="ipa">x</phoneme></speak>', 1, 8, "<phoneme>: ph"),
         ("<html><speak>x</speak></html>", 1, 1, "not <speak>"),
     ],

@@ -18,7 +18,7 @@ from speakd.audio import join_chunks
 from speakd.cache.store import CacheStore
 from speakd.config import ConfigError, load_config
 from speakd.engines.base import SynthesisConfig
-from speakd.request.errors import RequestError
+from speakd.request.errors import InputWarning, RequestError
 from speakd.request.messages import SpeakRequest
 from speakd.request.resolver import Resolver
 from speakd.request.stream import Cancel
@@ -79,11 +79,32 @@ def test_one_rule_chooses_by_name_then_language_then_default(
         library.select("nobody", None)
     assert e.value.code == "unknown_voice" and DUO in str(e.value)
     with pytest.raises(RequestError) as e:
-        library.select(DUO, None, speaker="carl")
-    assert e.value.code == "unknown_speaker" and "anna (0), bert (1)" in str(e.value)
-    with pytest.raises(RequestError) as e:
         library.select(None, "fr")
     assert e.value.code == "unknown_language"
+
+
+def test_a_speaker_a_voice_lacks_falls_back_to_its_default_speaker(
+    tmp_path: Path, voices_dir: Path
+) -> None:
+    """Home Assistant sends speaker "0" (or the voice's name) to a single-speaker voice: its one
+    speaker, silently. Any other speaker the voice lacks: its default one, with a warning."""
+    library = build_library(config_for(tmp_path))
+    duo, piper = library.by_name[DUO], library.by_name[PIPER]
+    assert library.speaker(duo, DUO, "bert") == ("bert", None)
+    assert library.speaker(duo, DUO, "1") == ("1", None)
+    assert library.speaker(duo, DUO, None) == (None, None)
+    for speaker in ("0", PIPER, ""):
+        assert library.speaker(piper, PIPER, speaker) == (None, None)
+    for voice, name in ((duo, DUO), (piper, PIPER)):
+        spoken, warning = library.speaker(voice, name, "carl")
+        assert spoken is None and warning is not None and warning.code == "unknown_speaker"
+    assert "anna (0), bert (1)" in warning_of(library.speaker(duo, DUO, "carl"))
+    assert "spoken by anna" in warning_of(library.speaker(duo, DUO, "carl"))
+
+
+def warning_of(choice: tuple[str | None, InputWarning | None]) -> str:
+    assert choice[1] is not None
+    return choice[1].message
 
 
 def test_each_voice_speaks_at_its_own_rate_and_speakers_differ(

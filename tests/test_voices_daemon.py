@@ -111,8 +111,12 @@ def test_the_socket_chooses_by_language_name_and_speaker(board: HttpDaemon) -> N
     ]
     wav_dir = proc(board).config.parent / "wav"
     assert (wav_dir / "duo-anna.wav").read_bytes() != (wav_dir / "duo-bert.wav").read_bytes()
-    refused = proc(board).say("Hello.", voice=DUO, speaker="carl")[-1]
-    assert refused["code"] == "unknown_speaker" and "anna (0), bert (1)" in refused["message"]
+    events = proc(board).say("Hello there.", voice=DUO, speaker="carl", id="duo-carl")
+    warning, *_, done = events  # a speaker the voice lacks: its default one, and a warning
+    assert warning["event"] == "warning" and warning["code"] == "unknown_speaker"
+    assert "anna (0), bert (1)" in warning["message"] and done["status"] == "done"
+    assert (wav_dir / "duo-carl.wav").read_bytes() == (wav_dir / "duo-anna.wav").read_bytes()
+    assert board.metric("speakd_warnings_total", code="unknown_speaker", frontend="json") >= 1
 
 
 @needs_spd_say
@@ -161,10 +165,22 @@ async def test_wyoming_home_assistant_names_a_voice_and_a_speaker(board: HttpDae
         plain = await rate_and_audio(name=DUO)
         bert = await rate_and_audio(name=DUO, speaker="bert")
         assert plain[0] == bert[0] == 22050 and plain[1] != bert[1]
+        # Home Assistant's shapes: speaker "0" or the voice's name on a single-speaker voice is
+        # its one speaker; an unknown one on a multi-speaker voice is the default, and a warning
+        # Home Assistant skips (it reads up to audio-stop) but a client can read.
+        piper = await rate_and_audio(name=PIPER)
+        assert await rate_and_audio(name=PIPER, speaker="0") == piper
+        assert await rate_and_audio(name=PIPER, speaker=PIPER) == piper
         await client.write_event(
             Synthesize("Hello.", SynthesizeVoice(name=DUO, speaker="carl")).event()
         )
-        assert error_of(await read_until(client, "audio-stop")) == "unknown_speaker"
+        events = await read_until(client, "audio-stop")
+        assert error_of(events) is None and audio_of(events) == plain[1]
+        [warning] = [e.data for e in events if e.type == "speakd-warning"]
+        assert warning["code"] == "unknown_speaker" and "anna (0), bert (1)" in warning["message"]
+        assert [e.type for e in events].index("speakd-warning") < [e.type for e in events].index(
+            "audio-start"
+        )
 
 
 def test_the_openai_sdk_gets_each_voice_at_its_rate(board: HttpDaemon) -> None:

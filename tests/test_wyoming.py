@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import socket
 import stat
 import threading
@@ -443,7 +444,7 @@ def tone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[InProcessDa
     sock = tmp / "wyoming.sock"
     extra = (
         f'[wyoming]\nuri = "unix://{sock}"\n'
-        "[limits]\nmax_streams = 2\n"
+        "[limits]\nmax_streams = 4\n"
         '[engine]\nfallback_text = "Sorry."\n'
     )
     config = write_config(tmp, extra, sink="null", realtime=True, voices="embedded = false")
@@ -555,15 +556,37 @@ async def test_a_client_leaving_mid_synthesis_cancels_it(
     assert "the client left; its stream is released" in "".join(LOG.messages)
 
 
-async def test_more_streams_than_max_streams_is_busy(tone: tuple[InProcessDaemon, Path]) -> None:
+async def test_six_home_assistant_streams_past_max_streams_all_return_audio(
+    tone: tuple[InProcessDaemon, Path],
+) -> None:
+    """Six Home Assistant ``synthesize`` calls at once, ``limits.max_streams = 4``: the fifth and
+    sixth wait their turn (``limits.stream_wait_s``) instead of being refused, every one gets its
+    audio, and the metrics say how long the streams waited."""
     d, sock = tone
-    async with unix(sock) as a, unix(sock) as b, unix(sock) as c:
-        for client, tag in ((a, "busya"), (b, "busyb")):  # (b waits for the engine behind a)
-            await client.write_event(Synthesize(words(60, tag)).event())
-        await until(lambda: d.status()["streams"]["active"] >= 2, "two active streams", 5)
-        assert error_of(await synthesize(c, words(5, "busyc"))) == "busy"
-        await read_until(a, "audio-stop")
-        assert audio_of(await synthesize(c, words(5, "busyc")))  # a stream is free again
+    waited = d.status()["streams"]["streams_waited"]
+    clients = [unix(sock) for _ in range(6)]
+    for client in clients:
+        await client.connect()
+    try:
+        for i, client in enumerate(clients):  # each holds its stream ~2 s (tone words, 0.1 s)
+            await client.write_event(Synthesize(words(20, f"six{i}x")).event())
+        answers = await asyncio.gather(*(read_until(c, "audio-stop") for c in clients))
+    finally:
+        for client in clients:
+            await client.disconnect()
+    assert [error_of(events) for events in answers] == [None] * 6
+    assert all(audio_of(events) for events in answers)
+    assert d.status()["streams"]["streams_waited"] - waited >= 2
+    exposition = d.daemon.metrics.exposition().decode()
+    assert 'speakd_stream_wait_seconds_bucket{le="0.001"}' in exposition
+    waits = _histogram(exposition, "speakd_stream_wait_seconds")
+    assert waits["+Inf"] - waits["0.001"] >= 2  # at least two waited for a place
+
+
+def _histogram(exposition: str, name: str) -> dict[str, float]:
+    """A histogram's cumulative bucket counts by ``le``."""
+    pattern = re.compile(rf'^{name}_bucket{{le="([^"]+)"}} (\S+)$', re.M)
+    return {le: float(n) for le, n in pattern.findall(exposition)}
 
 
 async def test_wyoming_never_interrupts_what_the_board_plays(

@@ -9,6 +9,7 @@ voice-by-language rule, the same errors and the same audio for the same request.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import math
@@ -24,8 +25,15 @@ from speakd.markup.lexicon import Lexicon
 from speakd.markup.plan import prepare_request, with_chime
 from speakd.markup.punctuation import Punctuation
 from speakd.markup.ssml import is_ssml
-from speakd.request.errors import RequestError
-from speakd.request.messages import Event, EventCallback, Priority, SpeakRequest, validate_text
+from speakd.request.errors import InputWarning, RequestError
+from speakd.request.messages import (
+    Event,
+    EventCallback,
+    EventType,
+    Priority,
+    SpeakRequest,
+    validate_text,
+)
 from speakd.request.prepare import Marker, Part, Silence, Sound, Speech
 from speakd.request.scheduler import Scheduler
 from speakd.request.sounds import CHIMES, Sounds
@@ -50,6 +58,9 @@ class Observer(Protocol):
     def refused(self, origin: str, code: str) -> None: ...
 
     def pack_refused(self, reason: str) -> None: ...
+    def warned(self, origin: str, code: str) -> None: ...
+
+    def stream_waited(self, seconds: float) -> None: ...
 
     def stream_opened(self, request: SpeakRequest, stream: AudioStream) -> None: ...
 
@@ -63,20 +74,35 @@ class Control:
     scheduler: Scheduler
     max_text_chars: int
     max_streams: int = 4
+    stream_wait_s: float = 30.0  # a stream past max_streams waits this long for its turn
     started: float = field(default_factory=time.monotonic)
     reloads: int = 0
     streaming: int = 0  # callers reading audio back right now
-    counters: dict[str, int] = field(default_factory=lambda: {"streams": 0, "streams_refused": 0})
+    counters: dict[str, int] = field(
+        default_factory=lambda: {"streams": 0, "streams_waited": 0, "streams_refused": 0}
+    )
     observer: Observer | None = None
     lexicon: Lexicon = field(default_factory=Lexicon)  # [lexicon] files; a reload replaces it
+    _turns: collections.deque[asyncio.Future[None]] = field(default_factory=collections.deque)
 
     def build_request(self, fields: dict[str, Any], *, origin: str, **kw: Any) -> SpeakRequest:
-        """Validate a request's fields and prepare it (``_build``); a refusal is counted."""
+        """Validate a request's fields and prepare it (``_build``); a refusal is counted. What
+        it skips instead (``request.warnings``) is logged, counted and, before anything else,
+        a ``warning`` event to its ``on_event``; front-ends without events read the list."""
+        warnings: list[InputWarning] = []
         try:
-            return self._build(fields, origin=origin, **kw)
+            request = self._build(fields, origin=origin, warn=warnings.append, **kw)
         except RequestError as e:
             self.refused(origin, e.code)
             raise
+        request.warnings = tuple(dict.fromkeys(warnings))  # a clip named twice: one warning
+        for warning in request.warnings:
+            log.warning("request %s (%s): %s: %s", request.id, origin, *warning.to_dict().values())
+            if self.observer is not None:
+                self.observer.warned(origin, warning.code)
+            if request.on_event is not None:
+                request.on_event(Event(EventType.WARNING, request.id, warning.to_dict()))
+        return request
 
     def refused(self, origin: str, code: str) -> None:
         """Tell the observer of a request turned away with error ``code``. Front-ends call this
@@ -92,6 +118,7 @@ class Control:
         client: str = "",
         on_event: EventCallback | None = None,
         strict_lang: bool = True,
+        warn: Callable[[InputWarning], None],
     ) -> SpeakRequest:
         """Validate a request's fields (every front-end maps onto these names) and prepare it:
         ``text``, ``format`` (``text`` or ``ssml``; a text whose root is ``<speak>`` is SSML
@@ -139,6 +166,7 @@ class Control:
             capitals=Capitals.of(fields.get("capitals")),
             strict_lang=strict_lang,
             sounds=self.sounds,
+            warn=warn,
         )
         if chime is not None:
             prepared = with_chime(prepared, self._chime(chime, prepared.bundle, prepared.config))
@@ -206,8 +234,10 @@ class Control:
         """The request's audio for a caller that wants it back, not played on the board: from the
         cache on a hit, else a synthesis shared with any playback of the same key. Read it with
         ``async for chunk in stream.aread()``; leaving the block (a caller gone) releases it, and
-        the last reader out cancels the synthesis. At most ``max_streams`` at once ("busy").
-        The ``observer`` hears how each stream went, refused, failed or read."""
+        the last reader out cancels the synthesis. At most ``max_streams`` at once: one more
+        waits its turn, in order of arrival, for up to ``stream_wait_s`` seconds, then is
+        refused ("busy"). The ``observer`` hears how long each waited and how it went, refused,
+        failed or read."""
         opened: AudioStream | None = None
         error: BaseException | None = None
         try:
@@ -224,12 +254,7 @@ class Control:
 
     @contextlib.asynccontextmanager
     async def _stream(self, request: SpeakRequest) -> AsyncIterator[AudioStream]:
-        if self.streaming >= self.max_streams:
-            self.counters["streams_refused"] += 1
-            raise RequestError(
-                "busy", f"{self.max_streams} audio streams are running (limits.max_streams)"
-            )
-        self.streaming += 1
+        await self._take_turn(request)
         self.counters["streams"] += 1
         try:
             resolver = self.scheduler.resolver
@@ -246,6 +271,49 @@ class Control:
                 opened.release()
         finally:
             self.streaming -= 1
+            self._admit()
+
+    async def _take_turn(self, request: SpeakRequest) -> None:
+        """A place among the ``max_streams``: at once when one is free and nobody waits, else
+        when an earlier stream ends (first come, first served), or ``busy`` after
+        ``stream_wait_s``."""
+        t0 = time.monotonic()
+        if self.streaming < self.max_streams and not self._turns:
+            self.streaming += 1
+        else:
+            turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._turns.append(turn)
+            self.counters["streams_waited"] += 1
+            log.info("request %s waits for an audio stream (%d ahead)", request.id, self.streaming)
+            try:
+                async with asyncio.timeout(self.stream_wait_s):
+                    await turn
+            except TimeoutError:
+                if not _given(turn):
+                    self.counters["streams_refused"] += 1
+                    raise RequestError(
+                        "busy",
+                        f"{self.max_streams} audio streams ran for the {self.stream_wait_s:g} s "
+                        "this one waited (limits.max_streams, limits.stream_wait_s)",
+                    ) from None
+            except BaseException:  # the caller left while waiting: a place given goes on
+                if _given(turn):
+                    self.streaming -= 1
+                    self._admit()
+                raise
+            finally:
+                with contextlib.suppress(ValueError):
+                    self._turns.remove(turn)
+        if self.observer is not None:
+            self.observer.stream_waited(time.monotonic() - t0)
+
+    def _admit(self) -> None:
+        """Give the places free now to the streams waiting longest."""
+        while self._turns and self.streaming < self.max_streams:
+            turn = self._turns.popleft()
+            if not turn.done():
+                turn.set_result(None)
+                self.streaming += 1
 
     # ---- what there is ----------------------------------------------------------------------
 
@@ -285,12 +353,10 @@ class Control:
         """The bundle ids of every voice: a prompt pack made for one of them plays here."""
         return set(self.library.by_bundle)
 
-    def select_voice(
-        self, voice: str | None, lang: str | None, speaker: str | None = None
-    ) -> tuple[str, str | None]:
+    def select_voice(self, voice: str | None, lang: str | None) -> tuple[str, str | None]:
         """(voice name, language) a request with these fields gets, or RequestError; for
         front-ends that check a voice before the text arrives (Wyoming's streaming)."""
-        _, name, code = self.library.select(voice, lang, speaker=speaker)
+        _, name, code = self.library.select(voice, lang)
         return name, code
 
     def listen(self, listener: Callable[[Event], None]) -> None:
@@ -330,7 +396,12 @@ class Control:
             },
             "voices": voices.status(),
             "breaker": state["source"].get("breaker"),
-            "streams": {"active": self.streaming, "max": self.max_streams, **self.counters},
+            "streams": {
+                "active": self.streaming,
+                "waiting": len(self._turns),
+                "max": self.max_streams,
+                **self.counters,
+            },
             "uptime_s": round(time.monotonic() - self.started, 1),
             "reloads": self.reloads,
             "chimes": self.chimes(),
@@ -339,6 +410,11 @@ class Control:
                 for lex in self.lexicon.languages
             },
         }
+
+
+def _given(turn: asyncio.Future[None]) -> bool:
+    """Whether a waiting stream's turn came (``Control._admit`` gave it a place)."""
+    return turn.done() and not turn.cancelled()
 
 
 def _explained(part: Part) -> dict[str, Any]:

@@ -4,7 +4,9 @@ Fed from three places, so no front-end counts anything itself and a new one is c
 
 - ``Control`` tells ``said`` (a request handed to the queue), ``stream_opened`` /
   ``stream_closed`` (audio handed back: socket ``synth``, HTTP speech, Wyoming) and ``refused``
-  (turned away before either: a bad field, an unknown voice, a line that is not JSON) —
+  (turned away before either: a bad field, an unknown voice, a line that is not JSON),
+  ``warned`` (part of a request skipped, the rest spoken: docs/reliability.md, "Lenient
+  input") and ``stream_waited`` (how long a stream waited for its turn) —
   ``speakd.control``'s ``observer``;
 - the scheduler's ``listeners`` carry every played request's events: ``started`` gives the
   first-audio latency, the terminal ``finished``/``error`` the outcome;
@@ -44,6 +46,7 @@ if TYPE_CHECKING:
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 FRONTENDS = ("json", "ssip", "mqtt", "wyoming", "http")
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+WAIT_BUCKETS = (0.001, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)  # the first: did not wait
 RTF_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0)
 MAX_TRACKED = 10_000  # requests awaiting their terminal event (a bound, not a working limit)
 
@@ -75,6 +78,19 @@ class Metrics:
             "From receiving a request to its first audio (say: at the sink; stream: ready to send)",
             ["kind"],
             buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.warnings = Counter(
+            "speakd_warnings",
+            "Requests spoken with a part skipped instead of refused, by front-end and warning code "
+            "(unknown_clip, unknown_speaker…)",
+            ["frontend", "code"],
+            registry=self.registry,
+        )
+        self.stream_wait = Histogram(
+            "speakd_stream_wait_seconds",
+            "How long each audio stream waited for its turn (limits.max_streams)",
+            buckets=WAIT_BUCKETS,
             registry=self.registry,
         )
         self.rtf = Histogram(
@@ -127,7 +143,13 @@ class Metrics:
     def pack_refused(self, reason: str) -> None:
         self.pack_refusals.labels(reason).inc()
 
+    def warned(self, origin: str, code: str) -> None:
+        self.warnings.labels(frontend_of(origin), code).inc()
+
     # ---- handing audio back: Control.stream -------------------------------------------------
+
+    def stream_waited(self, seconds: float) -> None:
+        self.stream_wait.observe(seconds)
 
     def stream_opened(self, request: SpeakRequest, stream: AudioStream) -> None:
         if stream.chunks:  # a cache hit: whole already

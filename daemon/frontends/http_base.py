@@ -22,7 +22,7 @@ from speakd.audio.encode import EncodedClips
 from speakd.config import HttpConfig
 from speakd.control import Control
 from speakd.control.metrics import Metrics
-from speakd.request.messages import RequestError, error_data, parse_json
+from speakd.request.messages import RequestError, SpeakRequest, error_data, parse_json
 
 # error code → HTTP status; every other code is a client error (400)
 STATUS = {
@@ -75,6 +75,16 @@ def client_key() -> str:
     """A client key of its own for each HTTP request: HTTP has no connection-long session to
     pause or cancel by (SSIP's CANCEL SELF), so no two requests share one."""
     return f"http:{next(_http_ids)}"
+
+
+WARNINGS_HEADER = "X-Speakd-Warnings"  # the codes of what a request skipped, comma-separated
+
+
+def warning_headers(speak: SpeakRequest) -> dict[str, str]:
+    """``X-Speakd-Warnings: unknown_clip, unknown_speaker`` for a request spoken with parts
+    skipped (docs/reliability.md, "Lenient input"); nothing for one spoken whole."""
+    codes = dict.fromkeys(w.code for w in speak.warnings)
+    return {WARNINGS_HEADER: ", ".join(codes)} if codes else {}
 
 
 def error_response(

@@ -34,10 +34,18 @@ from speakd.audio.encode import (
     encoder,
 )
 from speakd.control import Control
-from speakd.frontends.http_base import client_key, ok, origin, read_json, refusals, state
+from speakd.frontends.http_base import (
+    client_key,
+    ok,
+    origin,
+    read_json,
+    refusals,
+    state,
+    warning_headers,
+)
 from speakd.machine.logcontext import request_context
 from speakd.request.errors import RequestError
-from speakd.request.messages import dump_json
+from speakd.request.messages import SpeakRequest, dump_json
 from speakd.request.stream import AudioStream
 
 log = logging.getLogger(__name__)
@@ -107,7 +115,7 @@ async def speech(request: web.Request) -> web.StreamResponse:
         try:
             async with st.control.stream(speak) as stream:
                 respond = _respond_lines if timestamps else _respond
-                return await respond(request, stream, fmt, speak.id, sent)
+                return await respond(request, stream, fmt, speak, sent)
         except Exception as e:
             if not sent:  # nothing sent yet: the client gets a JSON error (middleware)
                 raise
@@ -126,13 +134,14 @@ async def _respond(
     request: web.Request,
     stream: AudioStream,
     fmt: str,
-    request_id: str,
+    speak: SpeakRequest,
     sent: list[web.StreamResponse],
 ) -> web.StreamResponse:
     headers = {
         "Content-Type": FORMATS[fmt][0],
-        "X-Request-Id": request_id,
+        "X-Request-Id": speak.id,
         "X-Speakd-Cache": "hit" if stream.from_cache else "miss",
+        **warning_headers(speak),
     }
     if fmt == "pcm":
         headers["X-Sample-Rate"] = str(PCM_RATE)
@@ -191,13 +200,14 @@ async def _respond_lines(
     request: web.Request,
     stream: AudioStream,
     fmt: str,
-    request_id: str,
+    speak: SpeakRequest,
     sent: list[web.StreamResponse],
 ) -> web.StreamResponse:
-    """``"timestamps": true``: JSON lines, the socket ``synth``'s events — ``audio`` (base64 of the
-    format's bytes as they are encoded; FLAC in one piece at the end), ``word`` ahead of the audio
-    it starts in, then ``finished`` — so a client gets the audio and its word timings at once."""
-    headers = {"Content-Type": LINES_TYPE, "X-Request-Id": request_id}
+    """``"timestamps": true``: JSON lines, the socket ``synth``'s events — ``warning`` first for
+    each part skipped, ``audio`` (base64 of the format's bytes as they are encoded; FLAC in one
+    piece at the end), ``word`` ahead of the audio it starts in, then ``finished`` — so a client
+    gets the audio and its word timings at once."""
+    headers = {"Content-Type": LINES_TYPE, "X-Request-Id": speak.id, **warning_headers(speak)}
     response = web.StreamResponse(headers=headers)
     response.enable_chunked_encoding()
     timeout = state(request).config.timeout_s
@@ -218,6 +228,8 @@ async def _respond_lines(
         if data:
             await send({"event": "audio", "format": fmt, "data": base64.b64encode(data).decode()})
 
+    for warning in speak.warnings:
+        await send({"event": "warning", **warning.to_dict()})
     offset = 0
     async for chunk in stream.aread():
         for word in chunk.words:

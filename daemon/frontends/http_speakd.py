@@ -59,9 +59,10 @@ async def say(request: web.Request) -> web.Response:
     last = events[-1]
     if last["event"] == EventType.ERROR:
         return error_response(last["code"], last["message"], request_id=speak.id)
+    warnings = {"warnings": [w.to_dict() for w in speak.warnings]} if speak.warnings else {}
     if not wait and last["event"] == EventType.QUEUED:
-        return ok(last, status=202)
-    return ok({**last, "events": events})
+        return ok(last | warnings, status=202)
+    return ok({**last, **warnings, "events": events})
 
 
 async def stop(request: web.Request) -> web.Response:

@@ -6,6 +6,10 @@ without playing it; ``explain`` (the same fields) says what it would say, part b
 ``stop``, ``cancel`` (id), ``status``, ``voices``. Every reply and event carries the request's
 ``id`` (null when the request had none and none was made).
 
+A request spoken with a part skipped (a clip speakd lacks, a speaker its voice lacks:
+docs/reliability.md, "Lenient input") gets a ``warning`` event first, ``{"event":"warning",
+"id":"r…","code":"unknown_clip","message":"…"}``, then is answered as any other.
+
 A ``say`` is answered with ``queued`` (or ``error``); with ``"wait": true`` the connection also
 gets ``started`` and the terminal ``finished``/``error``:
 
@@ -178,7 +182,7 @@ class JsonLinesFrontend:
         def on_event(event: Event) -> None:
             if (
                 wait
-                or event.type.value in ("queued", "error")
+                or event.type.value in ("warning", "queued", "error")
                 or (event.terminal and event.data.get("status") == "discarded")
             ):
                 conn.send(event.to_dict())
@@ -191,7 +195,9 @@ class JsonLinesFrontend:
         self.control.say(request)
 
     def _synth(self, msg: dict[str, Any], conn: _Connection, origin: str, client: str) -> None:
-        request = self.control.build_request(msg, origin=origin, client=client)
+        request = self.control.build_request(  # its warnings, before any audio
+            msg, origin=origin, client=client, on_event=lambda e: conn.send(e.to_dict())
+        )
         task = asyncio.create_task(self._stream(request, conn), name=f"synth-{request.id}")
         conn.tasks.add(task)
         task.add_done_callback(conn.tasks.discard)

@@ -319,8 +319,8 @@ class MqttFrontend:
             return
         if event.type == EventType.QUEUED:
             self._reply(origin, event.request_id, "queued", {"position": event.data["position"]})
-        elif event.type == EventType.MARK:  # playback reached an SSML <mark>
-            self._reply(origin, event.request_id, "mark", event.data)
+        elif event.type in (EventType.MARK, EventType.WARNING):  # a <mark>; a part skipped
+            self._reply(origin, event.request_id, event.type.value, event.data)
         elif event.type == EventType.FINISHED:
             self.connection.publish(
                 SayFinished(origin.hermes_id, origin.site_id, origin.session_id)

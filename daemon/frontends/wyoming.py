@@ -29,11 +29,15 @@ Events, on the ``wyoming`` package's own server and event classes:
   and skips event types it does not know.
 * ``speakd-mark`` (out, the same way): an SSML ``<mark>``, ``{"name", "sample"}``, ahead of the
   audio that follows it (after the last chunk, before ``audio-stop``, for a mark at the end).
+* ``speakd-warning`` (out, before ``audio-start``): a part of the request skipped while the rest
+  is spoken, ``{"code", "message"}`` (a clip speakd lacks, a speaker the voice lacks:
+  docs/reliability.md, "Lenient input"); also logged and counted.
 
 Work runs in the connection's own task, one request after another, while its events keep being
 read: ``describe`` is answered even mid-synthesis, and a client that goes away cancels what it was
 owed (its streams are released; the last reader out cancels the synthesis). A bad event, an
-unknown voice, empty or over-long text, a busy daemon (``limits.max_streams``), more than
+unknown voice, empty or over-long text, a busy daemon (``limits.max_streams`` streams for all of
+``limits.stream_wait_s``), more than
 ``limits.max_queue`` pending requests or a failed synthesis is an ``error`` event with a code
 (``messages.error_data``) and the connection goes on; a synthesis that was refused or failed is
 still closed with ``audio-stop``, which is what Home Assistant waits for. Nothing here goes
@@ -324,9 +328,7 @@ class WyomingHandler(AsyncEventHandler):
         splitter = SentenceSplitter(self.control.max_text_chars)
         self._text = _TextStream(fields, splitter, chime, ssml="format" in fields)
         try:  # refuse an unknown voice once, here, rather than once per sentence
-            self.control.select_voice(
-                fields.get("voice"), fields.get("lang"), fields.get("speaker")
-            )
+            self.control.select_voice(fields.get("voice"), fields.get("lang"))
         except RequestError:
             self._text.failed = True
             raise
@@ -400,6 +402,8 @@ class WyomingHandler(AsyncEventHandler):
         try:
             request = self._request(say.text, say.voice)
             rid = self._owed.current = request.id
+            for warning in request.warnings:  # Home Assistant skips events it does not know
+                await self.write_event(Event("speakd-warning", warning.to_dict()))
             async with self.control.stream(request) as stream:
                 index = offset = 0  # chunks and samples sent before this chunk
                 async for chunk in stream.aread():

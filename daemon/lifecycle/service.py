@@ -81,7 +81,9 @@ class Daemon:
         scheduler = self._make_scheduler(library)
         self._prepare_fallback(scheduler, self.config.engine.fallback_text)
         limits = self.config.limits
-        self.control = Control(scheduler, limits.max_text_chars, limits.max_streams)
+        self.control = Control(
+            scheduler, limits.max_text_chars, limits.max_streams, limits.stream_wait_s
+        )
         self.control.lexicon = _lexicon(self.config)
         self.metrics = Metrics(self.control)
         self.guard.on_synthesis = self.metrics.synthesis
@@ -352,6 +354,7 @@ class Daemon:
         self.config, self.guard = new, guard
         self.control.max_text_chars = new.limits.max_text_chars
         self.control.max_streams = new.limits.max_streams
+        self.control.stream_wait_s = new.limits.stream_wait_s
         self.control.lexicon = lexicon
         self.control.reloads += 1
         if mqtt is not None:

@@ -6,16 +6,18 @@ like any plain request (so the same sentence in other markup, or sent as plain t
 clip). Phonemes go inline as Piper's ``[[ … ]]`` to a voice that takes them (``phoneme_input``), and
 as the word they stand for to one that does not. A break is a silence, a mark a marker, an
 ``<audio src>`` the sound of that name (``speakd.request.sounds``: a built-in chime or a pinned
-clip), or, when there is none, its content (SSML's alternate text), else ``unknown_clip``. A
-request's ``chime`` is a sound before its parts (``with_chime``). The request's key hashes the
-parts' keys, silences, marks and sounds in order: equal markup gives an equal key, and any change of
-a part, a pause, a mark or a sound changes it.
+clip), or, when there is none, its content (SSML's alternate text) or nothing, with an
+``unknown_clip`` warning: the rest is spoken (docs/reliability.md, "Lenient input"). A request's
+``chime`` is a sound before its parts (``with_chime``). The request's key hashes the parts' keys,
+silences, marks and sounds in order: equal markup gives an equal key, and any change of a part, a
+pause, a mark or a sound changes it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
@@ -39,12 +41,14 @@ from speakd.markup.segments import (
     speakable,
 )
 from speakd.markup.ssml import parse_ssml
-from speakd.request.errors import RequestError
+from speakd.request.errors import InputWarning, RequestError
 from speakd.request.prepare import Marker, Part, Prepared, Silence, Sound, Speech
 from speakd.request.sounds import Sounds
 
 if TYPE_CHECKING:
     from speakd.request.voices import VoiceLibrary
+
+log = logging.getLogger(__name__)
 
 PLAN_VERSION = 1
 SPEED_RANGE = (0.25, 4.0)
@@ -53,6 +57,12 @@ NO_LEXICON = Lexicon()
 PrepareText = Callable[[str, SynthesisConfig], Prepared]
 TakesPhonemes = Callable[[SynthesisConfig], bool]
 FindSound = Callable[[str], Sound | None]
+Warn = Callable[[InputWarning], None]
+
+
+def _log_warning(warning: InputWarning) -> None:
+    """Where no client listens (``speakd synth``, precompute), a warning is a log line."""
+    log.warning("%s: %s", warning.code, warning.message)
 
 
 def prepare_request(
@@ -66,6 +76,7 @@ def prepare_request(
     capitals: Capitals = NO_CAPITALS,
     strict_lang: bool = True,
     sounds: Sounds | None = None,
+    warn: Warn = _log_warning,
 ) -> Prepared:
     """What a request means with its markup and the lexicon: SSML is parsed (``bad_ssml``), the
     lexicon applied to each run of text in its language, then the symbols of ``punctuation``
@@ -75,10 +86,13 @@ def prepare_request(
     entries only
     replace words stays plain text (its whitespace and line breaks kept), and markup that comes
     down to one run of plain text (``<speak>Hello</speak>``) is prepared as that text, with its
-    key; anything else has parts."""
-    voice, name, lang = library.select(
-        config.voice, config.lang, strict=strict_lang, speaker=config.speaker
-    )
+    key; anything else has parts. What is skipped (a speaker the voice lacks, a clip that does
+    not exist) goes to ``warn``."""
+    voice, name, lang = library.select(config.voice, config.lang, strict=strict_lang)
+    speaker, warning = library.speaker(voice, name, config.speaker)
+    if warning is not None:
+        warn(warning)
+    config = dataclasses.replace(config, speaker=speaker)
     spoken = next(i for i in voice.model.voices() if i.name == name).languages
     lang = lang or _text_lang(spoken, text)
     if ssml:
@@ -99,7 +113,10 @@ def prepare_request(
             library.select(c.voice, c.lang, strict=False)[0].model, "phoneme_input", False
         ),
         lambda src: sounds.find(src, voice.model.bundle_id, name),
+        warn,
     )
+    if not parts:  # only clips that do not exist: nothing at all to say
+        raise RequestError("unknown_clip", "the document has nothing to say but clips speakd lacks")
     speech = [p.prepared for p in parts if isinstance(p, Speech)]
     if len(parts) == 1 and speech and parts[0] == Speech(speech[0]):
         return speech[0]
@@ -130,11 +147,12 @@ def plan(
     prepare_text: PrepareText,
     takes_phonemes: TakesPhonemes = lambda config: False,
     find_sound: FindSound = lambda src: None,
+    warn: Warn = _log_warning,
 ) -> list[Part]:
     """The parts of ``segments`` for a request of ``config``; ``prepare_text`` prepares one run
     of text (RequestError for a voice or language that does not exist), ``takes_phonemes`` says
     whether the voice a config chooses reads ``[[ phonemes ]]``, ``find_sound`` finds an
-    ``<audio src>``'s sound by name."""
+    ``<audio src>``'s sound by name, ``warn`` hears of one it does not find."""
     parts: list[Part] = []
     run: list[Text | Phonemes] = []
 
@@ -148,7 +166,7 @@ def plan(
                 parts.append(Speech(prepare_text(text, run_config), style.volume))
             run.clear()
 
-    for seg in _flat(segments, find_sound):
+    for seg in _flat(segments, find_sound, warn):
         if isinstance(seg, Text | Phonemes):
             if run and run[0].style != seg.style:
                 flush()
@@ -191,9 +209,10 @@ def _material(part: Part) -> dict[str, object]:
 
 
 def _flat(
-    segments: Iterable[Segment], find_sound: FindSound
+    segments: Iterable[Segment], find_sound: FindSound, warn: Warn
 ) -> Iterable[Text | Phonemes | Break | Mark | Sound]:
-    """An ``<audio>`` is its sound, or its content when there is no such sound."""
+    """An ``<audio>`` is its sound, or (told to ``warn``) its content when there is no such
+    sound, or nothing."""
     for seg in segments:
         if not isinstance(seg, Audio):
             yield seg
@@ -201,14 +220,15 @@ def _flat(
         sound = find_sound(seg.src)
         if sound is not None:
             yield sound
-        elif seg.alt:
-            yield from _flat(seg.alt, find_sound)
-        else:
-            raise RequestError(
-                "unknown_clip",
-                f"<audio src={seg.src!r}>: no built-in chime or pinned clip has that name, and "
-                "the element has no content to say instead",
-            )
+            continue
+        what = (
+            f"<audio src={seg.src!r}>: no built-in chime or pinned clip has that name"
+            if seg.src
+            else "<audio> has no src"
+        )
+        instead = "its content is said instead" if seg.alt else "skipped"
+        warn(InputWarning("unknown_clip", f"{what}; {instead}"))
+        yield from _flat(seg.alt, find_sound, warn)
 
 
 def _words(seg: Text | Phonemes, inline: bool) -> str:

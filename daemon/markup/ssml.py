@@ -5,6 +5,10 @@ refused as the parser meets it, so a billion-laughs document fails at its first 
 instead of expanding, and nesting deeper than ``MAX_DEPTH`` fails at the element that passes it.
 Every refusal is a ``bad_ssml`` ``RequestError`` that says the line and column.
 
+A prefix used without a declaration (Alexa's ``<amazon:effect>``, written as assistants write it)
+is declared for it, in a namespace of its own: its element is unknown like any other, and keeps
+its text (docs/reliability.md, "Lenient input").
+
 ``ELEMENTS`` and ``SAY_AS`` are the subset as data: docs/ssml.md lists exactly these (its test
 reads them). Elements outside the subset keep their text, as browsers do with unknown HTML, and
 attributes outside it are ignored.
@@ -77,6 +81,10 @@ _ROOT = re.compile(r"\s*<(?:\?xml|!DOCTYPE|speak[\s/>])")
 _NUMBER = r"(\d+(?:\.\d+)?|\.\d+)"
 _SIGNED = r"([+-]" + _NUMBER + ")"
 _SENTENCE_END = "。！？.!?…"
+# a prefixed element or attribute name, where one can start: after "<", "</" or whitespace
+_PREFIXED = re.compile(r"(?:<|</|\s)([A-Za-z_][\w.-]*):[A-Za-z_]")
+_ROOT_TAG = re.compile(r"<(?![?!])[^\s/>]+")
+UNDECLARED_NS = "urn:speakd:undeclared-prefix:"  # + the prefix: outside SSML, so unknown
 
 
 class SsmlError(RequestError):
@@ -136,6 +144,36 @@ class _PositionedBuilder(TreeBuilder):
 
 
 def _parse_xml(document: str) -> tuple[Element, dict[Element, tuple[int, int]]]:
+    try:
+        return _parse_xml_once(document)
+    except SsmlError as e:
+        root = _ROOT_TAG.search(document)
+        if "unbound prefix" not in str(e) or root is None:
+            raise
+    at = root.end()
+    added = _declarations(document, at)
+    try:
+        return _parse_xml_once(document[:at] + added + document[at:])
+    except SsmlError as e:  # say where in the client's document, not in ours
+        line = document.count("\n", 0, at) + 1
+        column = at - document.rfind("\n", 0, at)
+        if e.line == line and e.column > column:
+            e = SsmlError(str(e).rsplit(" (line", 1)[0], line, e.column - len(added))
+        raise e from None
+
+
+def _declarations(document: str, at: int) -> str:
+    """Declarations, for the root tag whose name ends at ``at``, of every prefix ``document``
+    uses but the root does not declare (a deeper declaration still wins where it is made)."""
+    on_root = set(re.findall(r"xmlns:([\w.-]+)\s*=", document[at : document.find(">", at)]))
+    return "".join(
+        f' xmlns:{p}="{UNDECLARED_NS}{p}"'
+        for p in dict.fromkeys(_PREFIXED.findall(document))
+        if p not in on_root and not p.lower().startswith("xml")
+    )
+
+
+def _parse_xml_once(document: str) -> tuple[Element, dict[Element, tuple[int, int]]]:
     builder = _PositionedBuilder()
     parser = DefusedXMLParser(target=builder)  # entities and external references forbidden
     builder.expat = parser.parser
@@ -256,9 +294,9 @@ class _Walk:
         self.out.append(Mark(name))
 
     def _audio(self, elem: Element, style: Style) -> None:
+        """A clip by name; without one (no ``src``) it is its content, or nothing, with a
+        warning like any clip speakd lacks (``speakd.markup.plan``)."""
         src = (elem.get("src") or "").strip()
-        if not src:
-            raise self.fail(elem, "src (the name of a pinned clip) is required")
         alt = _Walk(self.positions, self.lang)
         alt.children(elem, style)
         self.out.append(Audio(src, tuple(tidy(alt.out))))

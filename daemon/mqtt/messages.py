@@ -105,7 +105,9 @@ class Reply(Message):
 
     ``{"id": "r1", "status": "queued", "position": 0}`` then ``{"id": "r1", "status": "done"}``;
     status is a terminal status of the request (done, stopped, cancelled, interrupted, replaced,
-    discarded), ``error`` with ``code`` and ``message``, or ``duplicate`` (already received).
+    discarded), ``error`` with ``code`` and ``message``, ``warning`` with ``code`` and ``message``
+    (a part skipped, the rest spoken; before ``queued``), ``mark``, or ``duplicate`` (already
+    received).
 
     $ mosquitto_rr -t speakd/kitchen/say -e me/reply -q 1 -m '{"text": "hi"}' \\
         -D publish correlation-data req-42 -F '%t %p | %D'

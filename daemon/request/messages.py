@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from speakd.engines.base import EngineError, SynthesisConfig, UnknownVoiceError
-from speakd.request.errors import RequestError
+from speakd.request.errors import InputWarning, RequestError
 
 if TYPE_CHECKING:
     from speakd.request.prepare import Prepared
@@ -70,6 +70,7 @@ class SpeakRequest:
     words: bool = False  # the caller wants a ``word`` event as playback reaches each word
     received: float = field(default_factory=time.monotonic)
     prepared: Prepared | None = None
+    warnings: tuple[InputWarning, ...] = ()  # what is skipped, not refused (Control)
 
 
 class EventType(enum.StrEnum):
@@ -82,6 +83,7 @@ class EventType(enum.StrEnum):
     MARK = "mark"  # playback reached an SSML <mark>: its name and offset in samples
     WORD = "word"  # playback reached a word (asked with ``words``): ``Word.event``
     SENTENCE = "sentence"  # the same for a sentence, from an engine without word timings
+    WARNING = "warning"  # part of the request is skipped, the rest spoken: its code and message
 
 
 @dataclass(frozen=True)

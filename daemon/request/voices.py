@@ -31,11 +31,18 @@ from typing import Any
 
 from speakd.config import Config, ConfigError, EngineConfig
 from speakd.engines import accelerate, describe_engine, load_engine, load_model
-from speakd.engines.base import Engine, EngineError, SynthesisConfig, VoiceInfo, VoiceModel
+from speakd.engines.base import (
+    Engine,
+    EngineError,
+    SynthesisConfig,
+    UnknownSpeakerError,
+    VoiceInfo,
+    VoiceModel,
+)
 from speakd.engines.bundle import INT8_SUFFIX
 from speakd.engines.registry import KINDS, kind_of
 from speakd.machine.memory import rss_bytes, trim_heap
-from speakd.request.errors import RequestError
+from speakd.request.errors import InputWarning, RequestError
 from speakd.request.prepare import (
     DEFAULT_VOICE,
     Prepared,
@@ -141,26 +148,39 @@ class VoiceLibrary:
         return sorted(infos, key=lambda i: i.name != self.default)
 
     def select(
-        self,
-        voice: str | None,
-        lang: str | None,
-        *,
-        strict: bool = True,
-        speaker: str | None = None,
+        self, voice: str | None, lang: str | None, *, strict: bool = True
     ) -> tuple[Voice, str, str | None]:
         """(the voice, its name, the language code it lists) for a request; RequestError for
-        an unknown voice, language (when ``strict``) or speaker."""
+        an unknown voice or language (when ``strict``)."""
         chosen = self._by_lang(lang) if voice in (None, "", DEFAULT_VOICE) and lang else None
         if chosen is None:
             name, code = select_voice(self.infos(), self.default, voice, lang, strict=strict)
             name = self.default if name in (None, DEFAULT_VOICE) else name
             chosen = self.by_name[name], name, code
-        if speaker not in (None, ""):
-            try:
-                chosen[0].model.audio_params(SynthesisConfig(voice=chosen[1], speaker=speaker))
-            except EngineError as e:
-                raise RequestError(getattr(e, "code", "bad_request"), str(e)) from None
         return chosen
+
+    @staticmethod
+    def speaker(
+        voice: Voice, name: str, speaker: str | None
+    ) -> tuple[str | None, InputWarning | None]:
+        """The speaker voice ``name`` speaks a request with (None: its default) and what the
+        client is told. A speaker it has is kept. A single-speaker voice speaks any other with
+        its one speaker, silently for the shapes clients send for "the only one" (Home
+        Assistant: ``"0"``, or the voice's name); an unknown speaker falls back to the default
+        speaker with an ``unknown_speaker`` warning (docs/reliability.md, "Lenient input")."""
+        if speaker in (None, ""):
+            return None, None
+        try:
+            voice.model.audio_params(SynthesisConfig(voice=name, speaker=speaker))
+            return speaker, None
+        except UnknownSpeakerError as e:
+            speakers = next(i for i in voice.model.voices() if i.name == name).speakers
+            if len(speakers) <= 1 and speaker in ("0", name, *speakers):
+                return None, None
+            default = speakers[0] if speakers else "its one speaker"
+            return None, InputWarning("unknown_speaker", f"{e}; spoken by {default}")
+        except EngineError as e:
+            raise RequestError(getattr(e, "code", "bad_request"), str(e)) from None
 
     def _by_lang(self, lang: str) -> tuple[Voice, str, str | None] | None:
         for wanted, name in self.by_lang.items():
