@@ -12,7 +12,9 @@ writes should not share, and the cache may be cleared, rebuilt or disabled witho
 what was promised to MQTT clients.
 
 Bounded: at most ``max_pending`` says wait here (past it, a say is refused as ``queue_full``,
-which the client may retry) and at most ``max_done`` finished ids are remembered.
+which the client may retry) and at most ``max_done`` finished ids are remembered. A write that
+fails (a full disk) is logged and the say is spoken all the same, only not kept across a crash:
+speaking it now beats refusing it for the sake of a crash that may never come.
 
 Used only from the event loop's thread.
 """
@@ -22,7 +24,6 @@ from __future__ import annotations
 import logging
 import sqlite3
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,6 +73,7 @@ class Journal:
         self._db = sqlite3.connect(path, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")  # committed = on disk, before the PUBACK
+        self._db.execute("PRAGMA wal_autocheckpoint=64")  # a small WAL: rows are few and small
         self._db.execute(SCHEMA)
 
     @classmethod
@@ -87,10 +89,14 @@ class Journal:
 
     def seen(self, key: str) -> bool:
         """Is ``key`` pending, or finished within the window?"""
-        row = self._db.execute(
-            "SELECT 1 FROM says WHERE key = ? AND (done IS NULL OR done >= ?)",
-            (key, time.time() - self.window_s),
-        ).fetchone()
+        try:
+            row = self._db.execute(
+                "SELECT 1 FROM says WHERE key = ? AND (done IS NULL OR done >= ?)",
+                (key, time.time() - self.window_s),
+            ).fetchone()
+        except sqlite3.Error as e:
+            log.warning("MQTT journal: cannot look up %s: %s", key, e)
+            return False
         return row is not None
 
     def add(
@@ -100,29 +106,37 @@ class Journal:
         payload: bytes,
         response_topic: str | None,
         correlation: bytes | None,
-    ) -> str:
-        """Record a say before it is acknowledged; returns its key (a random one for a say
-        without an id, which no redelivery can then be matched against)."""
-        key = key or f"anon:{uuid.uuid4().hex}"
-        pending = self._db.execute("SELECT count(*) FROM says WHERE done IS NULL").fetchone()[0]
-        if pending >= self.max_pending:
-            raise JournalFull(f"{pending} MQTT says are waiting to be spoken")
-        self._db.execute(
-            "INSERT OR REPLACE INTO says VALUES (?, ?, ?, ?, ?, NULL)",
-            (key, topic, payload, response_topic, correlation),
-        )
-        return key
+    ) -> None:
+        """Record a say before it is acknowledged (``JournalFull`` past ``max_pending``)."""
+        try:
+            pending = self._db.execute("SELECT count(*) FROM says WHERE done IS NULL").fetchone()
+            if pending[0] >= self.max_pending:
+                raise JournalFull(f"{pending[0]} MQTT says are waiting to be spoken")
+            self._db.execute(
+                "INSERT OR REPLACE INTO says VALUES (?, ?, ?, ?, ?, NULL)",
+                (key, topic, payload, response_topic, correlation),
+            )
+        except sqlite3.Error as e:
+            log.warning("MQTT journal: say %s not kept across a crash: %s", key, e)
 
     def finish(self, key: str) -> None:
         """The say reached its outcome: remember its id for the window, drop its payload."""
-        self._db.execute(
-            "UPDATE says SET done = ?, payload = x'' WHERE key = ?", (time.time(), key)
+        self._write("UPDATE says SET done = ?, payload = x'' WHERE key = ?", (time.time(), key))
+        self._write(
+            "DELETE FROM says WHERE done IS NOT NULL AND (done < ? OR key NOT IN (SELECT key"
+            " FROM says WHERE done IS NOT NULL ORDER BY done DESC, rowid DESC LIMIT ?))",
+            (time.time() - self.window_s, self.max_done),
         )
-        self._prune()
 
     def forget(self, key: str) -> None:
         """A say refused for a passing reason (queue full): its retry must not count as a dup."""
-        self._db.execute("DELETE FROM says WHERE key = ?", (key,))
+        self._write("DELETE FROM says WHERE key = ?", (key,))
+
+    def _write(self, sql: str, args: tuple[object, ...]) -> None:
+        try:
+            self._db.execute(sql, args)
+        except sqlite3.Error as e:  # a replay or a duplicate at worst; the say is spoken
+            log.warning("MQTT journal: %s", e)
 
     def pending(self) -> list[Entry]:
         """The says accepted but not finished, oldest first (replayed at start)."""
@@ -131,13 +145,6 @@ class Journal:
             " WHERE done IS NULL ORDER BY rowid"
         ).fetchall()
         return [Entry(k, t, bytes(p), r, c) for k, t, p, r, c in rows]
-
-    def _prune(self) -> None:
-        self._db.execute(
-            "DELETE FROM says WHERE done IS NOT NULL AND (done < ? OR key NOT IN (SELECT key"
-            " FROM says WHERE done IS NOT NULL ORDER BY done DESC, rowid DESC LIMIT ?))",
-            (time.time() - self.window_s, self.max_done),
-        )
 
     def close(self) -> None:
         self._db.close()
