@@ -7,6 +7,7 @@ while the one under test waits behind it, so the kill lands between arrival and 
 from __future__ import annotations
 
 import json
+import logging
 import signal
 import sqlite3
 from collections.abc import Iterator
@@ -67,6 +68,10 @@ def test_acknowledged_say_is_spoken_once_after_sigkill(
     d = start_daemon(d.config)
     try:
         watcher.wait("hermes/tts/sayFinished", finished("j-after", "porch"), restart, timeout=90)
+        again = watcher.mark()  # a client's retry after the restart: the id outlived the process
+        say_again = {"text": "Still here after the crash.", "siteId": "porch", "id": "j-after"}
+        watcher.publish("hermes/tts/say", json.dumps(say_again), response_topic=REPLIES)
+        watcher.wait(REPLIES, reply("j-after", "duplicate"), again)
         # A say after the replayed ones: once it is spoken, any duplicate would have been too.
         watcher.publish("speakd/porch/say", json.dumps({"text": "Marker.", "id": "j-marker"}))
         watcher.wait("hermes/tts/sayFinished", finished("j-marker"), restart, timeout=90)
@@ -82,7 +87,9 @@ def test_acknowledged_say_is_spoken_once_after_sigkill(
         assert d.stop() == 0, d.log_text()
 
 
-def test_journal_dedupes_bounds_and_forgets(tmp_path: Path) -> None:
+def test_journal_dedupes_bounds_and_forgets(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     j = Journal(str(tmp_path / "j.db"), max_pending=2, max_done=1, window_s=60)
     j.add("a", "t", b"{}", None, None)
     j.add("b", "t", b"{}", "r", b"c")
@@ -99,3 +106,8 @@ def test_journal_dedupes_bounds_and_forgets(tmp_path: Path) -> None:
     j.close()
     again = Journal(str(tmp_path / "j.db"))
     assert [e.key for e in again.pending()] == ["c"] and again.pending()[0].payload == b"x"
+    again.close()  # a journal that cannot be written any more (as with a full disk)
+    with caplog.at_level(logging.WARNING, logger="speakd.mqtt.journal"):
+        again.add("d", "t", b"{}", None, None)  # logged, not raised: the say is spoken anyway
+        again.finish("d")
+    assert "say d not kept across a crash" in caplog.text

@@ -274,7 +274,8 @@ class MqttFrontend:
         key = replayed or origin.hermes_id or _hex(msg.correlation)
         if replayed is None and key is not None and self.journal.seen(key):
             log.info("MQTT: say %s on %s is a duplicate; ignored", key, msg.topic)
-            self._reply(origin, origin.hermes_id, "duplicate")  # a retrying client hears why
+            if not msg.dup:  # a retrying client hears why; the broker's re-send is not its own
+                self._reply(origin, origin.hermes_id, "duplicate")
             return
         key = key or f"anon:{uuid.uuid4().hex}"  # no redelivery can be matched to it
         try:

@@ -53,6 +53,7 @@ class Incoming:
     mid: int = 0  # for ``Connection.ack``
     qos: int = 0
     connection: int = 0  # which connection it came on: an ack never goes out on a later one
+    dup: bool = False  # the broker re-sends it (its PUBACK never came)
 
 
 def new_client(config: MqttConfig, client_id: str, manual_ack: bool = False) -> mqtt.Client:
@@ -234,6 +235,7 @@ class Connection:
                 msg.mid,
                 msg.qos,
                 self._connection,
+                bool(msg.dup),
             )
         )
 
