@@ -106,6 +106,15 @@ def test_journal_dedupes_bounds_and_forgets(
     j.close()
     again = Journal(str(tmp_path / "j.db"))
     assert [e.key for e in again.pending()] == ["c"] and again.pending()[0].payload == b"x"
+    # A finish that cannot be written (here: another writer holds the lock) is written later.
+    again._db.execute("PRAGMA busy_timeout=0")
+    lock = sqlite3.connect(tmp_path / "j.db", isolation_level=None)
+    lock.execute("BEGIN EXCLUSIVE")
+    again.finish("c")
+    lock.execute("ROLLBACK")
+    assert [e.key for e in again.pending()] == ["c"]
+    again.add("e", "t", b"{}", None, None)
+    assert [e.key for e in again.pending()] == ["e"], "c marked done at the next write"
     again.close()  # a journal that cannot be written any more (as with a full disk)
     with caplog.at_level(logging.WARNING, logger="speakd.mqtt.journal"):
         again.add("d", "t", b"{}", None, None)  # logged, not raised: the say is spoken anyway

@@ -14,7 +14,8 @@ what was promised to MQTT clients.
 Bounded: at most ``max_pending`` says wait here (past it, a say is refused as ``queue_full``,
 which the client may retry) and at most ``max_done`` finished ids are remembered. A write that
 fails (a full disk) is logged and the say is spoken all the same, only not kept across a crash:
-speaking it now beats refusing it for the sake of a crash that may never come.
+speaking it now beats refusing it for the sake of a crash that may never come. A finished say
+whose mark fails is marked again at the next write (else a crash would replay it).
 
 Used only from the event loop's thread.
 """
@@ -70,6 +71,7 @@ class Journal:
     ) -> None:
         self.path = path
         self.max_pending, self.max_done, self.window_s = max_pending, max_done, window_s
+        self._unmarked: set[str] = set()  # finished, but the mark did not reach the disk
         self._db = sqlite3.connect(path, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")  # committed = on disk, before the PUBACK
@@ -108,6 +110,8 @@ class Journal:
         correlation: bytes | None,
     ) -> None:
         """Record a say before it is acknowledged (``JournalFull`` past ``max_pending``)."""
+        if self._unmarked:
+            self._mark_finished()
         try:
             pending = self._db.execute("SELECT count(*) FROM says WHERE done IS NULL").fetchone()
             if pending[0] >= self.max_pending:
@@ -121,7 +125,16 @@ class Journal:
 
     def finish(self, key: str) -> None:
         """The say reached its outcome: remember its id for the window, drop its payload."""
-        self._write("UPDATE says SET done = ?, payload = x'' WHERE key = ?", (time.time(), key))
+        self._unmarked.add(key)
+        self._mark_finished()
+
+    def _mark_finished(self) -> None:
+        for key in list(self._unmarked):
+            if not self._write(
+                "UPDATE says SET done = ?, payload = x'' WHERE key = ?", (time.time(), key)
+            ):
+                return
+            self._unmarked.discard(key)
         self._write(
             "DELETE FROM says WHERE done IS NOT NULL AND (done < ? OR key NOT IN (SELECT key"
             " FROM says WHERE done IS NOT NULL ORDER BY done DESC, rowid DESC LIMIT ?))",
@@ -132,11 +145,13 @@ class Journal:
         """A say refused for a passing reason (queue full): its retry must not count as a dup."""
         self._write("DELETE FROM says WHERE key = ?", (key,))
 
-    def _write(self, sql: str, args: tuple[object, ...]) -> None:
+    def _write(self, sql: str, args: tuple[object, ...]) -> bool:
         try:
             self._db.execute(sql, args)
-        except sqlite3.Error as e:  # a replay or a duplicate at worst; the say is spoken
+        except sqlite3.Error as e:
             log.warning("MQTT journal: %s", e)
+            return False
+        return True
 
     def pending(self) -> list[Entry]:
         """The says accepted but not finished, oldest first (replayed at start)."""
