@@ -25,7 +25,7 @@ from speakd.audio import read_wav
 from speakd.audio.sinks import NullSink
 from speakd.config import ConfigError, MqttConfig, load_config
 from speakd.control import Control
-from speakd.frontends.mqtt import MqttFrontend, RecentIds
+from speakd.frontends.mqtt import MqttFrontend
 from speakd.mqtt.messages import decode_object
 from speakd.mqtt.topics import parse_command_topic
 from speakd.request.messages import RequestError
@@ -646,18 +646,6 @@ async def test_tls_and_password_in_process(
             await frontend.close()
         task.cancel()
         broker.stop()
-
-
-def test_recent_ids_window_and_bound(monkeypatch: pytest.MonkeyPatch) -> None:
-    now = [1000.0]
-    monkeypatch.setattr("speakd.frontends.mqtt.time.monotonic", lambda: now[0])
-    ids = RecentIds(size=3, window_s=10)
-    assert not ids.seen("a") and ids.seen("a")
-    for key in "bcd":
-        assert not ids.seen(key)
-    assert not ids.seen("a"), "the oldest id is forgotten past the bound"
-    now[0] += 11
-    assert not ids.seen("d"), "ids expire after the window"
 
 
 def test_decode_object_and_command_topics() -> None:

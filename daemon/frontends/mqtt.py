@@ -21,8 +21,13 @@ Out:
 The wire format, the topics and the session (TLS, reconnect, the last will, the persistent session
 that keeps QoS 1 commands while we are away) are the ``speakd.mqtt`` package's; this module only
 translates between those messages and Control. Commands are subscribed to with retained messages
-never delivered (a retained command would replay forever). A say's ``id`` (else its correlation
-data) is remembered for a while, so a QoS 1 re-delivery is spoken once.
+never delivered (a retained command would replay forever).
+
+At-least-once, spoken once: a QoS 1 say is acknowledged (PUBACK) only after it is written to the
+journal (``mqtt/journal.py``), and leaves it at its outcome; the daemon replays what is left when
+it starts (``start(replay=True)``). Its ``id`` (else its correlation data) stays in the journal
+for a while after, so a QoS 1 re-delivery, across a restart too, is spoken once. Every other
+message is acknowledged once handled; a refused say is acknowledged and not journaled.
 
 Threads: every incoming message arrives on paho's network thread and is handed to the asyncio loop
 with ``call_soon_threadsafe``, so Control is only touched from the loop, as with the socket
@@ -37,7 +42,7 @@ import functools
 import logging
 import random
 import time
-from collections import OrderedDict
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +55,7 @@ from speakd.audio.sinks.mqtt_speaker import RemoteSpeakerSink
 from speakd.config import FleetConfig, LimitsConfig, MqttConfig
 from speakd.control import Control
 from speakd.mqtt.client import Connection, Incoming, Subscriptions
+from speakd.mqtt.journal import Journal, JournalFull
 from speakd.mqtt.messages import (
     Availability,
     Reply,
@@ -76,35 +82,6 @@ from speakd.request.messages import Event, EventType, RequestError
 
 log = logging.getLogger(__name__)
 
-DEDUP_IDS = 1024
-DEDUP_WINDOW_S = 120.0  # longer than a reconnect: a say re-using an id later is spoken again
-
-
-class RecentIds:
-    """Bounded memory of recent say ids (and correlation data) to drop QoS 1 re-deliveries."""
-
-    def __init__(self, size: int = DEDUP_IDS, window_s: float = DEDUP_WINDOW_S) -> None:
-        self.size, self.window_s = size, window_s
-        self._seen: OrderedDict[str, float] = OrderedDict()
-
-    def seen(self, key: str) -> bool:
-        """True when ``key`` came within the window; records it either way."""
-        now = time.monotonic()
-        while self._seen and (
-            len(self._seen) >= self.size or next(iter(self._seen.values())) < now - self.window_s
-        ):
-            self._seen.popitem(last=False)
-        duplicate = key in self._seen
-        self._seen[key] = now
-        self._seen.move_to_end(key)
-        return duplicate
-
-    def forget(self, key: str | None) -> None:
-        """A say refused for a passing reason (queue full): its retry must not count as a dup."""
-        if key is not None:
-            self._seen.pop(key, None)
-
-
 RETRYABLE = frozenset({"queue_full", "shutting_down"})
 
 
@@ -130,7 +107,10 @@ class MqttFrontend:
         config: MqttConfig,
         limits: LimitsConfig | None = None,
         fleet: FleetConfig | None = None,
+        journal: Journal | None = None,
     ) -> None:
+        """``journal``: the daemon's, shared by a reload's successor; without one, says are
+        kept in memory only (not across a crash)."""
         self.control = control
         self.config = config
         self.topics = SiteTopics(config.prefix, config.site_id)
@@ -148,7 +128,7 @@ class MqttFrontend:
             else None
         )
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._recent = RecentIds()
+        self.journal = journal or Journal(":memory:")
         self._closing = False
         self._successor: MqttFrontend | None = None  # a reload's replacement (see close)
         self._status_pending = False
@@ -181,11 +161,25 @@ class MqttFrontend:
 
     # ---- lifecycle --------------------------------------------------------------------------
 
-    async def start(self) -> None:
-        """Connect in the background: a broker that is down at start-up is retried with backoff."""
+    async def start(self, replay: bool = False) -> None:
+        """Connect in the background: a broker that is down at start-up is retried with backoff.
+        ``replay`` (the daemon's start, not a reload): first queue the journal's unfinished says,
+        so a broker's re-delivery of one of them is recognised as a duplicate."""
         self._loop = asyncio.get_running_loop()
         self.control.listen(self._on_any_event)
+        if replay:
+            self._replay()
         self.connection.start()
+
+    def _replay(self) -> None:
+        entries = self.journal.pending()
+        if entries:
+            log.info("MQTT: replaying %d says accepted before the last exit", len(entries))
+        for entry in entries:
+            parsed = parse_command_topic(self.config.prefix, entry.topic)
+            site = parsed[0] if parsed else None
+            msg = Incoming(entry.topic, entry.payload, entry.response_topic, entry.correlation)
+            self._dispatch(msg, lambda m, e=entry, s=site: self._say(m, s, e.key))
 
     async def close(self, successor: MqttFrontend | None = None) -> None:
         """Publish ``offline`` (a clean DISCONNECT suppresses the will), then disconnect.
@@ -233,11 +227,14 @@ class MqttFrontend:
 
     # ---- dispatch (loop thread) -------------------------------------------------------------
 
-    def _dispatch(self, incoming: Incoming) -> None:
+    def _dispatch(self, incoming: Incoming, handle: Any = None) -> None:
+        """Handle, then acknowledge: a say is journaled by then (or refused)."""
         try:
-            self._handle(incoming)
+            (handle or self._handle)(incoming)
         except Exception:  # a bug here must never take the daemon down
             log.exception("MQTT: handling a message on %s failed", incoming.topic)
+        finally:
+            self.connection.ack(incoming)
 
     def _handle(self, msg: Incoming) -> None:
         c = self.config
@@ -264,8 +261,11 @@ class MqttFrontend:
         else:
             log.debug("MQTT: ignoring a message on %s", msg.topic)
 
-    def _say(self, msg: Incoming, site: str | None) -> None:
-        """A say on our own topic (``site``) or on Hermes' (site from the payload)."""
+    def _say(self, msg: Incoming, site: str | None, replayed: str | None = None) -> None:
+        """A say on our own topic (``site``) or on Hermes' (site from the payload); ``replayed``:
+        its key, when it comes from the journal."""
+        if replayed is not None:  # whatever happens now is its outcome
+            self.journal.finish(replayed)
         try:
             obj = decode_object(msg.payload, self.config.max_payload_bytes)
         except RequestError as e:
@@ -279,20 +279,25 @@ class MqttFrontend:
             log.debug("MQTT: say for site %r is not ours", site_id)
             return
         origin = self._origin(msg, optional_str(obj, "id"), site_id, optional_str(obj, "sessionId"))
-        key = origin.hermes_id or _hex(msg.correlation)
-        if key is not None and self._recent.seen(key):
+        key = replayed or origin.hermes_id or _hex(msg.correlation)
+        if replayed is None and key is not None and self.journal.seen(key):
             log.info("MQTT: say %s on %s is a duplicate; ignored", key, msg.topic)
-            self._reply(origin, origin.hermes_id, "duplicate")  # a retrying client hears why
+            if not msg.dup:  # a retrying client hears why; the broker's re-send is not its own
+                self._reply(origin, origin.hermes_id, "duplicate")
             return
+        key = key or f"anon:{uuid.uuid4().hex}"  # no redelivery can be matched to it
         try:
             request = self.control.build_request(
                 say_fields(obj),
                 origin=f"mqtt:{msg.topic}",
                 client=f"mqtt:{site_id}",
-                on_event=functools.partial(self._say_event, origin),
+                on_event=functools.partial(self._say_event, origin, key),
             )
-        except RequestError as e:
-            self._recent.forget(key)  # a corrected retry with the same id must be heard
+            try:  # committed before _dispatch acknowledges it
+                self.journal.add(key, msg.topic, msg.payload, msg.response_topic, msg.correlation)
+            except JournalFull as e:
+                raise RequestError("queue_full", f"MQTT journal full: {e}") from e
+        except RequestError as e:  # refused: acknowledged, not journaled
             self._say_failed(origin, None, e)
             return
         self.control.say(request)
@@ -306,10 +311,14 @@ class MqttFrontend:
             response = None
         return SayOrigin(hermes_id, site_id, session_id, response, msg.correlation)
 
-    def _say_event(self, origin: SayOrigin, event: Event) -> None:
+    def _say_event(self, origin: SayOrigin, key: str, event: Event) -> None:
+        if event.type == EventType.ERROR and event.data["code"] in RETRYABLE:
+            self.journal.forget(key)  # the client is told to retry: that is not a duplicate
+        elif event.terminal:
+            self.journal.finish(key)
         if self._closing:  # our client is gone: the live front-end reports it
             if self._successor is not None:
-                self._successor._say_event(origin, event)
+                self._successor._say_event(origin, key, event)
             elif event.terminal:
                 log.info(
                     "MQTT: outcome of say %s (%s) not published: the MQTT front-end was closed",
@@ -328,8 +337,6 @@ class MqttFrontend:
             self._reply(origin, event.request_id, event.data["status"])
         elif event.type == EventType.ERROR:
             error = RequestError(event.data["code"], event.data["message"])
-            if error.code in RETRYABLE:
-                self._recent.forget(origin.hermes_id or _hex(origin.correlation))
             self._say_failed(origin, event.request_id, error)
 
     def _say_failed(self, origin: SayOrigin, request_id: str | None, e: RequestError) -> None:

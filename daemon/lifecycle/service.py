@@ -37,6 +37,7 @@ from speakd.frontends.unixserver import AccessPolicy, start_unix_server
 from speakd.frontends.wyoming import WyomingFrontend
 from speakd.lifecycle.notify import listen_fds, notify, watchdog_interval
 from speakd.markup.lexicon import Lexicon, LexiconError
+from speakd.mqtt.journal import Journal
 from speakd.request.breaker import CircuitBreaker, Guard
 from speakd.request.messages import SpeakRequest
 from speakd.request.resolver import Resolver
@@ -61,6 +62,7 @@ class Daemon:
     guard: Guard | None = None
     control: Control | None = None
     mqtt: MqttFrontend | None = None
+    journal: Journal | None = None  # MQTT says not yet spoken; one for every MqttFrontend
     wyoming: WyomingFrontend | None = None
     http: HttpFrontend | None = None
     metrics: Metrics | None = None
@@ -177,22 +179,29 @@ class Daemon:
         for name in inherited:
             log.warning("ignoring inherited socket %r (known names: json, ssip)", name)
         if self.config.mqtt.enabled:
-            frontend = MqttFrontend(
-                self.control, self.config.mqtt, self.config.limits, self.config.fleet
-            )
-            await self._start_mqtt(frontend)
+            await self._start_mqtt(self._mqtt_frontend(self.config), replay=True)
         await self._start_wyoming()
         if self.config.http.listen:
             self.http = HttpFrontend(self.control, self.config.http, self.metrics)
             await self.http.start()
 
-    async def _start_mqtt(self, frontend: MqttFrontend) -> None:
-        """MQTT runs beside the sockets; a configured remote speaker replaces the local sink."""
+    def _mqtt_frontend(self, config: Config) -> MqttFrontend:
+        """The journal lives beside the cache and outlives reloads (mqtt/journal.py)."""
+        assert self.control is not None
+        if self.journal is None:
+            self.journal = Journal.open(Path(self.config.cache.path).parent / "mqtt-journal.db")
+        return MqttFrontend(
+            self.control, config.mqtt, config.limits, config.fleet, journal=self.journal
+        )
+
+    async def _start_mqtt(self, frontend: MqttFrontend, replay: bool = False) -> None:
+        """MQTT runs beside the sockets; a configured remote speaker replaces the local sink.
+        ``replay``: at start, the says journaled before a crash are queued first."""
         assert self.control is not None
         self.mqtt = frontend
         if frontend.speaker is not None:
             await self._replace_sink(self.control.scheduler, frontend.speaker)
-        await frontend.start()
+        await frontend.start(replay)
 
     async def _start_wyoming(self) -> None:
         """(Re)start the Wyoming server when [wyoming] changed (its info follows the engine)."""
@@ -328,11 +337,7 @@ class Daemon:
         mqtt: MqttFrontend | None = None
         if mqtt_changed:
             # Made before the old one closes: says in flight report through it (see close).
-            mqtt = (
-                MqttFrontend(self.control, new.mqtt, new.limits, new.fleet)
-                if new.mqtt.enabled
-                else None
-            )
+            mqtt = self._mqtt_frontend(new) if new.mqtt.enabled else None
             if self.mqtt is not None:
                 await self.mqtt.close(successor=mqtt)
             self.mqtt = None
@@ -383,6 +388,8 @@ class Daemon:
             self.control.scheduler.resolver.close()
         if self.mqtt is not None:  # after the scheduler: its last sayFinished go out first
             await self.mqtt.close()
+        if self.journal is not None:
+            self.journal.close()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

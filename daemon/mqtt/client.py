@@ -6,8 +6,10 @@ session, ``speakd doctor`` and ``speakd_tools.fleet`` connect exactly alike.
 ``Connection`` is the daemon's session: MQTT 5 with the last will (``offline`` on the
 availability topic), a persistent session (``clean_start=False`` + Session Expiry) that keeps QoS 1
 commands the broker received while we were away, subscriptions renewed on every connect, and
-reconnects with backoff. Publishes made while the broker is away are queued (up to
-``MAX_QUEUED``) for the next connection.
+reconnects with backoff. Incoming QoS 1 messages are acknowledged by the owner (``ack``), not on
+arrival: a say is PUBACKed once it is journaled (``mqtt/journal.py``), so one the daemon did not
+keep is redelivered by the broker on the next connection. Publishes made while the broker is away
+are queued (up to ``MAX_QUEUED``) for the next connection.
 
 Threads: paho's network loop runs on its own thread (``loop_start``); ``on_connected`` and
 ``on_message`` are called there, and the owner hands them on (the front-end to its event loop).
@@ -48,11 +50,20 @@ class Incoming:
     payload: bytes
     response_topic: str | None
     correlation: bytes | None
+    mid: int = 0  # for ``Connection.ack``
+    qos: int = 0
+    connection: int = 0  # which connection it came on: an ack never goes out on a later one
+    dup: bool = False  # the broker re-sends it (its PUBACK never came)
 
 
-def new_client(config: MqttConfig, client_id: str) -> mqtt.Client:
+def new_client(config: MqttConfig, client_id: str, manual_ack: bool = False) -> mqtt.Client:
     """A paho MQTT 5 client with the configured credentials and TLS."""
-    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5)
+    client = mqtt.Client(
+        CallbackAPIVersion.VERSION2,
+        client_id=client_id,
+        protocol=mqtt.MQTTv5,
+        manual_ack=manual_ack,
+    )
     if config.username:
         client.username_pw_set(config.username, config.password())
     if config.tls:
@@ -86,10 +97,11 @@ class Connection:
         self._unreachable_logged = False
         self._refused = ""  # the last CONNACK refusal logged
         self._closing = False
+        self._connection = 0  # counts connects (see Incoming.connection)
         self._sub_lock = threading.Lock()
         self._sub_topics: dict[int, list[str]] = {}  # SUBSCRIBE message id → its topics
         self._password = config.password() if config.username else None  # see credentials_changed
-        client = new_client(config, client_id)
+        client = new_client(config, client_id, manual_ack=True)
         if log.isEnabledFor(logging.DEBUG):  # paho logs every failed retry as an error
             client.enable_logger(logging.getLogger("speakd.mqtt.paho"))
         client.will_set(will.topic(), will.payload(), qos=1, retain=will.retain)
@@ -168,6 +180,7 @@ class Connection:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # type: ignore[union-attr]
         except (OSError, AttributeError):
             log.debug("MQTT: cannot set TCP_NODELAY", exc_info=True)
+        self._connection += 1
         self.subscribe(self._subscriptions())
         self._connected = True
         self._unreachable_logged, self._refused = False, ""
@@ -219,6 +232,10 @@ class Connection:
                 bytes(msg.payload),
                 getattr(props, "ResponseTopic", None),
                 getattr(props, "CorrelationData", None),
+                msg.mid,
+                msg.qos,
+                self._connection,
+                bool(msg.dup),
             )
         )
 
@@ -231,6 +248,12 @@ class Connection:
             rc, mid = self._client.subscribe(subscriptions)
             if rc == MQTTErrorCode.MQTT_ERR_SUCCESS and mid is not None:
                 self._sub_topics[mid] = [topic for topic, _ in subscriptions]
+
+    def ack(self, incoming: Incoming) -> None:
+        """PUBACK a QoS 1 message. One from an earlier connection is not acked: the broker
+        redelivers it (with the same id, which the journal recognises)."""
+        if incoming.qos and incoming.connection == self._connection:
+            self._client.ack(incoming.mid, incoming.qos)
 
     def unsubscribe(self, topics: list[str]) -> None:
         self._client.unsubscribe(topics)

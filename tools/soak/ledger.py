@@ -26,6 +26,7 @@ class Request:
     expect: list[tuple[str, str]] = field(default_factory=list)  # (voice, text) of each clip
     tolerance_s: float = 0.01
     abandoned: bool = False  # the client left on purpose: no terminal event is owed
+    survives_kill: bool = False  # owed a terminal event after a SIGKILL too (MQTT QoS 1 says)
     note: str = ""
 
 
@@ -115,7 +116,7 @@ class Ledger:
             if req.terminals == 1:
                 row["terminal"] += 1
                 row["outcomes"][req.outcome] += 1
-            elif self.hit_by_kill(req):
+            elif self.hit_by_kill(req) and not req.survives_kill:
                 row["lost_to_kill"] += 1
             elif req.terminals > 1:
                 row["duplicate"] += 1

@@ -311,6 +311,7 @@ class MqttDriver:
         req = ctx.ledger.begin("mqtt", "hermes-say" if hermes else "speakd-say",
                                expect=[(voice, text)])  # fmt: skip
         req.tolerance_s = 0.02
+        req.survives_kill = True  # journaled before its PUBACK: spoken after the restart
         payload = {"text": text, "voice": voice}
         if hermes:
             req.id += "-h"
@@ -327,9 +328,7 @@ class MqttDriver:
         deadline = time.monotonic() + TIMEOUT_S
         with self.cond:
             while not (got := req.id in self.heard) and time.monotonic() < deadline:
-                if self.ctx.ledger.gone_with_a_kill(req, KILL_GRACE_S):
-                    break  # acknowledged by the daemon that died: no redelivery
-                self.cond.wait(1.0)  # the kill that took it announces nothing here
+                self.cond.wait(1.0)
             outcomes = list(self.heard.get(req.id, []))
             errors = self.heard.get(req.id + "#error", [])
         if not got:
