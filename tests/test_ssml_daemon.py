@@ -106,7 +106,7 @@ def test_a_played_say_reports_each_mark_as_playback_reaches_it(daemon: DaemonPro
         id="marks",
     )
     kinds = [e["event"] for e in events]
-    assert kinds == ["queued", "mark", "started", "mark", "mark", "finished"], events
+    assert kinds == ["queued", "started", "mark", "mark", "mark", "finished"], events  # BEGIN first
     marks = {e["name"]: e["sample"] for e in events if e["event"] == "mark"}
     assert marks["start"] == 0 and marks["gap-end"] == len(door) + 300 * RATE // 1000
     played = read_wav(daemon.config.parent / "wav" / "marks.wav").samples()

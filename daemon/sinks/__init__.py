@@ -4,10 +4,13 @@ over MQTT (``mqtt_speaker.py``). Sinks know nothing of requests.
 A sink plays one utterance at a time: ``begin`` → ``write``… → ``drain`` (or ``abort`` to drop
 what is buffered). A paused utterance is drained part-way and later continued with ``resume``
 (other utterances may play in between): a sink that writes a file per utterance extends it.
-``write`` blocks at playback speed on a real device, so the scheduler's block size bounds the
-stop latency. A missing or vanished device is a state, not a crash: ``SinkUnavailable`` fails the
-request, ``status()`` says why, and the next ``begin`` retries. So is a wedged one: a device write
-that does not return within ``max(WRITE_TIMEOUT_MIN_S, WRITE_TIMEOUT_FACTOR × its duration)``, or
+``write`` blocks at playback speed on a real device (and on a realtime-paced null or WAV sink).
+``interrupt`` (from any thread, when the playing utterance is stopped) lets a paced sink's
+``write`` return at once, so a stop does not wait for the rest of the block; a device's blocking
+write returns when its block is in the device's buffer, and ``abort`` then drops that buffer.
+A missing or vanished device is a state, not a crash: ``SinkUnavailable`` fails the request,
+``status()`` says why, and the next ``begin`` retries. So is a wedged one: a device write that
+does not return within ``max(WRITE_TIMEOUT_MIN_S, WRITE_TIMEOUT_FACTOR × its duration)``, or
 a drain (PortAudio's stop) that does not within ``max(WRITE_TIMEOUT_MIN_S, WRITE_TIMEOUT_FACTOR ×
 the stream's latency)``, fails the request and the stream is replaced.
 """
@@ -48,22 +51,30 @@ class Sink(Protocol):
 
     def abort(self) -> None: ...
 
+    def interrupt(self) -> None: ...
+
     def status(self) -> dict[str, Any]: ...
 
     def close(self) -> None: ...
 
 
 class _Pacer:
-    """Sleeps so an unpaced sink consumes audio no faster than a device would."""
+    """Sleeps so an unpaced sink consumes audio no faster than a device would; ``interrupt``
+    ends the sleep (a stop), until the next ``begin``."""
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
         self._rate = 1
         self._start = 0.0
         self._frames = 0
+        self._interrupted = threading.Event()
 
     def begin(self, sample_rate: int) -> None:
         self._rate, self._start, self._frames = sample_rate, time.monotonic(), 0
+        self._interrupted.clear()
+
+    def interrupt(self) -> None:
+        self._interrupted.set()
 
     def advance(self, frames: int) -> None:
         if not self.enabled:
@@ -71,7 +82,7 @@ class _Pacer:
         self._frames += frames
         ahead = self._start + self._frames / self._rate - time.monotonic()
         if ahead > 0:
-            time.sleep(ahead)
+            self._interrupted.wait(ahead)
 
 
 class NullSink:
@@ -96,6 +107,9 @@ class NullSink:
 
     def abort(self) -> None:
         pass
+
+    def interrupt(self) -> None:
+        self._pacer.interrupt()
 
     def status(self) -> dict[str, Any]:
         return {"sink": self.name, "available": True}
@@ -154,6 +168,9 @@ class WavSink:
 
     def abort(self) -> None:
         self._flush()
+
+    def interrupt(self) -> None:
+        self._pacer.interrupt()
 
     def status(self) -> dict[str, Any]:
         return {"sink": self.name, "available": True, "wav_dir": str(self.directory)}
@@ -341,6 +358,10 @@ class SoundDeviceSink:
         with self._lock:
             if self._stream is not None:
                 self._stream.abort()  # drops buffered audio now
+
+    def interrupt(self) -> None:
+        """Nothing to cut short: a blocking write returns once its block is in the device's
+        buffer (at most one block later), and ``abort`` drops that buffer."""
 
     def status(self) -> dict[str, Any]:
         return {
