@@ -8,8 +8,9 @@ precedes. ``Placer`` does this as the part's chunks come (a synthesis, or a cach
 stored words), splitting a chunk at the mark's sample, so the composed stream notes the mark
 before the piece it precedes (``AudioStream.mark``) and playback emits it when that sample is
 reached. An engine that times sentences, not words (ChatTTS), names a sentence on an empty chunk
-after it: marks inside that sentence land there, at its end. A mark no timing reaches (at the
-text's end, or an engine without timings) lands at the part's end.
+after it: the marks inside that sentence, and those before the next one, land there, at its end.
+A mark no timing reaches (at the text's end, or an engine without timings) lands at the part's
+end.
 """
 
 from __future__ import annotations
@@ -37,8 +38,9 @@ class Placer:
         """``chunk`` in pieces, each with the marks just before it."""
         cuts: list[tuple[int, str]] = []  # (sample in chunk, name)
         for word in chunk.words:
-            last = self._covers(word)
-            while self.pending and self.pending[0][0] <= last:
+            # a sentence timed at its end reaches the next sentence's first token too
+            reach = self._covers(word) + (word.start < 0)
+            while self.pending and self.pending[0][0] <= reach:
                 cuts.append((max(word.start, 0), self.pending.pop(0)[1]))
         start = 0
         names: list[str] = []

@@ -175,9 +175,10 @@ def test_a_parts_marks_land_on_the_words_they_precede_and_leave_its_audio_whole(
 
 
 def test_an_engine_that_times_sentences_places_their_marks_at_the_sentences_end() -> None:
-    """ChatTTS names a sentence on an empty chunk after its audio: marks inside it land there."""
+    """ChatTTS names a sentence on an empty chunk after its audio: marks inside it, and before
+    the next sentence, land there; one at the end after the audio."""
     p = Parts()
     sentence = AudioChunk(b"", RATE, words=(Word("One two.", -800, 0, "sentence"),))
     text = p.miss("One two. Three.", tone(800), sentence, tone(400))
-    out = run([Speech(text.prepared, marks=((0, "a"), (4, "b"), (9, "c")))], p)
-    assert marks_at(out) == {"a": 800, "b": 800, "c": 1200}
+    out = run([Speech(text.prepared, marks=((0, "a"), (4, "b"), (9, "c"), (15, "d")))], p)
+    assert marks_at(out) == {"a": 800, "b": 800, "c": 800, "d": 1200}

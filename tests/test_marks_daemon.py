@@ -78,6 +78,9 @@ def test_a_marked_text_is_the_unmarked_audio_with_marks_on_its_words(
     again, cached = synth(daemon, text=document, format="ssml")  # its clip from the cache
     assert np.array_equal(again, marked) and cached == [*events[:-1], cached[-1]]
     assert cached[-1]["cached"] is True
+    with daemon.client() as c:  # what it will say: one run of text, the marks positions in it
+        (part,) = c.request({"op": "explain", "text": document})["parts"]
+    assert part["text"] == text and len(part["marks"]) == len(text.split())
 
 
 def test_a_played_say_sends_started_then_marks_then_finished(daemon: DaemonProc) -> None:

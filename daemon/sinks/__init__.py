@@ -6,8 +6,9 @@ what is buffered). A paused utterance is drained part-way and later continued wi
 (other utterances may play in between): a sink that writes a file per utterance extends it.
 ``write`` blocks at playback speed on a real device (and on a realtime-paced null or WAV sink).
 ``interrupt`` (from any thread, when the playing utterance is stopped) lets a paced sink's
-``write`` return at once, so a stop does not wait for the rest of the block; a device's blocking
-write returns when its block is in the device's buffer, and ``abort`` then drops that buffer.
+``write`` return at once, so a stop does not wait for the rest of the block; a device's block goes
+to PortAudio in ``DEVICE_WRITE_MS`` pieces and its write stops at the next piece, and ``abort``
+then drops what the device buffers.
 A missing or vanished device is a state, not a crash: ``SinkUnavailable`` fails the request,
 ``status()`` says why, and the next ``begin`` retries. So is a wedged one: a device write that
 does not return within ``max(WRITE_TIMEOUT_MIN_S, WRITE_TIMEOUT_FACTOR × its duration)``, or
@@ -182,6 +183,7 @@ class WavSink:
 # Held while PortAudio makes or destroys streams (open, close, re-init), never during a write
 # or a stop: one of those can block for good on a wedged device.
 PORTAUDIO = threading.Lock()
+DEVICE_WRITE_MS = 10  # a block goes to PortAudio in pieces this long: a stop waits for one
 CLOSE_WAIT_S = 2.0  # how long opening a stream waits for an abandoned one's close (may be stuck)
 
 
@@ -257,6 +259,7 @@ class SoundDeviceSink:
         self._device: _DeviceCalls | None = None
         self._abandoned: list[_DeviceCalls] = []  # stuck calls whose stream is not closed yet
         self._lock = threading.Lock()
+        self._interrupted = threading.Event()  # a stop: the write under way ends early
 
     def _sd(self) -> Any:
         try:
@@ -301,6 +304,7 @@ class SoundDeviceSink:
             self._stream = None
 
     def begin(self, utterance_id: str, sample_rate: int) -> None:
+        self._interrupted.clear()
         with self._lock:
             if self._stream is not None and self._rate != sample_rate:
                 self._drop_stream()
@@ -314,7 +318,15 @@ class SoundDeviceSink:
 
     def write(self, pcm: bytes) -> None:
         timeout = max(WRITE_TIMEOUT_MIN_S, WRITE_TIMEOUT_FACTOR * len(pcm) / 2 / self._rate)
-        self._call(timeout, "a write", self._stream.write, pcm)
+        self._call(timeout, "a write", self._write_pieces, self._stream, pcm)
+
+    def _write_pieces(self, stream: Any, pcm: bytes) -> None:
+        """On the device thread: ``pcm`` in pieces of ``DEVICE_WRITE_MS``, until interrupted."""
+        step = max(1, self._rate * DEVICE_WRITE_MS // 1000) * 2
+        for i in range(0, len(pcm), step):
+            if self._interrupted.is_set():
+                return
+            stream.write(pcm[i : i + step])
 
     def drain(self) -> None:
         with self._lock:
@@ -360,8 +372,10 @@ class SoundDeviceSink:
                 self._stream.abort()  # drops buffered audio now
 
     def interrupt(self) -> None:
-        """Nothing to cut short: a blocking write returns once its block is in the device's
-        buffer (at most one block later), and ``abort`` drops that buffer."""
+        """The write under way stops at its next ``DEVICE_WRITE_MS`` piece (PortAudio's blocking
+        write cannot be cut short, nor the stream aborted while it runs); ``abort`` then drops
+        what the device buffers."""
+        self._interrupted.set()
 
     def status(self) -> dict[str, Any]:
         return {
