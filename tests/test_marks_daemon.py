@@ -95,17 +95,24 @@ def test_a_played_say_sends_started_then_marks_then_finished(daemon: DaemonProc)
     ]
 
 
-def test_ssip_orca_marks_arrive_between_begin_and_end_on_the_words(served: HttpDaemon) -> None:
-    plain, _ = synth(served.proc, text=SENTENCE)
+@pytest.mark.parametrize("text", ["Name: text", SENTENCE])
+def test_ssip_orca_marks_arrive_between_begin_and_end_on_the_words(
+    served: HttpDaemon, text: str
+) -> None:
+    document = ORCA if text == "Name: text" else every_word_marked(text)
+    plain, timed = synth(served.proc, text=text, words=True)
+    _, synthesized = synth(served.proc, text=document, format="ssml")
     wav_dir = served.proc.config.parent / "wav"
     with SsipClient(served.proc.config.parent / "ssip.sock", timeout=30) as c:
         assert c.code("SET SELF NOTIFICATION all on") == 220
         assert c.code("SET SELF SSML_MODE on") == 219
-        msg = c.speak(every_word_marked(SENTENCE))
+        msg = c.speak(document)
         c.wait_event(702, msg, timeout=60)
         codes = c.event_codes(msg)
         names = [ev[2][4:] for ev in c.events if ev[0] == f"700-{msg}"]
-    assert codes == [701, *[700] * len(SENTENCE.split()), 702], codes
-    assert names == [f"{m.start()}:{m.end()}" for m in re.finditer(r"\S+", SENTENCE)]
+    assert codes == [701, *[700] * len(text.split()), 702], codes
+    marks = [e for e in synthesized if e["event"] == "mark"]
+    assert names == [m["name"] for m in marks]
+    assert_marks_on_words(text, marks, [e for e in timed if e["event"] == "word"])
     played = read_wav(Path(wav_dir) / f"ssip-{msg}.wav").samples()
     assert snr_db(plain, played) >= 40
