@@ -401,8 +401,8 @@ class Scheduler:
     def _tail(self, job: Job, playback: Playback, sink: Sink) -> None:
         """``tail_ms`` of silence after the last sample on a sink that plays to a device
         (``pads_tail``), so a device (or a speaker behind it) that cuts its last buffer short, or
-        powers down early, cuts silence and not the last word; files get none. Stop/cancel still
-        take effect within one block."""
+        powers down early, cuts silence and not the last word; files get none. A stop or cancel
+        cuts it short like speech (``Sink.interrupt``)."""
         if not playback.on_sink or not self.tail_ms or not getattr(sink, "pads_tail", False):
             return
         silence = AudioChunk(bytes(2 * (playback.rate * self.tail_ms // 1000)), playback.rate)
