@@ -182,3 +182,13 @@ def test_an_engine_that_times_sentences_places_their_marks_at_the_sentences_end(
     text = p.miss("One two. Three.", tone(800), sentence, tone(400))
     out = run([Speech(text.prepared, marks=((0, "a"), (4, "b"), (9, "c"), (15, "d")))], p)
     assert marks_at(out) == {"a": 800, "b": 800, "c": 800, "d": 1200}
+
+
+def test_marks_in_text_without_spaces_land_between_its_sentences() -> None:
+    """Chinese has no spaces: a mark is found by the text each timing says, not by words."""
+    p = Parts()
+    first = AudioChunk(b"", RATE, words=(Word("第一句。", -800, 0, "sentence"),))
+    second = AudioChunk(b"", RATE, words=(Word("第二句。", -400, 0, "sentence"),))
+    text = p.miss("第一句。第二句。", tone(800), first, tone(400), second)
+    out = run([Speech(text.prepared, marks=((0, "a"), (2, "b"), (4, "c"), (8, "d")))], p)
+    assert marks_at(out) == {"a": 800, "b": 800, "c": 800, "d": 1200}

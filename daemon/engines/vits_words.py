@@ -55,9 +55,8 @@ def _sounds(phonemes: str) -> str:
     return "".join(p for p in phonemes if unicodedata.category(p) in ("Ll", "Lu", "Lo"))
 
 
-def text_tokens(text: str) -> list[tuple[str, str | None]]:
-    """(word as written, its phonemes when written as ``[[ … ]]``, else None); ``speakd.marks``
-    counts a mark's place in these."""
+def _tokens(text: str) -> list[tuple[str, str | None]]:
+    """(word as written, its phonemes when written as ``[[ … ]]``, else None)."""
     tokens: list[tuple[str, str | None]] = []
     for i, part in enumerate(_RAW_PHONEMES.split(text)):
         if i % 2:
@@ -73,7 +72,7 @@ class WordAligner:
     phoneme words and a few more, so the work grows with the text, not with its square."""
 
     def __init__(self, text: str, phonemize: Phonemize) -> None:
-        self.tokens = text_tokens(text)
+        self.tokens = _tokens(text)
         self._phonemize = phonemize  # one token alone
         self._said: dict[int, str] = {}
         self.done = -1  # tokens up to here are spoken by earlier spans
@@ -131,13 +130,8 @@ class WordAligner:
 
     def _span(self, group: list[int]) -> WordSpan:
         first, end, lo, hi = group
-        words = [said_as(token) for token, _ in self.tokens[lo : hi + 1]]
+        words = [token.strip(_PUNCTUATION) or token for token, _ in self.tokens[lo : hi + 1]]
         return WordSpan(" ".join(words), first, end)
-
-
-def said_as(token: str) -> str:
-    """A token as its word timing names it: without the punctuation around it."""
-    return token.strip(_PUNCTUATION) or token
 
 
 def _concat(parts: list[str]) -> tuple[str, list[int]]:
