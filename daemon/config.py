@@ -139,7 +139,7 @@ class AudioConfig:
     device: str = ""  # sounddevice device name or index; empty = system default
     wav_dir: str = ""  # where sink = "wav" writes <request id>.wav
     volume: float = 1.0  # default gain; a request's volume multiplies it
-    block_ms: int = 50  # playback granularity: stop/cancel latency is at most one block
+    block_ms: int = 50  # playback granularity: a pause lands between blocks (a stop does not wait)
     realtime: bool = False  # pace the wav/null sinks like a device (soak tests, emulation)
     tail_ms: int = 200  # silence played after the last sample, before the device drains
     sentence_silence_ms: int = 0  # silence between sentences (voices with sentence_silence)

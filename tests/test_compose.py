@@ -5,12 +5,13 @@ cancellation."""
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pytest
 
-from speakd.audio import AudioChunk
+from speakd.audio import AudioChunk, Word
 from speakd.request.compose import compose
 from speakd.request.prepare import Marker, Silence, Sound, Speech
 from speakd.request.stream import AudioStream
@@ -29,6 +30,13 @@ def tone(frames: int, rate: int = RATE, level: int = 8000) -> AudioChunk:
     return AudioChunk(np.full(frames, level, dtype="<i2").tobytes(), rate)
 
 
+@dataclass(frozen=True)
+class Stand:
+    """A stand-in for a part's Prepared: its text names its stream."""
+
+    text: str
+
+
 class Parts:
     """Each part's stream, by a stand-in for its Prepared: whole at once (a hit) or filled by a
     producer thread (a miss)."""
@@ -38,7 +46,7 @@ class Parts:
 
     def hit(self, name: str, chunk: AudioChunk) -> Speech:
         self.streams[name] = AudioStream.complete(name, chunk)
-        return Speech(name)  # type: ignore[arg-type]
+        return Speech(Stand(name))  # type: ignore[arg-type]
 
     def miss(self, name: str, *chunks: AudioChunk, error: Exception | None = None) -> Speech:
         stream = AudioStream(name)
@@ -50,10 +58,10 @@ class Parts:
 
         threading.Thread(target=produce, daemon=True).start()
         self.streams[name] = stream
-        return Speech(name)  # type: ignore[arg-type]
+        return Speech(Stand(name))  # type: ignore[arg-type]
 
     def open(self, prepared: Any) -> AudioStream:
-        return self.streams[prepared].attach()
+        return self.streams[prepared.text].attach()
 
 
 def run(parts: list[Any], opener: Parts, rate: int = RATE) -> AudioStream:
@@ -138,7 +146,7 @@ def test_a_cancelled_request_stops_and_releases_its_part() -> None:
     out = AudioStream("request").attach()
     worker = threading.Thread(
         target=compose,
-        args=(out, [Speech("slow"), Silence(100)], RATE, p.open, SOUNDS.__getitem__),  # type: ignore[arg-type]
+        args=(out, [Speech(Stand("slow")), Silence(100)], RATE, p.open, SOUNDS.__getitem__),  # type: ignore[arg-type]
     )
     worker.start()
     slow.put(tone(100))
@@ -148,3 +156,39 @@ def test_a_cancelled_request_stops_and_releases_its_part() -> None:
     assert not worker.is_alive()
     assert slow.cancel.is_set()  # nobody else read the part: its synthesis is cancelled
     assert out.done and sum(c.frames for c in out.chunks) == 100  # no silence after the cancel
+
+
+def test_a_parts_marks_land_on_the_words_they_precede_and_leave_its_audio_whole() -> None:
+    """Marks are positions in one part: each at the first sample of the word it precedes (the
+    chunk split there), ``Name:`` timed as ``Name``, a mark at the text's end after its audio."""
+    p = Parts()
+    words = (Word("Name", 100, 900), Word("text", 1000, 1500))
+    first = AudioChunk(RAMP[:1200].tobytes(), RATE, words=words[:1] + words[1:])
+    text = p.miss("Name: text", first, AudioChunk(RAMP[1200:].tobytes(), RATE))
+    marked = Speech(text.prepared, marks=((0, "0:4"), (5, "6:10"), (10, "end")))
+    out = run([marked], p)
+    assert marks_at(out) == {"0:4": 100, "6:10": 1000, "end": len(RAMP)}
+    assert np.array_equal(np.concatenate([c.samples() for c in out.read()]), RAMP)
+    timed = [w.shifted(sum(c.frames for c in out.chunks[:i])) for i, c in enumerate(out.chunks)
+             for w in c.words]  # fmt: skip
+    assert timed == list(words)  # the word timings survive the split
+
+
+def test_an_engine_that_times_sentences_places_their_marks_at_the_sentences_end() -> None:
+    """ChatTTS names a sentence on an empty chunk after its audio: marks inside it, and before
+    the next sentence, land there; one at the end after the audio."""
+    p = Parts()
+    sentence = AudioChunk(b"", RATE, words=(Word("One two.", -800, 0, "sentence"),))
+    text = p.miss("One two. Three.", tone(800), sentence, tone(400))
+    out = run([Speech(text.prepared, marks=((0, "a"), (4, "b"), (9, "c"), (15, "d")))], p)
+    assert marks_at(out) == {"a": 800, "b": 800, "c": 800, "d": 1200}
+
+
+def test_marks_in_text_without_spaces_land_between_its_sentences() -> None:
+    """Chinese has no spaces: a mark is found by the text each timing says, not by words."""
+    p = Parts()
+    first = AudioChunk(b"", RATE, words=(Word("第一句。", -800, 0, "sentence"),))
+    second = AudioChunk(b"", RATE, words=(Word("第二句。", -400, 0, "sentence"),))
+    text = p.miss("第一句。第二句。", tone(800), first, tone(400), second)
+    out = run([Speech(text.prepared, marks=((0, "a"), (2, "b"), (4, "c"), (8, "d")))], p)
+    assert marks_at(out) == {"a": 800, "b": 800, "c": 800, "d": 1200}

@@ -35,6 +35,7 @@ from speakd.request.sounds import Sounds
 from tests.daemon_proc import DaemonProc, InProcessDaemon, start_daemon, write_config
 from tests.mosquitto import Mosquitto, Received, Watcher
 from tests.test_scheduler import Recorder, settle
+from tests.test_ssml_daemon import synth as socket_synth
 from tests.tone_engine import ToneEngine
 from tests.waits import until
 
@@ -315,7 +316,9 @@ def test_ssml_marks_are_replies_as_playback_reaches_them(
     replies = [m.json() for m in watcher.matching("test/marks", since=since)]
     assert [r["status"] for r in replies] == ["queued", "mark", "mark", "done"]
     played = read_wav(wav_dir(kitchen) / "marks1.wav").samples()
-    assert replies[1] == {"id": "marks1", "status": "mark", "name": "a", "sample": 0}
+    _, timed = socket_synth(kitchen, text="Door", words=True)
+    door = next(e["start"] for e in timed if e["event"] == "word")  # "a" is on its onset
+    assert replies[1] == {"id": "marks1", "status": "mark", "name": "a", "sample": door}
     assert replies[2] == {"id": "marks1", "status": "mark", "name": "b", "sample": len(played)}
 
 

@@ -37,14 +37,41 @@ def speech(parts: list[Part]) -> list[Speech]:
     return [p for p in parts if isinstance(p, Speech)]
 
 
-def test_the_issue_example_is_speech_a_silence_speech_and_a_marker() -> None:
+def test_the_issue_example_is_speech_a_silence_and_speech_with_its_mark() -> None:
     parts = parts_of('<speak>Door <break time="700ms"/> open<mark name="m"/>.</speak>')
-    assert [type(p) for p in parts] == [Speech, Silence, Speech, Marker]
-    assert parts[1] == Silence(700) and parts[3] == Marker("m")
+    assert [type(p) for p in parts] == [Speech, Silence, Speech]
+    assert parts[1] == Silence(700)
     door, open_ = speech(parts)
     # each run of text is keyed as the same text sent plain: they share one clip
     assert door.prepared.key == prepare_text("Door", SynthesisConfig()).key
-    assert open_.prepared.key == prepare_text("open", SynthesisConfig()).key
+    assert open_.prepared.key == prepare_text("open.", SynthesisConfig()).key
+    assert open_.marks == ((4, "m"),)  # a position in "open.", not a cut
+
+
+def test_a_mark_before_every_word_is_one_part_with_the_unmarked_audio() -> None:
+    orca = '<speak><mark name="0:4"/>Name: <mark name="6:10"/>text</speak>'
+    (part,) = parts_of(orca)
+    assert part.prepared.text == "Name: text"  # type: ignore[union-attr]
+    assert part.marks == ((0, "0:4"), (5, "6:10"))  # type: ignore[union-attr]
+    plain = prepare_request(LIBRARY, "Name: text", SynthesisConfig())
+    marked = prepare_request(LIBRARY, orca, SynthesisConfig(), ssml=True)
+    assert marked.parts == (part,) and marked.parts[0].prepared == plain  # type: ignore[union-attr]
+    assert marked.key != plain.key  # the request's key hashes the marks and their offsets
+    moved = '<speak><mark name="0:4"/>Name: text<mark name="6:10"/></speak>'
+    assert key_of(moved) != key_of(orca)
+
+
+def test_marks_at_a_break_or_a_voice_change_end_one_part_or_lead_the_next() -> None:
+    parts = parts_of(
+        '<speak>a<mark name="x"/><break time="100ms"/><mark name="y"/>'
+        '<voice name="high">b</voice><mark name="z"/><prosody rate="slow">c</prosody></speak>'
+    )
+    assert [type(p) for p in parts] == [Speech, Silence, Speech, Speech]
+    assert [p.marks for p in speech(parts)] == [((1, "x"),), ((0, "y"),), ((0, "z"),)]
+    assert parts_of('<speak><mark name="x"/><break time="1s"/></speak>') == [
+        Marker("x"),
+        Silence(1000),
+    ]
 
 
 def test_prosody_and_voice_become_each_parts_config_and_volume() -> None:
@@ -176,7 +203,8 @@ def test_markup_with_a_break_has_parts_and_their_key(tmp_path: Path) -> None:
     prepared = prepare_request(
         LIBRARY, doc, SynthesisConfig(), ssml=True, lexicon=lexicon(tmp_path)
     )
-    assert [type(p) for p in prepared.parts] == [Speech, Silence, Speech, Marker]
+    assert [type(p) for p in prepared.parts] == [Speech, Silence, Speech]
+    assert prepared.parts[2].marks == ((2, "m"),)  # type: ignore[union-attr]
     assert prepared.parts[0].prepared.text == "engine x"  # type: ignore[union-attr]
     assert prepared.key == plan_key(prepared.parts)
     assert prepared.bundle == ToneEngine.bundle_id

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from speakd.audio import read_wav
+from speakd.audio.sinks import WavSink
 from speakd.request.messages import Event, Priority, SpeakRequest
 from speakd.request.resolver import Resolver
 from speakd.request.scheduler import Scheduler
@@ -242,4 +244,21 @@ async def test_paused_utterance_is_parked_resumed_exactly_or_cancelled(
     assert rec.of("resumed") == ["queued", "started", "paused", "resumed", "finished"]
     assert read_wav(tmp_path / "resumed.wav").pcm == read_wav(tmp_path / "ref.wav").pcm
     assert read_wav(tmp_path / "cancelled.wav").duration == pytest.approx(0.24)  # what played
+    task.cancel()
+
+
+async def test_cancel_does_not_wait_for_the_playing_block(tmp_path: Path) -> None:
+    """A realtime-paced sink with one-second blocks: the cancel lands well inside the first
+    block (the sink's write is interrupted), not at its end."""
+    engine = ToneEngine(word_s=3.0)
+    sched = Scheduler(Resolver(engine), WavSink(tmp_path, realtime=True), block_ms=1000)
+    task = asyncio.create_task(sched.run())
+    rec = Recorder()
+    sched.submit(req(rec, "long", "long"))  # one 3 s chunk
+    await rec.saw("long", "started")
+    t0 = time.monotonic()
+    sched.cancel("long")
+    await settle(rec, "long")
+    assert rec.final("long").data["status"] == "cancelled"
+    assert time.monotonic() - t0 < 0.25  # the old block boundary: about 1 s
     task.cancel()

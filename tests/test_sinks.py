@@ -21,6 +21,7 @@ from speakd.request.scheduler import Scheduler
 from speakd.request.voices import Voice, VoiceLibrary
 from tests.test_scheduler import Recorder, req, settle
 from tests.tone_engine import ToneEngine
+from tests.waits import until
 
 
 class FakeStream:
@@ -261,3 +262,35 @@ async def test_audio_tail_ms_of_silence_is_played_before_the_device_drains(
     assert len(pcm) == speech + 2 * int(16000 * 0.3)
     assert any(pcm[:speech]) and not any(pcm[speech:])
     assert device.streams[0].stopped  # drained after the tail
+
+
+async def test_a_cancel_stops_the_device_write_within_a_piece_not_a_block(
+    device: FakeDevice, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A device that takes audio at playing speed and 1 s blocks: the cancel's ``finished``
+    comes within a few 10 ms pieces (the write stops at the next piece), then the stream is
+    aborted; on the old whole-block write it waited for the rest of the second."""
+
+    writing = threading.Event()
+
+    def paced(self: FakeStream, pcm: bytes) -> None:
+        writing.set()
+        time.sleep(len(pcm) / 2 / self.rate)
+        self.written += len(pcm)
+
+    monkeypatch.setattr(FakeStream, "write", paced)
+    sched = Scheduler(Resolver(ToneEngine(word_s=3.0)), SoundDeviceSink(), block_ms=1000)
+    task = asyncio.create_task(sched.run())
+    try:
+        rec = Recorder()
+        sched.submit(req(rec, "long", "c"))
+        await until(writing.is_set, "the first one-second block to be written")
+        t0 = time.monotonic()
+        sched.cancel("c")
+        await settle(rec, "c")
+        took = time.monotonic() - t0
+    finally:
+        task.cancel()
+    assert rec.final("c").data["status"] == "cancelled"
+    assert took < 0.25, took  # a block is 1 s
+    assert device.streams[0].aborted_playing and not device.overlaps

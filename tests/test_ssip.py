@@ -269,6 +269,20 @@ def test_orcas_capital_is_higher_than_the_lowercase_letter(speakd: Speakd) -> No
     assert low_s == pytest.approx(neutral_s, abs=0.005), "pitch changed the length"
 
 
+def test_orcas_marks_come_between_begin_and_end(speakd: Speakd) -> None:
+    """Speech Dispatcher's order: 701 BEGIN, the 700 INDEX MARKs in text order, then 702 END."""
+    with SsipClient(speakd.ssip, timeout=30) as c:
+        assert c.code("SET self CLIENT_NAME test:orca:marks") == 208
+        assert c.code("SET self NOTIFICATION all on") == 220
+        assert c.code("SET self SSML_MODE on") == 219
+        msg = c.speak('<speak><mark name="0:4"/>Name: <mark name="6:10"/>text</speak>')
+        c.wait_event(702, msg, timeout=60)
+        assert c.event_codes(msg) == [701, 700, 700, 702], c.events
+        marks = [ev[2] for ev in c.events if ev[0] == f"700-{msg}"]
+        assert marks == ["700-0:4", "700-6:10"], marks
+    speakd.wait_idle()
+
+
 # ---- the real spd-say against the in-process front-end (tone engine) ----------------------
 
 

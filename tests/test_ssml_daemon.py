@@ -66,28 +66,23 @@ def longest_zero_run(pcm: np.ndarray) -> int:
     return int(runs.max())
 
 
-def test_a_break_is_silence_and_a_mark_is_its_sample_offset(daemon: DaemonProc) -> None:
+def test_a_break_is_silence_and_a_mark_is_a_position_in_its_text(daemon: DaemonProc) -> None:
     """The issue's example. Its parts are the plain texts' own clips: the audio is exactly
-    "Door", 700 ms of zeros, "open", "Floor twelve.", and the mark sits before the last;
-    equivalent markup plays the same."""
+    "Door", 700 ms of zeros, then "open Floor twelve." as one utterance (a mark is not a cut),
+    the mark on the onset of "Floor"; equivalent markup plays the same."""
     pcm, events = synth(
         daemon,
         text='<speak>Door <break time="700ms"/> open<mark name="m"/> '
         'Floor <say-as interpret-as="cardinal">12</say-as>.</speak>',
     )
     door, _ = synth(daemon, text="Door")
-    open_, _ = synth(daemon, text="open")
-    floor, _ = synth(daemon, text="Floor twelve.")
+    rest, timed = synth(daemon, text="open Floor twelve.", words=True)
     gap = np.zeros(700 * RATE // 1000, dtype="<i2")
-    assert np.array_equal(pcm, np.concatenate([door, gap, open_, floor]))
+    assert np.array_equal(pcm, np.concatenate([door, gap, rest]))
     assert longest_zero_run(pcm) >= 0.65 * RATE
+    floor = next(e["start"] for e in timed if e["event"] == "word" and e["word"] == "Floor")
     mark, finished = events
-    assert mark == {
-        "event": "mark",
-        "id": "s",
-        "name": "m",
-        "sample": len(door) + len(gap) + len(open_),
-    }
+    assert mark == {"event": "mark", "id": "s", "name": "m", "sample": len(door) + len(gap) + floor}
     assert finished["event"] == "finished" and finished["status"] == "done"
     assert finished["cached"] is False  # its parts were synthesised (and stored) then
     equivalent = (
@@ -99,17 +94,21 @@ def test_a_break_is_silence_and_a_mark_is_its_sample_offset(daemon: DaemonProc) 
 
 
 def test_a_played_say_reports_each_mark_as_playback_reaches_it(daemon: DaemonProc) -> None:
-    door, _ = synth(daemon, text="Door")
+    _, door = synth(daemon, text="Door", words=True)
+    open_, timed = synth(daemon, text="open", words=True)
+    onset = {e["word"]: e["start"] for e in [*door, *timed] if e["event"] == "word"}
     events = daemon.say(
         '<speak><mark name="start"/>Door <break time="300ms"/><mark name="gap-end"/>open'
         '<mark name="end"/></speak>',
         id="marks",
     )
     kinds = [e["event"] for e in events]
-    assert kinds == ["queued", "mark", "started", "mark", "mark", "finished"], events
+    assert kinds == ["queued", "started", "mark", "mark", "mark", "finished"], events  # BEGIN first
     marks = {e["name"]: e["sample"] for e in events if e["event"] == "mark"}
-    assert marks["start"] == 0 and marks["gap-end"] == len(door) + 300 * RATE // 1000
     played = read_wav(daemon.config.parent / "wav" / "marks.wav").samples()
+    before_open = len(played) - len(open_)  # "Door" and the 300 ms gap
+    assert marks["start"] == onset["Door"]  # on the word it precedes
+    assert marks["gap-end"] == before_open + onset["open"]
     assert marks["end"] == len(played)
 
 

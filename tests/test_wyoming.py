@@ -310,21 +310,23 @@ async def test_ssml_marks_are_speakd_mark_events_ahead_of_the_audio_that_follows
     daemon: tuple[DaemonProc, int],
 ) -> None:
     """Each ``<mark>`` is a ``speakd-mark`` event at its offset in samples, sent when exactly
-    that much audio has gone out; a mark at the end comes before ``audio-stop``."""
+    that much audio has gone out: on the onset of the word it precedes, in one utterance; a mark
+    at the end comes before ``audio-stop``."""
     _, port = daemon
     ssml = '<speak><mark name="start"/>Door <mark name="mid"/> open<mark name="end"/></speak>'
     async with tcp(port) as client:
-        door = audio_of(await synthesize(client, "Door"))
         await client.write_event(Synthesize(ssml, text_format="ssml").event())
-        marks, sent = [], 0
+        marks, onsets, sent = [], {}, 0
         for event in await read_until(client, "audio-stop"):
             if event.type == "speakd-mark":
                 assert event.data["sample"] == sent  # ahead of the audio after it
                 marks.append((event.data["name"], event.data["sample"]))
+            elif event.type == "speakd-word":
+                onsets[event.data["word"]] = event.data["start"]
             elif event.type == "audio-chunk":
                 sent += len(event.payload or b"") // 2
-    assert marks == [("start", 0), ("mid", len(door) // 2), ("end", sent)]
-    assert sent > len(door) // 2
+    assert marks == [("start", onsets["Door"]), ("mid", onsets["open"]), ("end", sent)]
+    assert 0 < onsets["Door"] < onsets["open"] < sent
 
 
 @pytest.mark.parametrize(

@@ -434,6 +434,7 @@ def _explained(part: Part) -> dict[str, Any]:
         "pitch": p.config.pitch or 0.0,
         "volume": part.volume,
         "key": p.key,
+        **({"marks": [list(m) for m in part.marks]} if part.marks else {}),
     }
 
 

@@ -4,13 +4,16 @@ key.
 Neighbouring text and phonemes of one voice, language and prosody are one part, prepared and keyed
 like any plain request (so the same sentence in other markup, or sent as plain text, shares its
 clip). Phonemes go inline as Piper's ``[[ … ]]`` to a voice that takes them (``phoneme_input``), and
-as the word they stand for to one that does not. A break is a silence, a mark a marker, an
+as the word they stand for to one that does not. A mark is not a cut: inside a run of text it is
+a position in that part (``Speech.marks``, placed by ``speakd.request.marks``), so a text with a
+mark before every word is still one utterance with its own prosody, and its audio is the unmarked
+text's; only a mark with no text around it is a marker part. A break is a silence, an
 ``<audio src>`` the sound of that name (``speakd.request.sounds``: a built-in chime or a pinned
 clip), or, when there is none, its content (SSML's alternate text) or nothing, with an
 ``unknown_clip`` warning: the rest is spoken (docs/reliability.md, "Lenient input"). A request's
 ``chime`` is a sound before its parts (``with_chime``). The request's key hashes the parts' keys,
-silences, marks and sounds in order: equal markup gives an equal key, and any change of a part, a
-pause, a mark or a sound changes it.
+their marks and offsets, silences, markers and sounds in order: equal markup gives an equal key,
+and any change of a part, a pause, a mark or a sound changes it.
 """
 
 from __future__ import annotations
@@ -155,28 +158,36 @@ def plan(
     ``<audio src>``'s sound by name, ``warn`` hears of one it does not find."""
     parts: list[Part] = []
     run: list[Text | Phonemes] = []
+    marks: list[tuple[int, str]] = []  # the run's marks: (segments of the run before it, name)
 
     def flush() -> None:
         if run:
             style = run[0].style
             run_config = _config(config, style)
             inline = takes_phonemes(run_config)
-            text = clean(" ".join(_words(seg, inline) for seg in run))
+            said = [_words(seg, inline) for seg in run]
+            text = clean(" ".join(said))
             if speakable(text):
-                parts.append(Speech(prepare_text(text, run_config), style.volume))
+                at = tuple((len(clean(" ".join(said[:n]))), name) for n, name in marks)
+                parts.append(Speech(prepare_text(text, run_config), style.volume, at))
+                marks.clear()
             run.clear()
+        parts.extend(Marker(name) for _, name in marks)  # no text to be a position in
+        marks.clear()
 
     for seg in _flat(segments, find_sound, warn):
         if isinstance(seg, Text | Phonemes):
             if run and run[0].style != seg.style:
+                ahead = [name for n, name in marks if n == len(run)]  # they precede this text
+                del marks[len(marks) - len(ahead) :]
                 flush()
+                marks.extend((0, name) for name in ahead)
             run.append(seg)
-            continue
-        flush()
-        if isinstance(seg, Sound):
-            parts.append(seg)
+        elif isinstance(seg, Mark):  # a position in the run, not a cut
+            marks.append((len(run), seg.name))
         else:
-            parts.append(Silence(seg.ms) if isinstance(seg, Break) else Marker(seg.name))
+            flush()
+            parts.append(seg if isinstance(seg, Sound) else Silence(seg.ms))
     flush()
     return parts
 
@@ -200,7 +211,8 @@ def plan_key(parts: Iterable[Part]) -> str:
 
 def _material(part: Part) -> dict[str, object]:
     if isinstance(part, Speech):
-        return {"key": part.prepared.key, "volume": part.volume}
+        marks = {"marks": [list(m) for m in part.marks]} if part.marks else {}
+        return {"key": part.prepared.key, "volume": part.volume, **marks}
     if isinstance(part, Silence):
         return {"silence": part.ms}
     if isinstance(part, Sound):

@@ -5,10 +5,12 @@ each prepared and keyed on its own (``speakd.markup.plan``), silences, marks and
 ``compose`` produces the request's one ``AudioStream``: it opens each text part's own stream — a
 cache hit, or a synthesis shared with every other reader of that key — and copies its chunks in,
 scaled by the part's volume and resampled to the request's rate; a silence is zeros; a mark is
-noted before the chunk it precedes (``AudioStream.marks``); a sound (``speakd.request.sounds``) is
-its samples, resampled whole, so the next part follows its last sample with no gap. Only the parts
-are cached, so the same sentence in other markup shares its clip, and a mark's sample offset is
-exact whichever parts were cached.
+noted before the chunk it precedes (``AudioStream.marks``), and a text part's own marks are
+placed inside its audio by its word timings (``speakd.request.marks``), the chunk split at the
+mark's sample; a sound (``speakd.request.sounds``) is its samples, resampled whole, so the next
+part follows its last sample with no gap. Only the parts are cached (with their word timings), so
+the same sentence in other markup or with other marks shares its clip, and a mark's sample offset
+is the same whichever parts were cached.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ import numpy as np
 import soxr
 
 from speakd.audio import AudioChunk, scale_volume
-from speakd.request.prepare import Marker, Part, Prepared, Silence, Sound
+from speakd.request.marks import Placer
+from speakd.request.prepare import Marker, Part, Prepared, Silence, Sound, Speech
 from speakd.request.stream import AudioStream
 
 OpenPart = Callable[[Prepared], AudioStream]
@@ -51,7 +54,7 @@ def compose(
             elif isinstance(part, Sound):
                 out.put(_at_rate(open_sound(part), sample_rate))
             else:
-                cached &= _copy(out, open_part(part.prepared), part.volume, sample_rate)
+                cached &= _copy(out, open_part(part.prepared), part, sample_rate)
     except Exception as e:  # a part's failure is the request's
         out.finish(e)
         return
@@ -59,19 +62,28 @@ def compose(
     out.finish()
 
 
-def _copy(out: AudioStream, stream: AudioStream, volume: float, sample_rate: int) -> bool:
-    """A part's chunks into ``out``; whether they came from the cache."""
+def _copy(out: AudioStream, stream: AudioStream, part: Speech, sample_rate: int) -> bool:
+    """A part's chunks into ``out``, its marks placed among them; whether they came from the
+    cache."""
     resampler: soxr.ResampleStream | None = None
+    placer = Placer(part.prepared.text, part.marks)
+    volume = part.volume
     try:
         for chunk in stream.read(out.cancel):
             if chunk.sample_rate != sample_rate and resampler is None:
                 resampler = soxr.ResampleStream(chunk.sample_rate, sample_rate, 1, dtype="int16")
             if resampler is not None:
                 chunk = _resampled(resampler, chunk, sample_rate)
-            out.put(scale_volume(chunk, volume))
+            for names, piece in placer.place(chunk):
+                for name in names:
+                    out.mark(name)
+                if piece.pcm or piece.words or not names:  # marks at its end: before the next
+                    out.put(scale_volume(piece, volume))
         if resampler is not None:
             tail = resampler.resample_chunk(np.zeros(0, dtype="<i2"), last=True)
             out.put(scale_volume(AudioChunk(tail.astype("<i2").tobytes(), sample_rate), volume))
+        for name in placer.rest():
+            out.mark(name)
         return stream.from_cache
     finally:
         stream.release()

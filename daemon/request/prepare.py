@@ -41,10 +41,14 @@ class Prepared:
 
 @dataclass(frozen=True)
 class Speech:
-    """A run of marked-up text, prepared like plain text, and its ``<prosody volume>``."""
+    """A run of marked-up text, prepared like plain text, and its ``<prosody volume>``; its SSML
+    marks are positions in it, not cuts: (character offset into ``prepared.text``, name), placed
+    on the audio by the engine's word timings (``speakd.request.marks``). The audio, and so its
+    key, is the unmarked text's."""
 
     prepared: Prepared
     volume: float = 1.0
+    marks: tuple[tuple[int, str], ...] = ()
 
 
 @dataclass(frozen=True)

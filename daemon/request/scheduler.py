@@ -7,7 +7,8 @@ Threads: the queue logic runs on the asyncio loop; each utterance plays on one w
 opens the request's audio stream (``speakd.request.resolver``: a cache hit is whole at once, a miss
 is filled by its synthesis thread) and reads it straight into the sink, so a cache hit reaches the
 sink with one hand-off, and every wait is on an event, never a poll. Playback goes in blocks of
-``block_ms``; cancellation is checked between blocks, so stop/cancel take effect within one block.
+``block_ms``; cancellation is checked between blocks, and a stop or cancel also interrupts the
+sink's write (``Sink.interrupt``), so it takes effect at once, not at the end of the block.
 A pause (of all requests, or of one client's) is checked there too: the playing utterance is
 *parked* — what the sink holds plays out, its stream and its place in it are kept, and it goes
 back to the queue — so the worker moves on to other clients' requests (speech-dispatcher's PAUSE).
@@ -54,6 +55,7 @@ class Playback:
     stream: AudioStream
     position: int = 0  # chunks of the stream taken
     rest: AudioChunk | None = None  # the unplayed part of the chunk that was playing at the pause
+    rest_marks: list[str] = field(default_factory=list)  # the marks before ``rest`` not sent yet
     on_sink: bool = False  # begun on the sink and not drained yet
     played: float = 0.0  # seconds of audio played
     samples: int = 0  # samples played: where a mark is
@@ -62,10 +64,10 @@ class Playback:
 
     def items(self, cancel: threading.Event) -> Iterator[tuple[AudioChunk, list[str]]]:
         """What is left to play, each chunk with the SSML marks just before it: the parked rest
-        first (its marks were passed before the pause), then the stream."""
+        first (with the marks before it not sent before the pause), then the stream."""
         if self.rest is not None:
             rest, self.rest = self.rest, None
-            yield rest, []
+            yield rest, self.rest_marks
         for chunk in self.stream.read(cancel, start=self.position):
             marks = self.stream.marks_before(self.position)
             self.position += 1
@@ -348,6 +350,7 @@ class Scheduler:
             job.playback = Playback(stream)
         playback = job.playback
         status = "error"
+        job.cancel.add_hook(sink.interrupt)  # a stop cuts a paced write short
         try:
             status, error = self._stream(job, playback, sink)
             return status, error
@@ -357,6 +360,7 @@ class Scheduler:
             log.exception("playback of %s failed", job.id)
             return "error", error_data(e)
         finally:
+            job.cancel.remove_hook(sink.interrupt)
             if status != PARKED:
                 playback.stream.release()  # the last reader out cancels its synthesis
             self._release(sink, abort=playback.on_sink)
@@ -373,10 +377,9 @@ class Scheduler:
             if item is None:
                 break
             chunk, marks = item
-            self._marks(job, playback, marks)  # the audio before them is on the sink
-            written = self._write(job, playback, sink, chunk)
+            written = self._write(job, playback, sink, chunk, marks)
             if written < len(chunk.pcm) and not job.cancel.is_set():  # paused between blocks
-                playback.rest = _rest(chunk, written)
+                playback.rest, playback.rest_marks = _rest(chunk, written), marks
                 self._drain_sink(playback, sink)  # the sink is free for other utterances
                 return PARKED, None
         if job.cancel.is_set():
@@ -398,8 +401,8 @@ class Scheduler:
     def _tail(self, job: Job, playback: Playback, sink: Sink) -> None:
         """``tail_ms`` of silence after the last sample on a sink that plays to a device
         (``pads_tail``), so a device (or a speaker behind it) that cuts its last buffer short, or
-        powers down early, cuts silence and not the last word; files get none. Stop/cancel still
-        take effect within one block."""
+        powers down early, cuts silence and not the last word; files get none. A stop or cancel
+        cuts it short like speech (``Sink.interrupt``)."""
         if not playback.on_sink or not self.tail_ms or not getattr(sink, "pads_tail", False):
             return
         silence = AudioChunk(bytes(2 * (playback.rate * self.tail_ms // 1000)), playback.rate)
@@ -447,10 +450,20 @@ class Scheduler:
         except Exception:  # the device may be gone; the next utterance reopens it
             log.warning("releasing the audio sink failed", exc_info=True)
 
-    def _write(self, job: Job, playback: Playback, sink: Sink, chunk: AudioChunk) -> int:
+    def _write(
+        self,
+        job: Job,
+        playback: Playback,
+        sink: Sink,
+        chunk: AudioChunk,
+        marks: list[str] | None = None,
+    ) -> int:
         """Play one chunk in blocks until it ends, the job is cancelled or it is paused; returns
-        the bytes of ``chunk`` played."""
+        the bytes of ``chunk`` played. The ``marks`` just before it go out after ``started``
+        (Speech Dispatcher's order: BEGIN, the marks, END or CANCELED), when the audio before
+        them is on the sink; those not sent yet (paused before the chunk) stay in ``marks``."""
         request = job.request
+        marks = [] if marks is None else marks
         written = 0
         base = playback.samples  # where the chunk starts in the utterance
         words = list(chunk.words) if request.words else []
@@ -469,6 +482,8 @@ class Scheduler:
                     started["voice_load_ms"] = round(playback.stream.voice_load_s * 1000, 1)
                 self._emit_threadsafe(request, EventType.STARTED, started)
                 log.info("request %s started after %.1f ms", job.id, latency * 1000)
+            self._marks(job, playback, marks)
+            marks.clear()
             end = (written + len(block)) // chunk.sample_width
             while words and words[0].start < end:  # reached in this block
                 self._word(request, words.pop(0), base, chunk.sample_rate)
@@ -477,6 +492,9 @@ class Scheduler:
             playback.rate = chunk.sample_rate
             playback.samples += len(block) // chunk.sample_width
             playback.played += len(block) / chunk.sample_width / chunk.sample_rate
+        if not chunk.pcm and job.started and not job.cancel.is_set():  # no block to wait for
+            self._marks(job, playback, marks)
+            marks.clear()
         for word in words:  # a sentence's timing on the empty chunk after it
             self._word(request, word, base, chunk.sample_rate)
         return written

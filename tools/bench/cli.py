@@ -26,6 +26,7 @@ BENCHMARKS = {
     "ssml": "SSML parser: a document, and the refusal of a billion laughs, a blowup, deep nesting",
     "memory": "daemon RSS at READY, after a warm-up and after N mixed socket requests",
     "words": "Piper word timings against faster-whisper's word timestamps on the same audio",
+    "cancel": "SSIP CANCEL → 703 CANCELED p50/p99 on the realtime null and WAV sinks",
     "pitch": "pitch shifting (Rubber Band): first-chunk cost and ms per audio second, 3 texts",
 }
 

@@ -4,10 +4,14 @@ over MQTT (``mqtt_speaker.py``). Sinks know nothing of requests.
 A sink plays one utterance at a time: ``begin`` → ``write``… → ``drain`` (or ``abort`` to drop
 what is buffered). A paused utterance is drained part-way and later continued with ``resume``
 (other utterances may play in between): a sink that writes a file per utterance extends it.
-``write`` blocks at playback speed on a real device, so the scheduler's block size bounds the
-stop latency. A missing or vanished device is a state, not a crash: ``SinkUnavailable`` fails the
-request, ``status()`` says why, and the next ``begin`` retries. So is a wedged one: a device write
-that does not return within ``max(WRITE_TIMEOUT_MIN_S, WRITE_TIMEOUT_FACTOR × its duration)``, or
+``write`` blocks at playback speed on a real device (and on a realtime-paced null or WAV sink).
+``interrupt`` (from any thread, when the playing utterance is stopped) lets a paced sink's
+``write`` return at once, so a stop does not wait for the rest of the block; a device's block goes
+to PortAudio in ``DEVICE_WRITE_MS`` pieces and its write stops at the next piece, and ``abort``
+then drops what the device buffers.
+A missing or vanished device is a state, not a crash: ``SinkUnavailable`` fails the request,
+``status()`` says why, and the next ``begin`` retries. So is a wedged one: a device write that
+does not return within ``max(WRITE_TIMEOUT_MIN_S, WRITE_TIMEOUT_FACTOR × its duration)``, or
 a drain (PortAudio's stop) that does not within ``max(WRITE_TIMEOUT_MIN_S, WRITE_TIMEOUT_FACTOR ×
 the stream's latency)``, fails the request and the stream is replaced.
 """
@@ -48,22 +52,30 @@ class Sink(Protocol):
 
     def abort(self) -> None: ...
 
+    def interrupt(self) -> None: ...
+
     def status(self) -> dict[str, Any]: ...
 
     def close(self) -> None: ...
 
 
 class _Pacer:
-    """Sleeps so an unpaced sink consumes audio no faster than a device would."""
+    """Sleeps so an unpaced sink consumes audio no faster than a device would; ``interrupt``
+    ends the sleep (a stop), until the next ``begin``."""
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
         self._rate = 1
         self._start = 0.0
         self._frames = 0
+        self._interrupted = threading.Event()
 
     def begin(self, sample_rate: int) -> None:
         self._rate, self._start, self._frames = sample_rate, time.monotonic(), 0
+        self._interrupted.clear()
+
+    def interrupt(self) -> None:
+        self._interrupted.set()
 
     def advance(self, frames: int) -> None:
         if not self.enabled:
@@ -71,7 +83,7 @@ class _Pacer:
         self._frames += frames
         ahead = self._start + self._frames / self._rate - time.monotonic()
         if ahead > 0:
-            time.sleep(ahead)
+            self._interrupted.wait(ahead)
 
 
 class NullSink:
@@ -96,6 +108,9 @@ class NullSink:
 
     def abort(self) -> None:
         pass
+
+    def interrupt(self) -> None:
+        self._pacer.interrupt()
 
     def status(self) -> dict[str, Any]:
         return {"sink": self.name, "available": True}
@@ -155,6 +170,9 @@ class WavSink:
     def abort(self) -> None:
         self._flush()
 
+    def interrupt(self) -> None:
+        self._pacer.interrupt()
+
     def status(self) -> dict[str, Any]:
         return {"sink": self.name, "available": True, "wav_dir": str(self.directory)}
 
@@ -165,6 +183,7 @@ class WavSink:
 # Held while PortAudio makes or destroys streams (open, close, re-init), never during a write
 # or a stop: one of those can block for good on a wedged device.
 PORTAUDIO = threading.Lock()
+DEVICE_WRITE_MS = 10  # a block goes to PortAudio in pieces this long: a stop waits for one
 CLOSE_WAIT_S = 2.0  # how long opening a stream waits for an abandoned one's close (may be stuck)
 
 
@@ -240,6 +259,7 @@ class SoundDeviceSink:
         self._device: _DeviceCalls | None = None
         self._abandoned: list[_DeviceCalls] = []  # stuck calls whose stream is not closed yet
         self._lock = threading.Lock()
+        self._interrupted = threading.Event()  # a stop: the write under way ends early
 
     def _sd(self) -> Any:
         try:
@@ -284,6 +304,7 @@ class SoundDeviceSink:
             self._stream = None
 
     def begin(self, utterance_id: str, sample_rate: int) -> None:
+        self._interrupted.clear()
         with self._lock:
             if self._stream is not None and self._rate != sample_rate:
                 self._drop_stream()
@@ -297,7 +318,15 @@ class SoundDeviceSink:
 
     def write(self, pcm: bytes) -> None:
         timeout = max(WRITE_TIMEOUT_MIN_S, WRITE_TIMEOUT_FACTOR * len(pcm) / 2 / self._rate)
-        self._call(timeout, "a write", self._stream.write, pcm)
+        self._call(timeout, "a write", self._write_pieces, self._stream, pcm)
+
+    def _write_pieces(self, stream: Any, pcm: bytes) -> None:
+        """On the device thread: ``pcm`` in pieces of ``DEVICE_WRITE_MS``, until interrupted."""
+        step = max(1, self._rate * DEVICE_WRITE_MS // 1000) * 2
+        for i in range(0, len(pcm), step):
+            if self._interrupted.is_set():
+                return
+            stream.write(pcm[i : i + step])
 
     def drain(self) -> None:
         with self._lock:
@@ -341,6 +370,12 @@ class SoundDeviceSink:
         with self._lock:
             if self._stream is not None:
                 self._stream.abort()  # drops buffered audio now
+
+    def interrupt(self) -> None:
+        """The write under way stops at its next ``DEVICE_WRITE_MS`` piece (PortAudio's blocking
+        write cannot be cut short, nor the stream aborted while it runs); ``abort`` then drops
+        what the device buffers."""
+        self._interrupted.set()
 
     def status(self) -> dict[str, Any]:
         return {

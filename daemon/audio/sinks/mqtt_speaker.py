@@ -53,6 +53,9 @@ class RemoteSpeakerSink:
     def write(self, pcm: bytes) -> None:
         self._pcm.append(pcm)
 
+    def interrupt(self) -> None:
+        """Nothing to cut short: ``write`` only collects the clip."""
+
     def drain(self) -> None:
         chunk = AudioChunk(b"".join(self._pcm), self._rate)
         self._pcm = []
