@@ -8,8 +8,10 @@ import re
 
 import pytest
 
+from speakd.audio import read_wav
 from tests.daemon_proc import start_daemon, write_config
 from tests.orca_session import OrcaDesktop, missing
+from tests.ssip_harness import SsipClient
 from tests.ssip_proxy import SsipProxy
 from tests.waits import wait_until
 
@@ -95,3 +97,56 @@ def test_orca_marks_arrive(orca_run) -> None:
             assert any(e.code == 703 for e in mine)
             assert got == names[: len(got)], body
     assert ended, "no marked message was spoken to its end"
+
+
+def test_orca_events_in_speech_dispatchers_order(orca_run) -> None:
+    """BEGIN, then the marks, then END or CANCELED, for every message Orca saw through."""
+    proxy, _, _ = orca_run
+    events = proxy.events()
+    for key in _finished(proxy) & set(proxy.messages()):
+        codes = [e.code for e in events if (e.conn, e.msg_id) == key and e.code < 704]
+        if 701 not in codes:  # cancelled before it started: only its 703
+            assert codes == [703], (key, codes)
+            continue
+        assert codes[0] == 701 and codes[-1] in (702, 703), (key, codes)
+        assert set(codes[1:-1]) <= {700}, (key, codes)
+
+
+def test_orca_marked_sentence_lasts_as_long_as_unmarked(orca_run) -> None:
+    """The window's sentence as Orca marked it (a mark before every word) and the same text
+    without marks, at the settings Orca had set, give audio of the same length (within 2 %)."""
+    proxy, wav, _ = orca_run
+    ended = {(e.conn, e.msg_id) for e in proxy.events() if e.code == 702}
+    key, body = next((k, b) for k, b in proxy.messages().items() if "quick" in b and k in ended)
+    settings = [
+        ln.text
+        for ln in proxy.snapshot()
+        if ln.sent and ln.conn == key[0] and ln.text.startswith("SET self ")
+    ]
+    settings = settings[: _sent_before(proxy, key)]
+    with SsipClient(wav.parent / "ssip.sock", timeout=60) as c:
+        for line in settings:
+            assert c.code(line) < 300, line
+        msg_id = c.speak(re.sub(r"<mark [^>]*/>", "", body))
+        c.wait_event(702, msg_id, timeout=60)
+    marked = read_wav(wav / f"ssip-{key[1]}.wav")
+    unmarked = read_wav(wav / f"ssip-{msg_id}.wav")
+    ratio = len(marked.pcm) / len(unmarked.pcm)
+    assert abs(ratio - 1) <= 0.02, f"marked/unmarked duration {ratio:.3f}"
+
+
+def _sent_before(proxy: SsipProxy, key: tuple[int, int]) -> int:
+    """How many ``SET self`` lines Orca had sent on that connection before the message's
+    SPEAK (the SPEAK answered with its id)."""
+    count = 0
+    sets_since_speak = 0
+    for ln in proxy.snapshot():
+        if ln.conn != key[0]:
+            continue
+        if ln.sent and ln.text.startswith("SET self "):
+            count += 1
+        elif ln.sent and ln.text == "SPEAK":
+            sets_since_speak = count
+        elif not ln.sent and ln.text == f"225-{key[1]}":
+            return sets_since_speak
+    raise AssertionError(f"no SPEAK answered with id {key[1]}")
