@@ -8,7 +8,7 @@ PY ?= python3
 VENV := .venv
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 RUN_APT := libportaudio2
-TEST_APT := libportaudio2 mosquitto mosquitto-clients openssl speech-dispatcher python3-speechd alsa-utils systemd curl chromium iproute2 orca xvfb xdotool at-spi2-core dbus-x11 gir1.2-gtk-3.0 python3-gi x11-utils
+TEST_APT := libportaudio2 mosquitto mosquitto-clients openssl speech-dispatcher python3-speechd alsa-utils systemd curl chromium iproute2
 
 RKNN_VENV := .venv-rknn
 RKNN_TOOLKIT := rknn-toolkit2==2.5.0
