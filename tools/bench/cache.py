@@ -79,9 +79,17 @@ def bench_precompute(
     }
 
 
-def serve(work: Path, engine: str = "", extra: str = "", env: dict[str, str] | None = None) -> Any:
+def serve(
+    work: Path,
+    engine: str = "",
+    extra: str = "",
+    env: dict[str, str] | None = None,
+    audio: str = 'sink = "null"',
+    ssip: str = "",
+) -> Any:
     """A real daemon on a null sink, cache in ``work``; ``engine`` holds [engine] lines, ``extra``
-    more TOML sections (``bench wyoming`` adds [wyoming]), ``env`` more environment variables.
+    more TOML sections (``bench wyoming`` adds [wyoming]), ``env`` more environment variables,
+    ``audio`` the [audio] lines, ``ssip`` an SSIP socket path (none by default).
     Returns the Popen and socket path."""
     import os
     import subprocess
@@ -92,8 +100,9 @@ def serve(work: Path, engine: str = "", extra: str = "", env: dict[str, str] | N
     sock = work / "speakd.sock"
     config = work / "speakd.toml"
     config.write_text(
-        f'[engine]\n{engine}\n[audio]\nsink = "null"\n\n'
-        f'[socket]\npath = "{sock}"\nssip_path = ""\n\n[cache]\npath = "{work / "cache.db"}"\n'
+        f"[engine]\n{engine}\n[audio]\n{audio}\n\n"
+        f'[socket]\npath = "{sock}"\nssip_path = "{ssip}"\n\n'
+        f'[cache]\npath = "{work / "cache.db"}"\n'
         f"{extra}"
     )
     log = (work / "speakd.log").open("wb")

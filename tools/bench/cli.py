@@ -27,6 +27,7 @@ BENCHMARKS = {
     "memory": "daemon RSS at READY, after a warm-up and after N mixed socket requests",
     "words": "Piper word timings against faster-whisper's word timestamps on the same audio",
     "pitch": "pitch shifting (Rubber Band): first-chunk cost and ms per audio second, 3 texts",
+    "screenreader": "Orca's SSIP traffic on speakd and Speech Dispatcher: key echo, cancel, marks",
 }
 
 
