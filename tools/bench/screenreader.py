@@ -117,7 +117,7 @@ class Replay:
         stopped = self.playing if self.playing and not self.s.finished(self.playing) else ""
         self.s.command("CANCEL self")
         voice(self.s, pitch)
-        msg_id, _ = say()
+        msg_id = say()
         _, at = self.s.wait(msg_id, "701")
         samples.append((at - t0) * 1000)
         if stopped:
@@ -143,7 +143,7 @@ class Replay:
     def say_all(self, after_marks: int) -> None:
         """Say-all, interrupted by a key after ``after_marks`` marks (or 0.5 s of speech)."""
         voice(self.s)
-        msg_id, _ = self.s.speak(marked(SAY_ALL))
+        msg_id = self.s.speak(marked(SAY_ALL))
         self.s.wait(msg_id, "701")
         with self.s.changed:
             self.s.changed.wait_for(
@@ -157,7 +157,7 @@ class Replay:
         """The sentence unmarked then marked, each to its END: BEGIN → END in ms."""
         for body, out in ((f"<speak>{text}</speak>", self.trial.unmarked_ms), (marked(text), None)):
             voice(self.s)
-            msg_id, _ = self.s.speak(body)
+            msg_id = self.s.speak(body)
             _, begin = self.s.wait(msg_id, "701")
             _, end = self.s.wait(msg_id, "702", "703", timeout=60)
             (out if out is not None else self.trial.marked_ms).append((end - begin) * 1000)

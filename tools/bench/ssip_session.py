@@ -25,7 +25,6 @@ class SsipError(RuntimeError):
 class Message:
     """One message's events as they arrived: code → first arrival time, marks in order."""
 
-    sent: float
     times: dict[str, float] = field(default_factory=dict)
     marks: list[tuple[str, float]] = field(default_factory=list)
     order: list[str] = field(default_factory=list)  # event codes in arrival order
@@ -66,7 +65,7 @@ class SsipSession:
     def _event(self, block: list[str], now: float) -> None:
         code, msg_id = block[-1][:3], block[0][4:]
         with self.changed:
-            msg = self.messages.setdefault(msg_id, Message(now))
+            msg = self.messages.setdefault(msg_id, Message())
             msg.order.append(code)
             if code == "700":
                 msg.marks.append((block[2][4:], now))
@@ -87,23 +86,21 @@ class SsipSession:
             raise SsipError(f"{what!r} refused: {reply[-1]}")
         return reply
 
-    def speak(self, text: str) -> tuple[str, float]:
-        """``SPEAK`` with ``text`` as its body; (message id, the instant before sending)."""
-        t0 = time.monotonic()
+    def speak(self, text: str) -> str:
+        """``SPEAK`` with ``text`` as its body; the message id."""
         self.command("SPEAK")
         body = "\r\n".join(".." + ln if ln.startswith(".") else ln for ln in text.splitlines())
         self.sock.sendall(body.encode() + b"\r\n.\r\n")
-        return self._queued(self._reply("SPEAK body"), t0)
+        return self._queued(self._reply("SPEAK body"))
 
-    def char(self, c: str) -> tuple[str, float]:
-        t0 = time.monotonic()
-        return self._queued(self.command(f"CHAR {c}"), t0)
+    def char(self, c: str) -> str:
+        return self._queued(self.command(f"CHAR {c}"))
 
-    def _queued(self, reply: list[str], t0: float) -> tuple[str, float]:
+    def _queued(self, reply: list[str]) -> str:
         msg_id = reply[0][4:]
         with self.changed:
-            self.messages.setdefault(msg_id, Message(t0)).sent = t0
-        return msg_id, t0
+            self.messages.setdefault(msg_id, Message())
+        return msg_id
 
     def wait(self, msg_id: str, *codes: str, timeout: float = 30.0) -> tuple[str, float]:
         """The first of ``codes`` to arrive for ``msg_id``: (code, arrival time)."""
