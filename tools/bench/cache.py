@@ -85,12 +85,12 @@ def serve(
     extra: str = "",
     env: dict[str, str] | None = None,
     audio: str = 'sink = "null"',
-    ssip: str = "",
+    ssip_path: str = "",
 ) -> Any:
-    """A real daemon on a null sink, cache in ``work``; ``engine`` holds [engine] lines, ``extra``
-    more TOML sections (``bench wyoming`` adds [wyoming]), ``env`` more environment variables,
-    ``audio`` the [audio] lines, ``ssip`` an SSIP socket path (none by default).
-    Returns the Popen and socket path."""
+    """A real daemon on a null sink (``audio``: other [audio] lines), cache in ``work``;
+    ``engine`` holds [engine] lines, ``extra`` more TOML sections (``bench wyoming`` adds
+    [wyoming]), ``env`` more environment variables, ``ssip_path`` an SSIP socket (none by
+    default). Returns the Popen and socket path."""
     import os
     import subprocess
     import sys
@@ -101,7 +101,7 @@ def serve(
     config = work / "speakd.toml"
     config.write_text(
         f"[engine]\n{engine}\n[audio]\n{audio}\n\n"
-        f'[socket]\npath = "{sock}"\nssip_path = "{ssip}"\n\n'
+        f'[socket]\npath = "{sock}"\nssip_path = "{ssip_path}"\n\n'
         f'[cache]\npath = "{work / "cache.db"}"\n'
         f"{extra}"
     )

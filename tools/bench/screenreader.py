@@ -219,7 +219,7 @@ def speakd_ssip(work: Path) -> Iterator[str]:
     ssip = work / "ssip.sock"
     audio = f'sink = "wav"\nwav_dir = "{work / "wav"}"\nrealtime = true'
     (work / "wav").mkdir()
-    proc, _ = serve(work, audio=audio, ssip=str(ssip))
+    proc, _ = serve(work, audio=audio, ssip_path=str(ssip))
     try:
         yield str(ssip)
     finally:
