@@ -1,7 +1,9 @@
 """Debian's Orca screen reader against a real speakd, headless: Xvfb, a private D-Bus session and
 AT-SPI bus, a small GTK 3 window typed into with ``xdotool``. Orca (system python3, not the venv)
 talks SSIP through a logging proxy (``ssip_proxy.py``) to speakd on its realtime WAV sink; the
-test reads the proxy's log: speech happens and speakd refuses nothing Orca sends.
+test reads the proxy's log: speech happens, speakd refuses nothing Orca sends, marks come after
+``701 BEGIN`` in text order and before the end, and Orca's longest marked sentence lasts as long as
+the same text without marks (the two WAV files, within 2 %).
 
 Every process the test starts is ended by PID; the ones the buses start (at-spi2-registryd,
 dconf-service, the accessibility bus) are found by the private ``XDG_RUNTIME_DIR`` they carry.
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -20,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from speakd.audio import read_wav
+from speakd_tools.bench.ssip_session import SsipSession
 from tests.daemon_proc import DaemonProc, start_daemon, write_config
 from tests.ssip_proxy import SsipProxy
 from tests.waits import wait_until
@@ -172,7 +177,7 @@ def spoken(proxy: SsipProxy) -> list[str]:
 def test_orca_speaks_through_speakd_and_nothing_is_refused(
     orca_run: tuple[SsipProxy, DaemonProc, Desktop],
 ) -> None:
-    proxy, _, d = orca_run
+    proxy, daemon, d = orca_run
     (d.root / "window.py").write_text(WINDOW)
     d.start("window", [SYSTEM_PYTHON, str(d.root / "window.py")], GTK_MODULES="gail:atk-bridge")
     window = wait_until(
@@ -207,3 +212,40 @@ def test_orca_speaks_through_speakd_and_nothing_is_refused(
     assert not refused, refused
     sent = [ln.text.split()[:3] for ln in proxy.snapshot() if ln.to_server]
     assert ["SET", "self", "CLIENT_NAME"] in sent
+
+    # Marks arrive as Speech Dispatcher sends them: 701 BEGIN, the 700s in text order, then
+    # 702 END or 703 CANCELED last.
+    marked = [m for m in proxy.messages() if any(e[0] == "700" for e in m.events)]
+    assert marked, "Orca sent no marked speech"
+    for m in marked:
+        codes = [e[0] for e in m.events]
+        assert codes[0] == "701", (m.body, codes)
+        assert codes[-1] in ("702", "703"), (m.body, codes)
+        assert set(codes[1:-1]) == {"700"}, (m.body, codes)
+        names = [e[2] for e in m.events if e[0] == "700"]
+        assert names == MARK.findall(" ".join(m.body))[: len(names)], (m.body, names)
+
+    # Orca's longest marked sentence lasts as long as the same text without marks (within 2 %).
+    body = max((" ".join(m.body) for m in marked), key=lambda b: len(MARK.findall(b)))
+    assert len(MARK.findall(body)) >= 5, body
+    plain = MARK_TAG.sub("", body)
+    marked_s, plain_s = (spoken_seconds(daemon, text) for text in (body, plain))
+    assert abs(marked_s / plain_s - 1) <= 0.02, (body, marked_s, plain_s)
+
+
+MARK = re.compile(r'<mark name="([^"]*)"/>')
+MARK_TAG = re.compile(r"<mark [^>]*/>")
+
+
+def spoken_seconds(daemon: DaemonProc, ssml: str) -> float:
+    """Say ``ssml`` on speakd's SSIP socket to its end; the length of its WAV file in seconds."""
+    s = SsipSession(str(daemon.config.parent / "ssip.sock"))
+    try:
+        for line in ("NOTIFICATION end on", "NOTIFICATION cancel on", "SSML_MODE on"):
+            s.command(f"SET self {line}")
+        msg_id = s.speak(ssml)
+        assert s.wait(msg_id, "702", "703", timeout=60)[0] == "702"
+    finally:
+        s.close()
+    wav = daemon.config.parent / "wav" / f"ssip-{msg_id}.wav"
+    return wait_until(lambda: wav.exists() and read_wav(wav).duration, f"{wav} in place")
