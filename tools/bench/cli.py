@@ -28,6 +28,7 @@ BENCHMARKS = {
     "words": "Piper word timings against faster-whisper's word timestamps on the same audio",
     "cancel": "SSIP CANCEL → 703 CANCELED p50/p99 on the realtime null and WAV sinks",
     "pitch": "pitch shifting (Rubber Band): first-chunk cost and ms per audio second, 3 texts",
+    "screenreader": "Orca's SSIP traffic on speakd and Speech Dispatcher: key echo, cancel, marks",
 }
 
 

@@ -1,0 +1,39 @@
+"""``speakd-tools bench screenreader`` against speakd alone (``--quick``): Orca's SSIP script runs
+to its end with every command answered 2xx, and every row of the report gets its samples.
+Speech Dispatcher's half is the real run's (the bench reports it missing, never fakes it)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from speakd_tools.bench.screenreader import ROWS, marked, report
+
+
+def test_orca_marks_every_word_at_its_offsets() -> None:
+    assert marked("Name: text") == '<speak><mark name="0:5"/>Name: <mark name="6:10"/>text</speak>'
+
+
+def test_quick_replay_on_speakd_measures_every_row() -> None:
+    r = subprocess.run(
+        [
+            *(sys.executable, "-m", "speakd_tools.cli", "bench", "screenreader"),
+            *("--quick", "--only", "speakd", "--json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    result = json.loads(r.stdout)
+    speakd = result["contenders"]["speakd"]
+    for key, _ in ROWS:
+        assert speakd[key]["n"] > 0, key
+        assert 0 < speakd[key]["p50"] <= speakd[key]["p99"] < 5000, key
+    assert speakd["marked_ratio"] > 0.5
+    assert speakd["marks_before_begin"][1] >= 1
+    assert "speechd" not in result["contenders"]
+    text = report(result)
+    assert "| keypress → 701 BEGIN, 700 ms/key |" in text
+    assert "Machine: " in text

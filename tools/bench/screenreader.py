@@ -1,0 +1,367 @@
+"""A screen reader's SSIP traffic, replayed against speakd and Speech Dispatcher + espeak-ng.
+
+    speakd-tools bench screenreader [--quick] [--only speakd|speechd] [--json]
+
+What Orca sends, in its order (``ssip_session.py`` is the client): once ``CLIENT_NAME``,
+``HISTORY GET CLIENT_ID``, ``NOTIFICATION … on``, ``PRIORITY message``, ``SSML_MODE on``; before
+every utterance ``RATE``/``PITCH``/``VOLUME``/``LANGUAGE``; each key echo is ``CANCEL self`` then
+``SPEAK`` of the key (SSML), typed at 700 ms and at 100 ms per key; arrows are ``CHAR``; say-all
+is a paragraph with a ``<mark/>`` before every word, interrupted by ``CANCEL self``; last, the
+same sentences with and without marks, each heard to its end.
+
+Measured on the client, ``time.monotonic()``: keypress (the instant before ``CANCEL self``) →
+that key's ``701 BEGIN``; ``CANCEL`` → ``703 CANCELED`` of the message it stopped (when one was
+playing); BEGIN → END of a marked sentence over the unmarked one. Both contenders play in real
+time, or BEGIN/CANCEL mean nothing: speakd into its realtime-paced WAV sink; Speech Dispatcher
+(``speech-dispatcher``, ``speech-dispatcher-espeak-ng``) through ``AudioOutputMethod "pulse"``
+into a private PulseAudio (``pulseaudio``) with a null sink (ALSA's and libao's null devices do
+not pace). A contender that cannot start is reported missing, never faked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .cache import serve
+from .machine import describe
+from .machine import line as machine_line
+from .ssip_session import SsipSession
+from .stats import loadavg, summary
+
+SETUP = (
+    "SET self CLIENT_NAME unknown:Orca:default",
+    "HISTORY GET CLIENT_ID",
+    *(
+        f"SET self NOTIFICATION {kind} on"
+        for kind in ("index_marks", "begin", "end", "cancel", "pause", "resume")
+    ),
+    "SET self PRIORITY message",
+    "SET self SSML_MODE on",
+)
+TYPED = "the quick brown fox jumps over the lazy dog"
+ARROWS = "hello world"
+SAY_ALL = (
+    "Say all reads the whole document from the caret onwards, one sentence after another, "
+    "until a key stops it."
+)
+SENTENCES = (
+    "The quick brown fox jumps over the lazy dog.",
+    "Name: text field, type in your full name.",
+    "Orca is reading this sentence with a mark before every word.",
+)
+
+
+@dataclass
+class Options:
+    quick: bool = False
+    only: str = ""
+
+    @property
+    def typed(self) -> str:
+        return TYPED[:9] if self.quick else TYPED
+
+    @property
+    def rounds(self) -> int:
+        return 1 if self.quick else 3
+
+
+@dataclass
+class Trial:
+    """One contender's samples, in ms (ratios unitless)."""
+
+    begin_700: list[float] = field(default_factory=list)
+    begin_100: list[float] = field(default_factory=list)
+    begin_char: list[float] = field(default_factory=list)
+    canceled: list[float] = field(default_factory=list)
+    marked_ms: list[float] = field(default_factory=list)
+    unmarked_ms: list[float] = field(default_factory=list)
+    marks_before_begin: int = 0
+    marked_messages: int = 0
+
+
+def marked(text: str) -> str:
+    """Orca's SSML: a ``<mark name="start:end"/>`` before every word."""
+    out, pos = [], 0
+    for word in text.split(" "):
+        out.append(f'<mark name="{pos}:{pos + len(word)}"/>{word}')
+        pos += len(word) + 1
+    return "<speak>" + " ".join(out) + "</speak>"
+
+
+def voice(s: SsipSession, pitch: int = 10) -> None:
+    """What Orca sets before nearly every utterance (its uppercase voice: a higher pitch)."""
+    for line in ("RATE 0", f"PITCH {pitch}", "VOLUME 100", "LANGUAGE en", "LANGUAGE en-US"):
+        s.command(f"SET self {line}")
+
+
+class Replay:
+    """The script on one connection; ``playing`` is the last message not yet ended."""
+
+    def __init__(self, s: SsipSession, trial: Trial) -> None:
+        self.s, self.trial, self.playing = s, trial, ""
+
+    def key(self, say: Any, samples: list[float], pitch: int = 10) -> str:
+        """One keypress: CANCEL self (timing the stopped message's 703), the voice, the echo."""
+        t0 = time.monotonic()
+        stopped = self.playing if self.playing and not self.s.finished(self.playing) else ""
+        self.s.command("CANCEL self")
+        voice(self.s, pitch)
+        msg_id = say()
+        _, at = self.s.wait(msg_id, "701")
+        samples.append((at - t0) * 1000)
+        if stopped:
+            code, end = self.s.wait(stopped, "703", "702")
+            if code == "703":
+                self.trial.canceled.append((end - t0) * 1000)
+        self.playing = msg_id
+        return msg_id
+
+    def typing(self, text: str, every_s: float, samples: list[float]) -> None:
+        for c in text:
+            t0 = time.monotonic()
+            echo = "space" if c == " " else c
+            self.key(lambda e=echo: self.s.speak(f"<speak>{e}</speak>"), samples, 50 * c.isupper())
+            time.sleep(max(0.0, t0 + every_s - time.monotonic()))
+
+    def arrows(self, text: str, every_s: float) -> None:
+        for c in text:
+            t0 = time.monotonic()
+            self.key(lambda c=c: self.s.char("space" if c == " " else c), self.trial.begin_char)
+            time.sleep(max(0.0, t0 + every_s - time.monotonic()))
+
+    def say_all(self, after_marks: int) -> None:
+        """Say-all, interrupted by a key after ``after_marks`` marks (or 0.5 s of speech)."""
+        voice(self.s)
+        msg_id = self.s.speak(marked(SAY_ALL))
+        self.s.wait(msg_id, "701")
+        with self.s.changed:
+            self.s.changed.wait_for(
+                lambda: len(self.s.messages[msg_id].marks) >= after_marks, timeout=0.5
+            )
+        self.playing = msg_id
+        self.key(lambda: self.s.speak("<speak>Down</speak>"), [])
+        self.settle()
+
+    def durations(self, text: str) -> None:
+        """The sentence unmarked then marked, each to its END: BEGIN → END in ms."""
+        for body, out in ((f"<speak>{text}</speak>", self.trial.unmarked_ms), (marked(text), None)):
+            voice(self.s)
+            msg_id = self.s.speak(body)
+            _, begin = self.s.wait(msg_id, "701")
+            _, end = self.s.wait(msg_id, "702", "703", timeout=60)
+            (out if out is not None else self.trial.marked_ms).append((end - begin) * 1000)
+            if out is None:
+                msg = self.s.messages[msg_id]
+                self.trial.marked_messages += 1
+                self.trial.marks_before_begin += msg.order.index("701") > 0
+        self.playing = ""
+
+    def settle(self) -> None:
+        """Let the last message end (or stop it) so the next phase starts on a quiet server."""
+        if self.playing:
+            self.s.command("CANCEL self")
+            self.s.wait(self.playing, "702", "703")
+            self.playing = ""
+
+
+def replay(path: str, opts: Options) -> Trial:
+    """The whole script once on a fresh connection to the SSIP socket at ``path``."""
+    trial = Trial()
+    s = SsipSession(path)
+    try:
+        for line in SETUP:
+            s.command(line)
+        r = Replay(s, trial)
+        r.durations(SENTENCES[0])  # warm-up: models loaded, first audio out; not counted
+        trial.marked_ms.clear()
+        trial.unmarked_ms.clear()
+        trial.marked_messages = trial.marks_before_begin = 0
+        for _ in range(opts.rounds):
+            r.typing(opts.typed, 0.7, trial.begin_700)
+            r.settle()
+            r.typing(opts.typed, 0.1, trial.begin_100)
+            r.settle()
+            r.arrows(ARROWS, 0.3)
+            r.settle()
+            for n in (2, 5):
+                r.say_all(n)
+            for text in SENTENCES[: 1 if opts.quick else None]:
+                r.durations(text)
+    finally:
+        s.close()
+    return trial
+
+
+def results(trial: Trial) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in ("begin_700", "begin_100", "begin_char", "canceled"):
+        samples = getattr(trial, name)
+        out[name] = summary(samples) if samples else None
+    out["marked_ratio"] = round(sum(trial.marked_ms) / sum(trial.unmarked_ms), 3)
+    out["marks_before_begin"] = [trial.marks_before_begin, trial.marked_messages]
+    return out
+
+
+@contextmanager
+def speakd_ssip(work: Path) -> Iterator[str]:
+    """speakd on the embedded voice, SSIP on, its WAV sink paced in real time."""
+    ssip = work / "ssip.sock"
+    audio = f'sink = "wav"\nwav_dir = "{work / "wav"}"\nrealtime = true'
+    (work / "wav").mkdir()
+    proc, _ = serve(work, audio=audio, ssip_path=str(ssip))
+    try:
+        yield str(ssip)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+SPEECHD_CONF = """\
+AudioOutputMethod "pulse"
+DefaultModule espeak-ng
+AddModule "espeak-ng" "sd_espeak-ng" "espeak-ng.conf"
+DefaultLanguage "en"
+"""
+
+
+@contextmanager
+def speech_dispatcher(work: Path) -> Iterator[str]:
+    """Speech Dispatcher + espeak-ng into a private PulseAudio's null sink (real-time pacing)."""
+    missing = [b for b in ("speech-dispatcher", "pulseaudio") if not shutil.which(b)]
+    if missing:
+        raise RuntimeError(f"not installed: {', '.join(missing)}")
+    runtime, conf = work / "run", work / "conf"
+    for d in (runtime, conf / "modules", work / "home"):
+        d.mkdir(parents=True)
+    runtime.chmod(0o700)
+    pulse = runtime / "pulse.sock"
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime), "HOME": str(work / "home")}
+    env["PULSE_SERVER"] = f"unix:{pulse}"
+    (conf / "speechd.conf").write_text(SPEECHD_CONF)
+    shutil.copy("/etc/speech-dispatcher/modules/espeak-ng.conf", conf / "modules")
+    log = (work / "speechd.log").open("wb")
+    procs = [
+        subprocess.Popen(
+            [
+                *("pulseaudio", "-n", "--daemonize=no", "--exit-idle-time=-1", "--system=false"),
+                "--load=module-null-sink sink_name=bench",
+                f"--load=module-native-protocol-unix socket={pulse} auth-anonymous=1",
+            ],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    ]
+    try:
+        _wait_for(pulse, procs[0], "PulseAudio")
+        sock = work / "speechd.sock"
+        procs.append(
+            subprocess.Popen(
+                [
+                    *("speech-dispatcher", "-s", "-t", "0", "-c", "unix_socket", "-S", str(sock)),
+                    *("-C", str(conf), "-L", str(work), "-P", str(work / "speechd.pid")),
+                ],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        )
+        _wait_for(sock, procs[1], "speech-dispatcher")
+        yield str(sock)
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+            p.wait(30)
+
+
+def _wait_for(path: Path, proc: subprocess.Popen[bytes], what: str) -> None:
+    deadline = time.monotonic() + 30
+    while not path.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not start (log in {path.parent})")
+        time.sleep(0.05)
+
+
+CONTENDERS = {"speakd": speakd_ssip, "speechd": speech_dispatcher}
+ROWS = (
+    ("begin_700", "keypress → 701 BEGIN, 700 ms/key"),
+    ("begin_100", "keypress → 701 BEGIN, 100 ms/key"),
+    ("begin_char", "arrow (CHAR) → 701 BEGIN"),
+    ("canceled", "CANCEL → 703 CANCELED"),
+)
+
+
+def measure(opts: Options) -> dict[str, Any]:
+    out: dict[str, Any] = {"options": vars(opts), "loadavg_start": loadavg(), "contenders": {}}
+    for name, start in CONTENDERS.items():
+        if opts.only and name != opts.only:
+            continue
+        with tempfile.TemporaryDirectory(prefix=f"bench-sr-{name}-") as tmp:
+            try:
+                with start(Path(tmp)) as path:
+                    out["contenders"][name] = results(replay(path, opts))
+            except RuntimeError as e:
+                out["contenders"][name] = {"missing": str(e)}
+    out["loadavg_end"] = loadavg()
+    out["machine"] = describe(bandwidth=False)
+    return out
+
+
+def _cell(r: dict[str, Any] | None) -> str:
+    return "—" if not r else f"{r['p50']:.1f} / {r['p99']:.1f} (n={r['n']})"
+
+
+def _ratio(a: Any, b: Any) -> str:
+    return f"{a / b:.2f}×" if a and b else "—"
+
+
+def report(result: dict[str, Any]) -> str:
+    c = result["contenders"]
+    sd, sp = c.get("speakd", {}), c.get("speechd", {})
+    lines = [
+        machine_line(result["machine"])
+        + f" Load average {result['loadavg_start']} → {result['loadavg_end']} (shared machine).",
+        "",
+        "| ms, p50 / p99 | speakd | Speech Dispatcher + espeak-ng | speakd / SD (p50) |",
+        "|---|---|---|---|",
+    ]
+    for key, label in ROWS:
+        a, b = sd.get(key), sp.get(key)
+        lines.append(
+            f"| {label} | {_cell(a)} | {_cell(b)} | {_ratio(a and a['p50'], b and b['p50'])} |"
+        )
+    ra, rb = sd.get("marked_ratio"), sp.get("marked_ratio")
+    lines.append(f"| marked / unmarked duration | {ra or '—'}× | {rb or '—'}× | {_ratio(ra, rb)} |")
+    mb = [x.get("marks_before_begin") for x in (sd, sp)]
+    lines.append(
+        "| marked messages with a 700 before 701 | "
+        + " | ".join(f"{m[0]} of {m[1]}" if m else "—" for m in mb)
+        + " | |"
+    )
+    for name, r in c.items():
+        if "missing" in r:
+            lines.append(f"\n{name}: not measured: {r['missing']}")
+    return "\n".join(lines)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quick", action="store_true", help="9 keys, one round: a smoke run")
+    p.add_argument("--only", choices=sorted(CONTENDERS), default="", help="one contender")
+    p.add_argument("--json", action="store_true", help="print the numbers as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    result = measure(Options(quick=args.quick, only=args.only))
+    print(json.dumps(result, indent=1) if args.json else report(result))
+    return 0 if all("missing" not in r for r in result["contenders"].values()) else 1
