@@ -5,11 +5,16 @@ pitches, a symbol at its punctuation level, a key name as marked SSML) plays fro
 from __future__ import annotations
 
 import json
+import re
 import socket
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
+from speakd.audio.pitch import ssip_semitones
 from speakd.frontends.ssip_keys import DONE_LINE, key_echo
+from speakd_tools.precompute import Prompt, key_echo_prompts
 from tests.daemon_proc import READY_LINE, start_daemon, write_config
 from tests.ssip_harness import SsipClient
 from tests.waits import wait_until
@@ -30,13 +35,42 @@ def test_the_list_is_what_a_screen_reader_says() -> None:
     assert all(len(c) == 1 for c in pack.chars)
 
 
+def test_precompute_lists_the_pack_without_symbols() -> None:
+    prompts = key_echo_prompts()
+    assert Prompt("T", pitch=ssip_semitones(50)) in prompts
+    assert Prompt("page up", pitch=ssip_semitones(10)) in prompts
+    assert not [p for p in prompts if p.text in (".", "#")]  # said by name only in the daemon
+
+
+def precompute(tmp_path: Path, config: Path, prompts: str) -> None:
+    """A prompt pack of ``prompts`` (TOML), imported into ``config``'s cache."""
+    (tmp_path / "prompts.toml").write_text(prompts)
+    for cmd in (
+        ["speakd_tools.precompute", str(tmp_path / "prompts.toml"), "--out", "pack.db"],
+        ["speakd", "cache", "--config", str(config), "import", "pack.db"],
+    ):
+        r = subprocess.run(
+            [sys.executable, "-m", *cmd], cwd=tmp_path, capture_output=True, text=True, timeout=300
+        )
+        assert r.returncode == 0, r.stdout + r.stderr
+
+
 def test_orca_key_echo_is_a_cache_hit_after_the_prewarm(tmp_path: Path) -> None:
     config = write_config(tmp_path, prewarm_keys=True)  # at Orca's pitches, the defaults
+    # two of the pack made by speakd-tools precompute: the daemon finds them, makes the rest
+    precompute(
+        tmp_path,
+        config,
+        f'[[prompt]]\ntext = "T"\npitch = {ssip_semitones(50)}\n'
+        f'[[prompt]]\ntext = "backspace"\npitch = {ssip_semitones(10)}\n',
+    )
     proc = start_daemon(config, ready_timeout=120)
     try:
         wait_until(lambda: DONE_LINE in proc.log_text(), "the key-echo prewarm", timeout=600)
         log = proc.log_text()
         assert log.index(READY_LINE) < log.index(DONE_LINE)  # READY did not wait for it
+        done = re.search(rf"{DONE_LINE}: (\d+) clips already cached, \d+ synthesized, 0 skip", log)
+        assert done and done.group(1) == "2", log[log.index(DONE_LINE) :]
         before = cache_counters(proc.socket)
         with SsipClient(tmp_path / "ssip.sock", timeout=30) as ssip:
             assert ssip.code("SET self CLIENT_NAME user:orca:main") == 208

@@ -27,9 +27,7 @@ from typing import Any
 
 from speakd.config import SsipConfig
 from speakd.control import Control
-from speakd.engines.base import EngineError
 from speakd.frontends.ssip_settings import Settings, request_fields
-from speakd.request.messages import RequestError
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +69,9 @@ def pack_fields(config: SsipConfig) -> Iterator[dict[str, Any]]:
 
 
 async def prewarm(control: Control, config: SsipConfig, halt: threading.Event) -> None:
-    """Put the pack in the cache, one text at a time (a single stream: typing and other callers
-    go first in the scheduler and keep their stream places). Stops when ``halt`` is set."""
+    """Put the pack in the cache, one text at a time: it holds one of ``limits.max_streams`` and
+    the engine for one short synthesis at a time, so speech meanwhile waits for at most one.
+    Stops when ``halt`` is set."""
     if control.cache_store is None:
         log.info("key echo: no prewarm, the cache is off")
         return
@@ -92,7 +91,7 @@ async def prewarm(control: Control, config: SsipConfig, halt: threading.Event) -
                 async for _ in stream.aread():
                     pass
                 made += 1
-        except (RequestError, EngineError) as e:  # a symbol the voice cannot say, a busy engine
+        except Exception as e:  # nothing to say, busy, an engine failure: the rest go on
             failed += 1
             log.debug("key echo: %r not prewarmed: %s", fields["text"], e)
     log.info(
