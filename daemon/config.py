@@ -415,6 +415,17 @@ def _loopback(host: str) -> bool:
 
 
 @dataclass(frozen=True)
+class SsipConfig:  # key echo from the cache (docs/screen-readers.md), in SSIP's RATE/PITCH units
+    prewarm_keys: bool = True
+    prewarm_rates: list[int] = field(default_factory=lambda: [0])
+    prewarm_pitches: list[int] = field(default_factory=lambda: [10, 50])
+
+    def validate(self) -> None:
+        for value in self.prewarm_rates + self.prewarm_pitches:
+            _range("ssip.prewarm_rates/prewarm_pitches", value, -100, 100)
+
+
+@dataclass(frozen=True)
 class Config:
     engine: EngineConfig = field(default_factory=EngineConfig)
     voices: VoicesConfig = field(default_factory=VoicesConfig)
@@ -427,6 +438,7 @@ class Config:
     fleet: FleetConfig = field(default_factory=FleetConfig)
     wyoming: WyomingConfig = field(default_factory=WyomingConfig)
     http: HttpConfig = field(default_factory=HttpConfig)
+    ssip: SsipConfig = field(default_factory=SsipConfig)
     source: str = ""  # the file it came from, for doctor and logs
 
     def validate(self) -> Config:

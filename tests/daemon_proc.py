@@ -26,9 +26,11 @@ def write_config(
     sink: str = "wav",
     realtime: bool = False,
     voices: str = "",
+    prewarm_keys: bool = False,
 ) -> Path:
     """A config with sockets, cache, voices folder and WAV output inside ``tmp_path``; ``extra``
-    appends TOML, ``voices`` adds keys to ``[voices]``."""
+    appends TOML, ``voices`` adds keys to ``[voices]``. The key-echo prewarm is off unless asked
+    for: it would load every test daemon with a few hundred syntheses."""
     (tmp_path / "wav").mkdir(exist_ok=True)
     (tmp_path / "voices").mkdir(exist_ok=True)
     config = tmp_path / "speakd.toml"
@@ -42,6 +44,9 @@ realtime = {"true" if realtime else "false"}
 [socket]
 path = "{tmp_path / "speakd.sock"}"
 ssip_path = "{tmp_path / "ssip.sock"}"
+
+[ssip]
+prewarm_keys = {"true" if prewarm_keys else "false"}
 
 [voices]
 dir = "{tmp_path / "voices"}"

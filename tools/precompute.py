@@ -14,7 +14,8 @@ Prompts: a text file (one prompt a line; blank lines and ``#`` comments skipped)
 
     [[prompt]]
     text = "The door is open."
-    voice = "en_US-joe-medium"   # per-prompt overrides: voice, speaker, lang, speed, seed, params
+    voice = "en_US-joe-medium"   # per-prompt overrides: voice, speaker, lang, speed, seed, params,
+    pitch = 1.2                  # and pitch (semitones, as a request's)
     params = { noise_scale = 0.5 }
 
 TOML rather than YAML: ``tomllib`` is in the standard library, so the tool needs no extra parser.
@@ -57,7 +58,7 @@ from speakd.request.voices import VoiceLibrary
 
 log = logging.getLogger(__name__)
 
-PROMPT_FIELDS = {"text", "voice", "speaker", "lang", "speed", "seed", "params"}
+PROMPT_FIELDS = {"text", "voice", "speaker", "lang", "speed", "pitch", "seed", "params"}
 
 
 class PromptError(ValueError):
@@ -71,6 +72,7 @@ class Prompt:
     speaker: str | None = None  # a multi-speaker voice's speaker (ChatTTS: an embedding)
     lang: str | None = None
     speed: float | None = None
+    pitch: float | None = None  # semitones (speakd.audio.pitch), as a request's ``pitch``
     seed: int | None = None
     params: tuple[tuple[str, Any], ...] = ()  # sorted items: hashable, so duplicates collapse
 
@@ -79,6 +81,7 @@ class Prompt:
             voice=self.voice,
             speaker=self.speaker,
             speed=self.speed,
+            pitch=self.pitch,
             seed=self.seed,
             lang=self.lang,
             extra=dict(self.params),
@@ -117,6 +120,21 @@ def _toml_prompts(path: Path, raw: str, voice: str | None) -> list[Prompt]:
     return [_prompt(f"{path}: prompt[{i}]", {**defaults, **item}) for i, item in enumerate(items)]
 
 
+def key_echo_prompts(voice: str | None = None) -> list[Prompt]:
+    """The daemon's key-echo pack (``speakd.frontends.ssip_keys``, at ``[ssip]``'s default rates
+    and pitches) as prompts, built from the same request fields: letters, digits and key names.
+    Symbols are left to the daemon's own prewarm: it says them by name through its punctuation
+    (``speakd.markup.punctuation``), which a prompt has no field for."""
+    from speakd.config import SsipConfig
+    from speakd.frontends.ssip_keys import pack_fields
+
+    return [
+        Prompt(text=f["text"], voice=voice, speed=f.get("speed"), pitch=f.get("pitch"))
+        for f in pack_fields(SsipConfig())
+        if len(f["text"]) > 1 or f["text"].isalnum()
+    ]
+
+
 def _prompt(where: str, item: Any) -> Prompt:
     if not isinstance(item, dict):
         raise PromptError(f"{where}: expected a table")
@@ -132,6 +150,7 @@ def _prompt(where: str, item: Any) -> Prompt:
         "speaker": (str,),
         "lang": (str,),
         "speed": (int, float),
+        "pitch": (int, float),
         "seed": (int,),
         "params": (dict,),
     }
@@ -142,13 +161,14 @@ def _prompt(where: str, item: Any) -> Prompt:
     text = (item.get("text") or "").strip()
     if not text:
         raise PromptError(f"{where}.text: missing or empty")
-    speed = item.get("speed")
+    speed, pitch = item.get("speed"), item.get("pitch")
     return Prompt(
         text=text,
         voice=item.get("voice"),
         speaker=item.get("speaker"),
         lang=item.get("lang"),
         speed=None if speed is None else float(speed),
+        pitch=None if pitch is None else float(pitch),
         seed=item.get("seed"),
         params=tuple(sorted((item.get("params") or {}).items())),
     )
@@ -399,7 +419,15 @@ def precompute(
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("prompts", type=Path, help="text file (one prompt a line) or .toml list")
+    p.add_argument(
+        "prompts", type=Path, nargs="?", help="text file (one prompt a line) or .toml list"
+    )
+    p.add_argument(
+        "--key-echo",
+        action="store_true",
+        help="add the daemon's key-echo pack: letters, digits and key names at Orca's pitches "
+        "(docs/screen-readers.md)",
+    )
     p.add_argument("--bundle", type=Path, help="model bundle (default: the embedded VITS voice)")
     p.add_argument("--out", type=Path, required=True, help="prompt pack to create or extend")
     p.add_argument("--voice", help="voice for prompts that do not name one")
@@ -458,7 +486,11 @@ def _run(args: argparse.Namespace) -> int:
     jobs = 1 if args.jobs is None and not args.ray else args.jobs or 0  # 0: Ray decides
     if (args.jobs is not None and args.jobs < 1) or args.batch_size < 1 or args.threads < 1:
         raise PromptError("--jobs, --threads and --batch-size must be at least 1")
-    prompts = read_prompts(args.prompts, args.voice)
+    prompts = read_prompts(args.prompts, args.voice) if args.prompts else []
+    if args.key_echo:
+        prompts += key_echo_prompts(args.voice)
+    if not prompts:
+        raise PromptError("nothing to precompute: give a prompts file, --key-echo or both")
     threads = 1 if args.ray else max(1, args.threads // jobs)
     # ChatTTS decodes the --batch-size prompts of one call in as many rows, unpaced:
     # nobody listens to a pack as it is made, so throughput is all that counts

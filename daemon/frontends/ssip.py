@@ -28,9 +28,7 @@ import asyncio
 import itertools
 import logging
 from collections.abc import Callable
-from typing import Any
 
-from speakd.audio.pitch import ssip_semitones
 from speakd.control import Control
 from speakd.frontends.ssip_commands import ERR_INVALID_ENCODING, SsipCommands
 from speakd.frontends.ssip_connection import Connection, Message, origin
@@ -43,12 +41,7 @@ from speakd.frontends.ssip_parser import (
     reply,
     strip_ssml,
 )
-from speakd.frontends.ssip_settings import (
-    Settings,
-    rate_to_speed,
-    request_lang,
-    volume_to_gain,
-)
+from speakd.frontends.ssip_settings import Settings, request_fields
 from speakd.frontends.unixserver import peer_of
 from speakd.markup.ssml import is_ssml
 from speakd.request.messages import Event, EventType, RequestError
@@ -176,9 +169,16 @@ class SsipFrontend(SsipCommands):
         return self._queue(conn, text, chime=chime)
 
     def _queue(
-        self, conn: Connection, text: str, *, ssml: bool = False, chime: str | None = None
+        self,
+        conn: Connection,
+        text: str,
+        *,
+        ssml: bool = False,
+        chime: str | None = None,
+        char: bool = False,
     ) -> bytes:
-        """Hand one message to the scheduler; reply 225 with its id (or the error)."""
+        """Hand one message to the scheduler (``char``: a CHAR); reply 225 with its id (or the
+        error)."""
         msg = Message(next(self._msg_ids), conn.client_id, conn)
         if not text.strip():
             # Nothing to say (SSML tags only, a space, a sound icon): speechd still queues it
@@ -186,24 +186,15 @@ class SsipFrontend(SsipCommands):
             conn.notify("begin", 701, msg.msg_id, "BEGIN")
             conn.notify("end", 702, msg.msg_id, "END")
             return reply(225, OK_QUEUED, str(msg.msg_id))
-        fields: dict[str, Any] = {
-            "text": text,
-            "format": "ssml" if ssml else None,
-            "chime": chime,
-            "id": f"ssip-{msg.msg_id}",
-            "priority": conn.settings.priority.name.lower(),
-            "voice": self._voice(conn.settings),
-            "lang": request_lang(conn.settings.language),
-            "speed": rate_to_speed(conn.settings.rate),
-            "pitch": ssip_semitones(conn.settings.pitch),
-            "volume": volume_to_gain(conn.settings.volume),
-            "punctuation": conn.settings.punctuation,
-            "punctuation_important": conn.settings.punctuation_important,
-            "capitals": conn.settings.cap_let_recogn,
-        }
+        fields = request_fields(conn.settings, text, self._voice(conn.settings), char=char)
+        fields["id"] = f"ssip-{msg.msg_id}"
+        if ssml:
+            fields["format"] = "ssml"
+        if chime:
+            fields["chime"] = chime
         try:
             request = self.control.build_request(
-                {k: v for k, v in fields.items() if v is not None},
+                fields,
                 origin=origin(conn),
                 client=conn.key,
                 on_event=lambda ev: self._on_event(msg, ev),

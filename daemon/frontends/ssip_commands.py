@@ -183,7 +183,7 @@ class SsipCommands:
             return self._queue(conn, f"<speak><audio src={quoteattr(param)}/></speak>", ssml=True)
         if kind == "key":
             return self._queue(conn, param.replace("_", " "))
-        return self._queue(conn, param if param != "space" else "space")
+        return self._queue(conn, param, char=True)
 
     # ---- STOP, CANCEL, PAUSE, RESUME ------------------------------------------------------
 

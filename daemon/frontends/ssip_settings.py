@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from speakd.audio.pitch import ssip_semitones
 from speakd.frontends.ssip_parser import parse_int, reply
 from speakd.request.messages import Priority
 
@@ -155,3 +156,26 @@ def request_lang(language: str) -> str | None:
     """SSIP's LANGUAGE as a request's ``lang``; "C"/"POSIX" (no language) and unset are None."""
     value = language.strip()
     return None if value.lower() in ("", "c", "posix") else value
+
+
+def request_fields(
+    settings: Settings, text: str, voice: str | None, *, char: bool = False
+) -> dict[str, Any]:
+    """The request fields an SSIP message's ``text`` becomes under ``settings`` (``voice``: the
+    SYNTHESIS_VOICE speakd knows, else None). SPEAK, CHAR and KEY go through here, and so does
+    the key-echo prewarm (``ssip_keys``): its clips have the keys real messages ask for. A
+    ``char`` (CHAR) names a symbol at every PUNCTUATION level, as speechd's CHAR does: a caret
+    on a "." says "dot", not nothing."""
+    fields = {
+        "text": text,
+        "priority": settings.priority.name.lower(),
+        "voice": voice,
+        "lang": request_lang(settings.language),
+        "speed": rate_to_speed(settings.rate),
+        "pitch": ssip_semitones(settings.pitch),
+        "volume": volume_to_gain(settings.volume),
+        "punctuation": "all" if char else settings.punctuation,
+        "punctuation_important": settings.punctuation_important,
+        "capitals": settings.cap_let_recogn,
+    }
+    return {k: v for k, v in fields.items() if v is not None}

@@ -29,6 +29,7 @@ from speakd.control import Control
 from speakd.control.metrics import Metrics
 from speakd.engines import load_engine
 from speakd.engines.base import Engine
+from speakd.frontends import ssip_keys
 from speakd.frontends.http import HttpFrontend
 from speakd.frontends.jsonlines import JsonLinesFrontend
 from speakd.frontends.mqtt import MqttFrontend
@@ -101,6 +102,9 @@ class Daemon:
             self._tasks.append(asyncio.create_task(notifier, name="notifier"))
         notify("READY=1", f"STATUS={self._status_line()}")
         log.info("speakd ready: %s", self._status_line())
+        if self.config.socket.ssip_path and self.config.ssip.prewarm_keys:  # after READY
+            prewarm = ssip_keys.prewarm(self.control, self.config.ssip, self._halt)
+            self._tasks.append(asyncio.create_task(prewarm, name="key-echo"))
         await self._stopping.wait()
         await self.shutdown()
         return self._exit_code

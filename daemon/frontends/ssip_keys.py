@@ -1,0 +1,104 @@
+"""Key echo from the cache: the letters, digits, symbols and key names a screen reader says as
+keys are typed (``daemon/data/key-echo.toml``), synthesized once in the background after READY
+at the SSIP rates and pitches ``[ssip]`` names, so that Orca's ``CHAR x`` and its short ``SPEAK``
+of a key name are cache hits from the first keypress on.
+
+Each one is built as the SSIP front-end builds a message (``ssip_settings.request_fields`` under
+speechd's default settings with that RATE and PITCH) and read through ``Control.stream``, the
+path an HTTP caller takes: a key already in the cache costs one lookup, so a later start only
+fills what was evicted. The clips are ordinary cache entries, not pinned: pins belong to prompt
+packs, which ``cache/packs.py`` releases when a site's next pack arrives, while these follow the
+voice in use; a typed key refreshes its clip's place in the LRU, and a restart redoes what aged
+out. A pinned pack of the same list comes from ``speakd-tools precompute --key-echo``.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+import itertools
+import logging
+import threading
+import time
+import tomllib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from speakd.config import SsipConfig
+from speakd.control import Control
+from speakd.frontends.ssip_settings import Settings, request_fields
+
+log = logging.getLogger(__name__)
+
+ORIGIN = "ssip-prewarm"
+DONE_LINE = "key echo: prewarm done"  # logged when the pack is in the cache (tests wait on it)
+
+
+@dataclass(frozen=True)
+class KeyEcho:
+    """What a screen reader says for keys: characters (one ``CHAR`` each) and key names."""
+
+    chars: tuple[str, ...]
+    keys: tuple[str, ...]
+
+
+@functools.cache
+def key_echo() -> KeyEcho:
+    path = importlib.resources.files("speakd") / "data" / "key-echo.toml"
+    data = tomllib.loads(path.read_text(encoding="utf-8"))
+    chars = tuple(dict.fromkeys(c for group in data["chars"] for c in group))
+    return KeyEcho(chars, tuple(data["keys"]))
+
+
+def settings_for(config: SsipConfig) -> Iterator[Settings]:
+    """speechd's default client settings at each RATE and PITCH the pack is made for."""
+    for rate, pitch in itertools.product(config.prewarm_rates, config.prewarm_pitches):
+        yield Settings(rate=rate, pitch=pitch)
+
+
+def pack_fields(config: SsipConfig) -> Iterator[dict[str, Any]]:
+    """The request fields of every message in the pack: each character as a ``CHAR``, each key
+    name as a ``SPEAK`` (a key name is the same words at every PUNCTUATION level)."""
+    pack = key_echo()
+    for settings in settings_for(config):
+        for char in pack.chars:
+            yield request_fields(settings, char, None, char=True)
+        for name in pack.keys:
+            yield request_fields(settings, name, None)
+
+
+async def prewarm(control: Control, config: SsipConfig, halt: threading.Event) -> None:
+    """Put the pack in the cache, one text at a time: it holds one of ``limits.max_streams`` and
+    the engine for one short synthesis at a time, so speech meanwhile waits for at most one.
+    Stops when ``halt`` is set."""
+    if control.cache_store is None:
+        log.info("key echo: no prewarm, the cache is off")
+        return
+    t0 = time.monotonic()
+    found = made = failed = 0
+    for n, fields in enumerate(pack_fields(config)):
+        if halt.is_set():
+            return
+        try:
+            request = control.build_request(
+                fields | {"id": f"keyecho-{n}"}, origin=ORIGIN, strict_lang=False
+            )
+            async with control.stream(request) as stream:
+                if stream.from_cache:
+                    found += 1
+                    continue
+                async for _ in stream.aread():
+                    pass
+                made += 1
+        except Exception as e:  # nothing to say, busy, an engine failure: the rest go on
+            failed += 1
+            log.debug("key echo: %r not prewarmed: %s", fields["text"], e)
+    log.info(
+        "%s: %d clips already cached, %d synthesized, %d skipped in %.1f s",
+        DONE_LINE,
+        found,
+        made,
+        failed,
+        time.monotonic() - t0,
+    )
