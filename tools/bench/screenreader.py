@@ -215,11 +215,21 @@ def results(trial: Trial) -> dict[str, Any]:
 
 @contextmanager
 def speakd_ssip(work: Path) -> Iterator[str]:
-    """speakd on the embedded voice, SSIP on, its WAV sink paced in real time."""
+    """speakd on the embedded voice, SSIP on, its WAV sink paced in real time, measured once its
+    key-echo prewarm is done (what a board that has been up a minute gives a screen reader)."""
+    from speakd.frontends.ssip_keys import DONE_LINE
+
     ssip = work / "ssip.sock"
     audio = f'sink = "wav"\nwav_dir = "{work / "wav"}"\nrealtime = true'
     (work / "wav").mkdir()
-    proc, _ = serve(work, audio=audio, ssip_path=str(ssip))
+    proc, _ = serve(work, audio=audio, ssip_path=str(ssip), env={"SPEAKD_LOG_LEVEL": "INFO"})
+    log = work / "speakd.log"
+    deadline = time.monotonic() + 600
+    while DONE_LINE not in log.read_text(errors="replace"):
+        if time.monotonic() > deadline or proc.poll() is not None:
+            proc.kill()
+            raise RuntimeError(f"speakd's key-echo prewarm did not finish: {log}")
+        time.sleep(0.5)
     try:
         yield str(ssip)
     finally:
