@@ -1,12 +1,15 @@
 """Debian's Orca screen reader against a real speakd, headless: Xvfb, a private D-Bus session and
-AT-SPI bus, a small GTK 3 window typed into with ``xdotool``. Orca (system python3, not the venv)
-talks SSIP through a logging proxy (``ssip_proxy.py``) to speakd on its realtime WAV sink; the
-test reads the proxy's log: speech happens, speakd refuses nothing Orca sends, marks come after
-``701 BEGIN`` in text order and before the end, and Orca's longest marked sentence lasts as long as
-the same text without marks (the two WAV files, within 2 %).
+AT- SPI bus, a small GTK 3 window typed into with ``xdotool``. Orca (system python3, not the
+venv) finds speakd where every libspeechd client looks, with no ``SPEECHD_ADDRESS``: a logging
+proxy (``ssip_proxy.py``) listens at Speech Dispatcher's per-user socket,
+``$XDG_RUNTIME_DIR/speech- dispatcher/speechd.sock`` (where ``systemd/user/speakd-ssip.socket``
+puts speakd), and passes every line to speakd on its realtime WAV sink. The test reads the
+proxy's log: speech happens, speakd refuses nothing Orca sends, marks come after ``701 BEGIN``
+in text order and before the end, and Orca's longest marked sentence lasts as long as the same
+text without marks (the two WAV files, within 2 %).
 
 Every process the test starts is ended by PID; the ones the buses start (at-spi2-registryd,
-dconf-service, the accessibility bus) are found by the private ``XDG_RUNTIME_DIR`` they carry.
+dconf- service, the accessibility bus) are found by the private ``XDG_RUNTIME_DIR`` they carry.
 Skipped only when Orca is not installed (``make test`` installs it).
 """
 
@@ -152,7 +155,10 @@ def orca_run(tmp_path: Path) -> Iterator[tuple[SsipProxy, DaemonProc, Desktop]]:
     desktop = Desktop(tmp_path / "desktop")
     daemon = start_daemon(write_config(tmp_path, sink="wav", realtime=True))
     try:
-        proxy = SsipProxy(tmp_path / "proxy.sock", str(tmp_path / "ssip.sock"))
+        # Speech Dispatcher's per-user socket, as the user units put speakd's SSIP socket there.
+        default = Path(desktop.env["XDG_RUNTIME_DIR"]) / "speech-dispatcher" / "speechd.sock"
+        default.parent.mkdir()
+        proxy = SsipProxy(default, str(tmp_path / "ssip.sock"))
         try:
             start_session(desktop)
             yield proxy, daemon, desktop
@@ -193,8 +199,7 @@ def test_orca_speaks_through_speakd_and_nothing_is_refused(
     d.start(
         "orca",
         ["orca", "--replace"],
-        SPEECHD_ADDRESS=f"unix_socket:{proxy.path}",
-        SPEECHD_CMD="/bin/false",
+        SPEECHD_CMD="/bin/false",  # no address: libspeechd's default path; never autospawn
     )
     wait_until(lambda: spoken(proxy), "Orca's first speech", timeout=60)
     d.run("xdotool", "windowfocus", "--sync", window)
