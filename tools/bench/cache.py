@@ -20,7 +20,6 @@ Timings are wall-clock on whatever else the machine runs; the report says p50/p9
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 import time
 from pathlib import Path
@@ -220,9 +219,3 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--pack", type=Path, default=None, help="use this pack (made with --bundle), skip step 1"
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-
-
-def run(args: argparse.Namespace) -> int:
-    result = measure(args)
-    print(json.dumps(result, indent=2) if args.json else table(result))
-    return 0

@@ -255,9 +255,3 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--env", action="append", default=[], help="KEY=VALUE for the daemon")
     p.add_argument("--no-bandwidth", action="store_true", help="skip the DRAM read measurement")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-
-
-def run(args: argparse.Namespace) -> int:
-    result = measure(args)
-    print(json.dumps(result, indent=2) if args.json else table(result))
-    return 0

@@ -17,7 +17,6 @@ Prints a Markdown table that starts with the machine line (``machine.py``).
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from typing import Any
 
@@ -99,9 +98,3 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sentences", type=int, default=20, help="sentences in the document case")
     p.add_argument("--no-bandwidth", action="store_true", help="skip the DRAM bandwidth probe")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-
-
-def run(args: argparse.Namespace) -> int:
-    result = measure(args)
-    print(json.dumps(result, indent=2) if args.json else table(result))
-    return 0

@@ -19,7 +19,6 @@ each step. Phases, each in a daemon of its own:
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import tempfile
 import time
@@ -148,9 +147,3 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chattts", default="", help="a ChatTTS bundle as the third voice")
     p.add_argument("--rounds", type=int, default=3, help="rounds through the voices, limit 1")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-
-
-def run(args: argparse.Namespace) -> int:
-    result = measure(args)
-    print(json.dumps(result, indent=2) if args.json else table(result))
-    return 0

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import json
 import statistics
 import time
 from typing import Any
@@ -140,9 +139,3 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=1, help="the synthesis seed")
     p.add_argument("--no-bandwidth", action="store_true", help="skip the DRAM bandwidth probe")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-
-
-def run(args: argparse.Namespace) -> int:
-    result = measure(args)
-    print(json.dumps(result, indent=2) if args.json else table(result))
-    return 0

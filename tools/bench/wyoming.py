@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import socket
 import subprocess
 import sys
@@ -217,9 +216,3 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--new", type=int, default=20, help="new sentences, each said once")
     p.add_argument("--chattts", default="", help="also a speakd on this ChatTTS bundle")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-
-
-def run(args: argparse.Namespace) -> int:
-    result = measure(args)
-    print(json.dumps(result, indent=2) if args.json else table(result))
-    return 0
