@@ -34,6 +34,11 @@ def test_quick_replay_on_speakd_measures_every_row() -> None:
     assert speakd["marked_ratio"] > 0.5
     assert speakd["marks_before_begin"][1] >= 1
     assert "speechd" not in result["contenders"]
+    slowest = [ms for ms, _ in speakd["slowest"]]
+    assert len(slowest) == 5 and slowest == sorted(slowest, reverse=True)
+    echoes = [speakd[key]["max"] for key, _ in ROWS if key != "canceled"]
+    assert slowest[0] >= round(max(echoes), 1)  # with say-all's key, which no row counts
     text = report(result)
     assert "| keypress → 701 BEGIN, 700 ms/key |" in text
+    assert f"speakd, slowest echoes: {slowest[0]} ms " in text
     assert "Machine: " in text

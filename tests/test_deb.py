@@ -181,7 +181,9 @@ def test_install_creates_the_user_and_enables_without_starting(
     for link in links:
         assert Path("/etc/systemd/system", link).is_symlink(), r.stdout
     if not Path("/run/systemd/system").is_dir():  # nothing may start without PID 1
-        assert not Path("/run/speakd").exists()
+        assert not answers(Path("/run/speakd/speakd.sock"))
+        started = subprocess.run(["pgrep", "-u", "speakd"], capture_output=True, text=True)
+        assert started.returncode == 1, started.stdout  # the user is new: no process of it
     assert CONFIG.read_text() == (ROOT / "systemd" / "speakd.toml").read_text()
     assert os.readlink("/usr/bin/speakd") == "/opt/speakd/venv/bin/speakd"
     # No torch, no host tools: the device install only.

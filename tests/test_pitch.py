@@ -7,10 +7,12 @@ import numpy as np
 import pytest
 
 from speakd.audio import AudioChunk, Word, join_chunks
+from speakd.audio import pitch as pitch_module
 from speakd.audio.pitch import Shifter, shifted, ssip_semitones
 from speakd.audio.sinks import NullSink
 from speakd.control import Control
 from speakd.engines.base import SynthesisConfig
+from speakd.lifecycle.doctor import WARN, _check_pitch
 from speakd.request.errors import RequestError
 from speakd.request.messages import SpeakRequest
 from speakd.request.prepare import prepare
@@ -21,6 +23,7 @@ from speakd.request.voices import VoiceLibrary
 from tests.tone_engine import ToneEngine
 
 TEXT = "one two three four five six"
+LIBATOMIC = "libatomic.so.1: cannot open shared object file: No such file or directory"
 
 
 def peak_hz(samples: np.ndarray, rate: int) -> float:
@@ -93,3 +96,50 @@ def test_a_pitch_out_of_range_is_refused() -> None:
     for bad in (13, "high", True):
         with pytest.raises(RequestError, match="pitch"):
             control.build_request({"text": "x", "pitch": bad}, origin="test")
+
+
+@pytest.fixture
+def no_pedalboard(monkeypatch: pytest.MonkeyPatch):
+    """pedalboard's native module failing to load, as on an aarch64 board without libatomic.so.1."""
+
+    def fails() -> None:
+        raise ImportError(LIBATOMIC)
+
+    monkeypatch.setattr(pitch_module, "_pitch_shift", fails)
+    pitch_module.unavailable.cache_clear()
+    yield
+    pitch_module.unavailable.cache_clear()
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"text": TEXT, "pitch": 6},
+        {"text": f"<speak><prosody pitch='+6st'>{TEXT}</prosody></speak>"},
+    ],
+    ids=["field", "ssml"],
+)
+def test_a_pitch_this_machine_cannot_shift_is_spoken_at_the_voice_pitch_with_a_warning(
+    no_pedalboard: None, fields: dict
+) -> None:
+    """Not an engine failure (which the breaker would count until the voice is unavailable for
+    every request): the text is spoken, keyed and cached as the neutral text, and the client is
+    told."""
+    engine = ToneEngine()
+    control = Control(Scheduler(Resolver(engine), NullSink()), max_text_chars=1000)
+    request = control.build_request(fields, origin="test")
+    assert [w.code for w in request.warnings] == ["pitch_unavailable"]
+    assert LIBATOMIC in request.warnings[0].message
+    neutral = control.build_request({"text": TEXT}, origin="test")
+    assert request.prepared.key == neutral.prepared.key
+    audio = join_chunks(Resolver(engine).stream(request, Cancel()))
+    assert audio is not None and audio.pcm == played(None)[1].pcm
+
+
+def test_doctor_warns_when_pitch_cannot_be_shifted(no_pedalboard: None) -> None:
+    ok, detail = _check_pitch()
+    assert ok == WARN and LIBATOMIC in detail and "apt-get install libatomic1" in detail
+
+
+def test_doctor_says_pitch_works() -> None:
+    assert _check_pitch()[0] is True

@@ -17,12 +17,15 @@ one-shot shift of the whole text, at the seams and between them (docs/ssml.md), 
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
 
 from speakd.audio import AudioChunk
+
+log = logging.getLogger(__name__)
 
 PITCH_RANGE = (-12.0, 12.0)  # semitones a request may ask for (one octave either way)
 SSIP_SEMITONES = 12 / 100  # SSIP's PITCH −100..100 → ±1 octave
@@ -44,6 +47,20 @@ def _pitch_shift() -> Any:
     from pedalboard import PitchShift
 
     return PitchShift
+
+
+@functools.cache
+def unavailable() -> str | None:
+    """Why pitch cannot be shifted on this machine (pedalboard missing, or a library its native
+    module links, such as libatomic.so.1 on aarch64, absent), else None. Requests then speak at
+    the voice's own pitch with a ``pitch_unavailable`` warning (``speakd.markup.plan``) instead
+    of failing in the engine's thread, where the breaker would count it against the engine."""
+    try:
+        _pitch_shift()
+    except (ImportError, OSError) as e:
+        log.error("pitch is unavailable, requests keep the voice's own pitch: %s", e)
+        return f"{type(e).__name__}: {e}"
+    return None
 
 
 class Shifter:

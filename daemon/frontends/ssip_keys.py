@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from speakd.audio.pitch import unavailable
 from speakd.config import SsipConfig
 from speakd.control import Control
 from speakd.frontends.ssip_settings import Settings, request_fields
@@ -52,8 +53,10 @@ def key_echo() -> KeyEcho:
 
 
 def settings_for(config: SsipConfig) -> Iterator[Settings]:
-    """speechd's default client settings at each RATE and PITCH the pack is made for."""
-    for rate, pitch in itertools.product(config.prewarm_rates, config.prewarm_pitches):
+    """speechd's default client settings at each RATE and PITCH the pack is made for; PITCH 0
+    alone where pitch cannot be shifted, since every pitch is then spoken at the voice's own."""
+    pitches = (0,) if unavailable() else config.prewarm_pitches
+    for rate, pitch in itertools.product(config.prewarm_rates, pitches):
         yield Settings(rate=rate, pitch=pitch)
 
 

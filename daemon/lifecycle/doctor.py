@@ -166,6 +166,17 @@ def _check_audio(config: Config) -> Check:
     return True, f"output device {info['name']!r} ({int(info['default_samplerate'])} Hz)"
 
 
+def _check_pitch() -> Check:
+    """Capitals at a higher pitch (screen readers' PITCH) need pedalboard's native module."""
+    from speakd.audio.pitch import unavailable
+
+    why = unavailable()
+    if why is None:
+        return True, "pedalboard shifts pitch (SSIP PITCH, <prosody pitch>, a pitch field)"
+    hint = "; apt-get install libatomic1" if "libatomic" in why else ""
+    return WARN, f"pitch requests are spoken at the voice's own pitch: {why}{hint}"
+
+
 def _check_socket(config: Config, socket_path: str | None) -> Check:
     from speakd.library.client import Client, ClientError
 
@@ -246,6 +257,7 @@ def run_doctor(config_path: Path | None, socket_path: str | None = None, out=sys
         ("speed", lambda: _check_speed(config, cpu, bandwidth)),
         ("npu", lambda: _check_npu(config)),
         ("audio", lambda: _check_audio(config)),
+        ("pitch", _check_pitch),
         ("daemon", lambda: _check_socket(config, socket_path)),
         ("mqtt", lambda: _check_mqtt(config)),
         ("fleet", lambda: _check_fleet(config)),

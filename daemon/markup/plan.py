@@ -24,7 +24,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-from speakd.audio.pitch import PITCH_RANGE
+from speakd.audio.pitch import PITCH_RANGE, neutral, unavailable
 from speakd.engines.base import SynthesisConfig
 from speakd.engines.keys import canonical_json
 from speakd.engines.sayas import guess_language
@@ -90,8 +90,15 @@ def prepare_request(
     replace words stays plain text (its whitespace and line breaks kept), and markup that comes
     down to one run of plain text (``<speak>Hello</speak>``) is prepared as that text, with its
     key; anything else has parts. What is skipped (a speaker the voice lacks, a clip that does
-    not exist) goes to ``warn``."""
+    not exist, a pitch this machine cannot shift) goes to ``warn``."""
     voice, name, lang = library.select(config.voice, config.lang, strict=strict_lang)
+
+    def prepare_text(said: str, c: SynthesisConfig) -> Prepared:
+        if not neutral(c.pitch) and (why := unavailable()) is not None:
+            warn(InputWarning("pitch_unavailable", f"spoken at the voice's own pitch ({why})"))
+            c = dataclasses.replace(c, pitch=None)
+        return library.prepare(said, c, strict_lang=strict_lang)
+
     speaker, warning = library.speaker(voice, name, config.speaker)
     if warning is not None:
         warn(warning)
@@ -106,12 +113,12 @@ def prepare_request(
     segments = capitals.apply_segments(segments, lang)
     if not ssml and all(isinstance(p, Text) for p in segments):
         said = "".join(p.text for p in segments if isinstance(p, Text))
-        return library.prepare(said, config, strict_lang=strict_lang)
+        return prepare_text(said, config)
     sounds = sounds or Sounds(loudness=library.loudness)
     parts = plan(
         segments,
         config,
-        lambda t, c: library.prepare(t, c, strict_lang=strict_lang),
+        prepare_text,
         lambda c: getattr(
             library.select(c.voice, c.lang, strict=False)[0].model, "phoneme_input", False
         ),

@@ -28,7 +28,7 @@ fi
 CACHE="$SPEAKD_ARM64_CACHE"
 APT="$CACHE/apt"
 PYVER=3.11
-ARM_APT_PACKAGES="python3.11 libpython3.11-stdlib libportaudio2"
+ARM_APT_PACKAGES="python3.11 libpython3.11-stdlib libportaudio2 libatomic1"
 t0=$(date +%s)
 say() { echo "[arm64 $(($(date +%s) - t0))s] $*" >&2; }
 

@@ -88,6 +88,7 @@ class Trial:
     unmarked_ms: list[float] = field(default_factory=list)
     marks_before_begin: int = 0
     marked_messages: int = 0
+    echoes: list[tuple[float, str]] = field(default_factory=list)  # (ms, which key), for the tail
 
 
 def marked(text: str) -> str:
@@ -111,8 +112,9 @@ class Replay:
     def __init__(self, s: SsipSession, trial: Trial) -> None:
         self.s, self.trial, self.playing = s, trial, ""
 
-    def key(self, say: Any, samples: list[float], pitch: int = 10) -> str:
-        """One keypress: CANCEL self (timing the stopped message's 703), the voice, the echo."""
+    def key(self, say: Any, samples: list[float], label: str, pitch: int = 10) -> str:
+        """One keypress: CANCEL self (timing the stopped message's 703), the voice, the echo;
+        ``label`` names it among the slowest."""
         t0 = time.monotonic()
         stopped = self.playing if self.playing and not self.s.finished(self.playing) else ""
         self.s.command("CANCEL self")
@@ -120,6 +122,7 @@ class Replay:
         msg_id = say()
         _, at = self.s.wait(msg_id, "701")
         samples.append((at - t0) * 1000)
+        self.trial.echoes.append((samples[-1], f"{label}{' (stopped one)' if stopped else ''}"))
         if stopped:
             code, end = self.s.wait(stopped, "703", "702")
             if code == "703":
@@ -131,13 +134,17 @@ class Replay:
         for c in text:
             t0 = time.monotonic()
             echo = "space" if c == " " else c
-            self.key(lambda e=echo: self.s.speak(f"<speak>{e}</speak>"), samples, 50 * c.isupper())
+            label = f"SPEAK {echo!r} @{every_s * 1000:.0f} ms"
+            self.key(
+                lambda e=echo: self.s.speak(f"<speak>{e}</speak>"), samples, label, 50 * c.isupper()
+            )
             time.sleep(max(0.0, t0 + every_s - time.monotonic()))
 
     def arrows(self, text: str, every_s: float) -> None:
         for c in text:
             t0 = time.monotonic()
-            self.key(lambda c=c: self.s.char("space" if c == " " else c), self.trial.begin_char)
+            char = "space" if c == " " else c
+            self.key(lambda c=char: self.s.char(c), self.trial.begin_char, f"CHAR {char!r}")
             time.sleep(max(0.0, t0 + every_s - time.monotonic()))
 
     def say_all(self, after_marks: int) -> None:
@@ -150,7 +157,7 @@ class Replay:
                 lambda: len(self.s.messages[msg_id].marks) >= after_marks, timeout=0.5
             )
         self.playing = msg_id
-        self.key(lambda: self.s.speak("<speak>Down</speak>"), [])
+        self.key(lambda: self.s.speak("<speak>Down</speak>"), [], "SPEAK 'Down' in say-all")
         self.settle()
 
     def durations(self, text: str) -> None:
@@ -210,6 +217,7 @@ def results(trial: Trial) -> dict[str, Any]:
         out[name] = summary(samples) if samples else None
     out["marked_ratio"] = round(sum(trial.marked_ms) / sum(trial.unmarked_ms), 3)
     out["marks_before_begin"] = [trial.marks_before_begin, trial.marked_messages]
+    out["slowest"] = [[round(ms, 1), what] for ms, what in sorted(trial.echoes, reverse=True)[:5]]
     return out
 
 
@@ -362,6 +370,9 @@ def report(result: dict[str, Any]) -> str:
     for name, r in c.items():
         if "missing" in r:
             lines.append(f"\n{name}: not measured: {r['missing']}")
+        else:
+            slow = ", ".join(f"{ms} ms {what}" for ms, what in r["slowest"])
+            lines.append(f"\n{name}, slowest echoes: {slow}")
     return "\n".join(lines)
 
 
