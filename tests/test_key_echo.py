@@ -1,6 +1,7 @@
 """Key echo from the cache (daemon/frontends/ssip_keys.py): a real daemon prewarms the key-echo
 pack after READY, and then Orca's key echo (SSIP ``CHAR`` at its lowercase and uppercase
-pitches, a symbol at its punctuation level, a key name as marked SSML) plays from the cache."""
+pitches, a symbol at its punctuation level, a key name and a typed letter as marked SSML) plays
+from the cache."""
 
 from __future__ import annotations
 
@@ -81,10 +82,11 @@ def test_orca_key_echo_is_a_cache_hit_after_the_prewarm(tmp_path: Path) -> None:
                 assert ssip.code(f"CHAR {char}") == 225
             assert ssip.code("SET self PUNCTUATION most") == 205
             assert ssip.code("CHAR .") == 225
-            # a key name as Orca says it: SSML with a mark before the word
+            # a key name and a typed letter as Orca 43 echoes them: SSML, a mark on the word
             assert ssip.code("SET self SSML_MODE on") == 219
-            ssip.speak('<speak><mark name="0:9"/>backspace</speak>')
-        echoes = 4
+            ssip.speak('<speak><mark name="0:9"/>backspace </speak>')
+            ssip.speak('<speak><mark name="0:1"/>t </speak>')  # still at PITCH 10
+        echoes = 5
 
         def looked_up(counters: dict[str, Any]) -> int:
             return counters["hits"] + counters["misses"]

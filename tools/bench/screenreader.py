@@ -4,8 +4,9 @@
 
 What Orca sends, in its order (``ssip_session.py`` is the client): once ``CLIENT_NAME``,
 ``HISTORY GET CLIENT_ID``, ``NOTIFICATION … on``, ``PRIORITY message``, ``SSML_MODE on``; before
-every utterance ``RATE``/``PITCH``/``VOLUME``/``LANGUAGE``; each key echo is ``CANCEL self`` then
-``SPEAK`` of the key (SSML), typed at 700 ms and at 100 ms per key; arrows are ``CHAR``; say-all
+every utterance ``RATE``/``PITCH``/``VOLUME``/``LANGUAGE`` (``PITCH 10``, 50 for a capital); each
+key echo is ``CANCEL self`` then ``SPEAK`` of the key as Orca 43 sends it (``<speak><mark
+name="0:1"/>t </speak>``), typed at 700 ms and at 100 ms per key; arrows are ``CHAR``; say-all
 is a paragraph with a ``<mark/>`` before every word, interrupted by ``CANCEL self``; last, the
 same sentences with and without marks, each heard to its end.
 
@@ -49,6 +50,8 @@ SETUP = (
     "SET self PRIORITY message",
     "SET self SSML_MODE on",
 )
+# Orca's SET self PITCH: 20 × its voice's average-pitch − 90, 5 by default and 7 for uppercase.
+ORCA_PITCH, ORCA_PITCH_UPPER = 10, 50
 TYPED = "the quick brown fox jumps over the lazy dog"
 ARROWS = "hello world"
 SAY_ALL = (
@@ -100,7 +103,12 @@ def marked(text: str) -> str:
     return "<speak>" + " ".join(out) + "</speak>"
 
 
-def voice(s: SsipSession, pitch: int = 10) -> None:
+def key_echo(key: str) -> str:
+    """Orca's SPEAK for a typed key: its name and locking state ("t "), a mark on the word."""
+    return f'<speak><mark name="0:{len(key)}"/>{key} </speak>'
+
+
+def voice(s: SsipSession, pitch: int = ORCA_PITCH) -> None:
     """What Orca sets before nearly every utterance (its uppercase voice: a higher pitch)."""
     for line in ("RATE 0", f"PITCH {pitch}", "VOLUME 100", "LANGUAGE en", "LANGUAGE en-US"):
         s.command(f"SET self {line}")
@@ -112,7 +120,7 @@ class Replay:
     def __init__(self, s: SsipSession, trial: Trial) -> None:
         self.s, self.trial, self.playing = s, trial, ""
 
-    def key(self, say: Any, samples: list[float], label: str, pitch: int = 10) -> str:
+    def key(self, say: Any, samples: list[float], label: str, pitch: int = ORCA_PITCH) -> str:
         """One keypress: CANCEL self (timing the stopped message's 703), the voice, the echo;
         ``label`` names it among the slowest."""
         t0 = time.monotonic()
@@ -135,9 +143,8 @@ class Replay:
             t0 = time.monotonic()
             echo = "space" if c == " " else c
             label = f"SPEAK {echo!r} @{every_s * 1000:.0f} ms"
-            self.key(
-                lambda e=echo: self.s.speak(f"<speak>{e}</speak>"), samples, label, 50 * c.isupper()
-            )
+            pitch = ORCA_PITCH_UPPER if c.isupper() else ORCA_PITCH
+            self.key(lambda e=echo: self.s.speak(key_echo(e)), samples, label, pitch)
             time.sleep(max(0.0, t0 + every_s - time.monotonic()))
 
     def arrows(self, text: str, every_s: float) -> None:
@@ -157,7 +164,7 @@ class Replay:
                 lambda: len(self.s.messages[msg_id].marks) >= after_marks, timeout=0.5
             )
         self.playing = msg_id
-        self.key(lambda: self.s.speak("<speak>Down</speak>"), [], "SPEAK 'Down' in say-all")
+        self.key(lambda: self.s.speak(key_echo("down")), [], "SPEAK 'down' in say-all")
         self.settle()
 
     def durations(self, text: str) -> None:
