@@ -143,3 +143,11 @@ def test_doctor_warns_when_pitch_cannot_be_shifted(no_pedalboard: None) -> None:
 
 def test_doctor_says_pitch_works() -> None:
     assert _check_pitch()[0] is True
+
+
+def test_a_request_prepared_anew_is_spoken_at_the_voice_pitch_too(no_pedalboard: None) -> None:
+    """The resolver prepares again a request whose voice was reloaded since (or that came with
+    no preparation): it too keeps the voice's pitch instead of failing in the engine's thread."""
+    request = SpeakRequest(text=TEXT, config=SynthesisConfig(pitch=6.0))
+    audio = join_chunks(Resolver(ToneEngine()).stream(request, Cancel()))
+    assert audio is not None and audio.pcm == played(None)[1].pcm
