@@ -94,9 +94,8 @@ def prepare_request(
     voice, name, lang = library.select(config.voice, config.lang, strict=strict_lang)
 
     def prepare_text(said: str, c: SynthesisConfig) -> Prepared:
-        if not neutral(c.pitch) and (why := unavailable()) is not None:
+        if not neutral(c.pitch) and (why := unavailable()) is not None:  # prepare drops it
             warn(InputWarning("pitch_unavailable", f"spoken at the voice's own pitch ({why})"))
-            c = dataclasses.replace(c, pitch=None)
         return library.prepare(said, c, strict_lang=strict_lang)
 
     speaker, warning = library.speaker(voice, name, config.speaker)

@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from speakd.audio.pitch import neutral
+from speakd.audio.pitch import neutral, unavailable
 from speakd.engines.base import EngineError, SynthesisConfig, VoiceInfo, VoiceModel
 from speakd.engines.keys import key_of, seed_from_key
 from speakd.engines.options import OptionError, validate
@@ -91,7 +91,8 @@ def prepare(
     engine makes it; the daemon's is audio.loudness_lufs). It is in ``params`` and so in the key,
     since it changes the clip's bytes, but not in the seed: the same request at another level is the
     same speech, louder. ``config.pitch`` (semitones, ``speakd.audio.pitch``) is keyed the same way;
-    a neutral pitch adds nothing, so its key and audio are those of a request without one.
+    a neutral pitch adds nothing, so its key and audio are those of a request without one, and so
+    does any pitch where this machine cannot shift one (``unavailable``: the caller warns).
     """
     try:
         extra = validate(engine.options, config.extra)
@@ -100,7 +101,7 @@ def prepare(
     voice, lang = select_voice(
         engine.voices(), engine.default_voice(), config.voice, config.lang, strict=strict_lang
     )
-    pitch = None if neutral(config.pitch) else config.pitch
+    pitch = None if neutral(config.pitch) or unavailable() else config.pitch
     config = dataclasses.replace(config, voice=voice, lang=lang, extra=extra, pitch=pitch)
     try:
         normalized = engine.normalize_text(text, lang)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import dataclasses
 import logging
 import sqlite3
 import threading
@@ -34,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from speakd.audio import AudioChunk, join_chunks, scale_volume
-from speakd.audio.pitch import shifted, unavailable
+from speakd.audio.pitch import shifted
 from speakd.cache.store import CacheError, CacheStore, Clip
 from speakd.config import CacheConfig
 from speakd.engines.base import Engine, EngineError
@@ -146,10 +145,7 @@ class Resolver:
         if prepared is None or (
             not prepared.parts and prepared.bundle not in self.voices.by_bundle
         ):
-            config = request.config
-            if unavailable():  # as its front-end decided: the voice's own pitch (markup.plan)
-                config = dataclasses.replace(config, pitch=None)
-            prepared = self.voices.prepare(request.text, config)
+            prepared = self.voices.prepare(request.text, request.config)
         return prepared
 
     def open(self, request: SpeakRequest) -> AudioStream:

@@ -103,7 +103,7 @@ def marked(text: str) -> str:
     return "<speak>" + " ".join(out) + "</speak>"
 
 
-def key_echo(key: str) -> str:
+def orca_key_ssml(key: str) -> str:
     """Orca's SPEAK for a typed key: its name and locking state ("t "), a mark on the word."""
     return f'<speak><mark name="0:{len(key)}"/>{key} </speak>'
 
@@ -144,7 +144,7 @@ class Replay:
             echo = "space" if c == " " else c
             label = f"SPEAK {echo!r} @{every_s * 1000:.0f} ms"
             pitch = ORCA_PITCH_UPPER if c.isupper() else ORCA_PITCH
-            self.key(lambda e=echo: self.s.speak(key_echo(e)), samples, label, pitch)
+            self.key(lambda e=echo: self.s.speak(orca_key_ssml(e)), samples, label, pitch)
             time.sleep(max(0.0, t0 + every_s - time.monotonic()))
 
     def arrows(self, text: str, every_s: float) -> None:
@@ -164,7 +164,7 @@ class Replay:
                 lambda: len(self.s.messages[msg_id].marks) >= after_marks, timeout=0.5
             )
         self.playing = msg_id
-        self.key(lambda: self.s.speak(key_echo("down")), [], "SPEAK 'down' in say-all")
+        self.key(lambda: self.s.speak(orca_key_ssml("down")), [], "SPEAK 'down' in say-all")
         self.settle()
 
     def durations(self, text: str) -> None:
