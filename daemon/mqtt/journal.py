@@ -103,7 +103,7 @@ class Journal:
 
     def add(
         self,
-        key: str | None,
+        key: str,
         topic: str,
         payload: bytes,
         response_topic: str | None,
