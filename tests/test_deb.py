@@ -11,7 +11,8 @@ upgrades, removes and purges it on this machine, and the arm64 build speaks unde
 * the arm64 package, unpacked into tests/arm64's bookworm root, synthesizes under qemu-aarch64.
 
 It needs root (CI runs as root) and installs system-wide for a few minutes; it will not touch a
-machine that already has a speakd install. Downloaded wheels stay in ~/.cache/speakd-deb.
+machine that already has a speakd install, or the data of one run as root (`make run`).
+Downloaded wheels stay in ~/.cache/speakd-deb.
 """
 
 from __future__ import annotations
@@ -139,6 +140,11 @@ def debs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """amd64 at V1 and V2 (the upgrade), built once for the module."""
     if installed_version() or CONFIG.exists() or Path("/opt/speakd").exists():
         pytest.skip("this machine already has a speakd install; the test will not touch it")
+    # A daemon run as root outside the package (`make run`) keeps its cache here: the purge
+    # would delete it, and its root-owned files are not what the package makes.
+    data = [d for d in (Path("/var/cache/speakd"), Path("/var/lib/speakd")) if d.exists()]
+    if data:
+        pytest.skip(f"speakd data outside a package ({', '.join(map(str, data))}); not purging it")
     out = tmp_path_factory.mktemp("debs")
     return {"v1": build(out, "amd64", V1), "v2": build(out, "amd64", V2)}
 
