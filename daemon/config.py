@@ -17,6 +17,7 @@ from typing import Any, get_args, get_origin, get_type_hints
 from urllib.parse import urlparse
 
 from speakd.machine.npu import ACCELERATORS
+from speakd.paths import cache_dir, data_dir, runtime_dir, state_dir
 
 DEFAULT_CONFIG_PATH = Path("/etc/speakd/speakd.toml")
 # The engine kinds a file may name (engine.kind), as data: speakd.engines.registry says what each
@@ -29,40 +30,6 @@ ENV_PREFIX = "SPEAKD_"
 
 class ConfigError(ValueError):
     """A config value is wrong; the message starts with the dotted key."""
-
-
-def _systemd_dir(variable: str) -> Path | None:
-    """The first of systemd's RuntimeDirectory=/CacheDirectory= paths given to the service."""
-    value = os.environ.get(variable)
-    return Path(value.split(":")[0]) if value else None
-
-
-def _runtime_dir() -> Path:
-    """Where sockets go: /run/speakd for the system service, else a per-user directory."""
-    if systemd := _systemd_dir("RUNTIME_DIRECTORY"):
-        return systemd
-    if os.geteuid() == 0:
-        return Path("/run/speakd")
-    xdg = os.environ.get("XDG_RUNTIME_DIR")
-    return Path(xdg) / "speakd" if xdg else Path(f"/tmp/speakd-{os.geteuid()}")
-
-
-def _state_dir() -> Path:
-    if systemd := _systemd_dir("STATE_DIRECTORY"):
-        return systemd
-    if os.geteuid() == 0:
-        return Path("/var/lib/speakd")
-    xdg = os.environ.get("XDG_DATA_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".local" / "share") / "speakd"
-
-
-def _cache_dir() -> Path:
-    if systemd := _systemd_dir("CACHE_DIRECTORY"):
-        return systemd
-    if os.geteuid() == 0:
-        return Path("/var/cache/speakd")
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "speakd"
 
 
 @dataclass(frozen=True)
@@ -112,7 +79,7 @@ class VoicesConfig:
     """Every voice the board has (docs/models.md): the embedded one, [engine]'s, and a folder of
     Piper voices and bundles, loaded when first used."""
 
-    dir: str = field(default_factory=lambda: str(_state_dir() / "voices"))
+    dir: str = field(default_factory=lambda: str(data_dir() / "voices"))
     embedded: bool = True  # the embedded Piper voice is one of them
     default: str = ""  # the voice a request without voice or lang gets; empty = engine.voice
     by_lang: dict[str, str] = field(default_factory=dict)  # lang = "voice name"
@@ -163,8 +130,8 @@ class AudioConfig:
 
 @dataclass(frozen=True)
 class SocketConfig:
-    path: str = field(default_factory=lambda: str(_runtime_dir() / "speakd.sock"))
-    ssip_path: str = field(default_factory=lambda: str(_runtime_dir() / "ssip.sock"))
+    path: str = field(default_factory=lambda: str(runtime_dir() / "speakd.sock"))
+    ssip_path: str = field(default_factory=lambda: str(runtime_dir() / "ssip.sock"))
     mode: str = "0660"
     group: str = ""  # group that may connect; empty = the daemon's own group
     # Peer-credential allow-lists (SO_PEERCRED); empty = whoever the file mode lets in.
@@ -224,7 +191,7 @@ class LimitsConfig:
 @dataclass(frozen=True)
 class CacheConfig:
     enabled: bool = True
-    path: str = field(default_factory=lambda: str(_cache_dir() / "cache.db"))
+    path: str = field(default_factory=lambda: str(cache_dir() / "cache.db"))
     max_bytes: int = 268_435_456
     ttl_s: int = 604_800
     ttl_jitter: float = 0.1  # fraction of ttl_s, random per entry
@@ -236,6 +203,13 @@ class CacheConfig:
         _range("cache.ttl_s", self.ttl_s, 0, 10 * 365 * 86400)
         _range("cache.ttl_jitter", self.ttl_jitter, 0.0, 1.0)
         _range("cache.prewarm_bytes", self.prewarm_bytes, 0, 1 << 40)
+
+
+@dataclass(frozen=True)
+class StateConfig:
+    """What must survive a cache wipe (docs/configuration.md, "[state]")."""
+
+    dir: str = field(default_factory=lambda: str(state_dir()))
 
 
 @dataclass(frozen=True)
@@ -434,6 +408,7 @@ class Config:
     socket: SocketConfig = field(default_factory=SocketConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
+    state: StateConfig = field(default_factory=StateConfig)
     mqtt: MqttConfig = field(default_factory=MqttConfig)
     fleet: FleetConfig = field(default_factory=FleetConfig)
     wyoming: WyomingConfig = field(default_factory=WyomingConfig)

@@ -1,0 +1,61 @@
+"""Where the daemon keeps what it writes, for whoever runs it.
+
+systemd hands a service its directories in ``RUNTIME_DIRECTORY``/``STATE_DIRECTORY``/
+``CACHE_DIRECTORY`` (system and user units alike); without them root gets the FHS paths and
+any other user the XDG base directories. Sockets are runtime, clips are cache (rebuildable),
+what must survive a cache wipe (the MQTT journal, pack anti-replay versions) is state, and voice
+files a user adds are data.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def _systemd_dir(variable: str) -> Path | None:
+    """The first of the paths systemd gave the service in ``variable``."""
+    value = os.environ.get(variable)
+    return Path(value.split(":")[0]) if value else None
+
+
+def _xdg(variable: str, fallback: str) -> Path:
+    value = os.environ.get(variable)
+    return (Path(value) if value else Path.home() / fallback) / "speakd"
+
+
+def runtime_dir() -> Path:
+    """Sockets: /run/speakd for the system service, else $XDG_RUNTIME_DIR/speakd."""
+    if systemd := _systemd_dir("RUNTIME_DIRECTORY"):
+        return systemd
+    if os.geteuid() == 0:
+        return Path("/run/speakd")
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    return Path(xdg) / "speakd" if xdg else Path(f"/tmp/speakd-{os.geteuid()}")
+
+
+def state_dir() -> Path:
+    """State that must outlive the cache: /var/lib/speakd, else $XDG_STATE_HOME/speakd."""
+    if systemd := _systemd_dir("STATE_DIRECTORY"):
+        return systemd
+    if os.geteuid() == 0:
+        return Path("/var/lib/speakd")
+    return _xdg("XDG_STATE_HOME", ".local/state")
+
+
+def data_dir() -> Path:
+    """Files a user adds (voices): /var/lib/speakd, else $XDG_DATA_HOME/speakd."""
+    if systemd := _systemd_dir("STATE_DIRECTORY"):
+        return systemd
+    if os.geteuid() == 0:
+        return Path("/var/lib/speakd")
+    return _xdg("XDG_DATA_HOME", ".local/share")
+
+
+def cache_dir() -> Path:
+    """Rebuildable clips: /var/cache/speakd, else $XDG_CACHE_HOME/speakd."""
+    if systemd := _systemd_dir("CACHE_DIRECTORY"):
+        return systemd
+    if os.geteuid() == 0:
+        return Path("/var/cache/speakd")
+    return _xdg("XDG_CACHE_HOME", ".cache")
