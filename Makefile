@@ -5,6 +5,8 @@
 #   make rknn-env   the RK3588 NPU toolkit's own venv in .venv-rknn (speakd-tools rknn convert)
 #   make deb        dist/speakd_<version>_{amd64,arm64}.deb for boards (docs/systemd.md); for
 #                   Ubuntu 24.04 `make deb DEB_PYTHON=3.12`, for Debian 13 trixie DEB_PYTHON=3.13
+#   make image      localhost/speakd:<version>, the amd64 container image (root; podman, no
+#                   registry; DEB=path reuses a built .deb), `make image-test` checks it
 
 PY ?= python3
 VENV := .venv
@@ -14,11 +16,12 @@ TEST_APT := libportaudio2 mosquitto mosquitto-clients openssl speech-dispatcher 
 # make deb: the target CPython (the wheels are ABI-specific; 3.11 = Debian 12 / Pi OS bookworm)
 DEB_PYTHON ?= 3.11
 DEB_ARCHES ?= amd64 arm64
+IMAGE_APT := podman debootstrap
 
 RKNN_VENV := .venv-rknn
 RKNN_TOOLKIT := rknn-toolkit2==2.5.0
 
-.PHONY: run test apt-run apt-test venv lint rknn-env deb
+.PHONY: run test apt-run apt-test apt-image venv lint rknn-env deb image image-test
 
 apt-run:
 	@dpkg -s $(RUN_APT) >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq --no-install-recommends $(RUN_APT); }
@@ -52,3 +55,16 @@ deb: $(VENV)/bin/python
 	for arch in $(DEB_ARCHES); do \
 		PYTHON=$(VENV)/bin/python systemd/debian/build.sh --arch $$arch --python $(DEB_PYTHON) || exit 1; \
 	done
+
+# The container image from the .deb (container/build.sh; docs/home-assistant.md). Needs root:
+# debootstrap makes the base once, podman keeps it. `make image-test` runs it from its unpacked
+# root as it declares itself (tests/test_image.py); the suite skips that file without the image.
+apt-image:
+	@dpkg -s $(IMAGE_APT) >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(IMAGE_APT); }
+
+image: apt-image $(VENV)/bin/python
+	$(SUDO) env PYTHON=$(VENV)/bin/python container/build.sh $(if $(DEB),--deb $(DEB),)
+
+image-test: image
+	$(VENV)/bin/pip install -q -e ".[dev,host]"
+	$(SUDO) env SPEAKD_IMAGE_REQUIRED=1 $(VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_image.py

@@ -340,10 +340,20 @@ class HttpConfig:
     token_file: str = ""  # its first line is the token (systemd LoadCredential=)
     max_body_bytes: int = 65536  # a larger request body is refused (413)
     timeout_s: float = 30.0  # a body slower to arrive, or a reader stalled this long, is cut off
+    # peers (IP addresses) whose requests need no token: a proxy that authenticates its own
+    # users, e.g. Home Assistant's ingress at 172.30.32.2 (docs/home-assistant.md)
+    no_token_from: list[str] = field(default_factory=list)
 
     def validate(self) -> None:
         _range("http.max_body_bytes", self.max_body_bytes, 1024, 16 * 1024 * 1024)
         _range("http.timeout_s", self.timeout_s, 0.1, 3600)
+        for peer in self.no_token_from:
+            try:
+                ipaddress.ip_address(peer)
+            except ValueError:
+                raise ConfigError(
+                    f"http.no_token_from: {peer!r} is not an IP address (e.g. 172.30.32.2)"
+                ) from None
         if not self.listen:
             return
         host, _port = self.address

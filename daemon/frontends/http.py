@@ -5,11 +5,12 @@ status (``speakd.frontends.http_speakd``), ``GET /healthz``, ``GET /metrics`` (P
 page for installers at ``/`` (``speakd/data/index.*``: plain HTML and JavaScript, no build step).
 
 Security (docs/http.md): with ``http.token`` set every route but the page and ``/healthz`` needs
-``Authorization: Bearer <token>``; listening beyond loopback without a token is a configuration
-error (``speakd.config``). There is no TLS here: put a reverse proxy in front for that. Bodies are
-capped (``http.max_body_bytes``), a body or a reader slower than ``http.timeout_s`` is cut off,
-and every failure becomes a JSON error with the socket's codes (``http_base.STATUS``); nothing a
-client sends can take the daemon down.
+``Authorization: Bearer <token>``, except from the peers in ``http.no_token_from`` (a proxy that
+authenticates its users itself: Home Assistant's ingress); listening beyond loopback without a
+token is a configuration error (``speakd.config``). There is no TLS here: put a reverse proxy
+in front for that. Bodies are capped (``http.max_body_bytes``), a body or a reader slower than
+``http.timeout_s`` is cut off, and every failure becomes a JSON error with the socket's codes
+(``http_base.STATUS``); nothing a client sends can take the daemon down.
 """
 
 from __future__ import annotations
@@ -45,8 +46,9 @@ PAGE_FILES = {"/": "index.html", "/index.js": "index.js", "/index.css": "index.c
 OPEN_PATHS = (*PAGE_FILES, "/healthz")  # no token needed: no data in them
 PAGE_TYPES = {"html": "text/html", "js": "text/javascript", "css": "text/css"}
 PAGE_HEADERS = {
-    # the page loads only its own files and plays only what it fetched (blob: URLs)
-    "Content-Security-Policy": "default-src 'self'; media-src 'self' blob:; frame-ancestors 'none'",
+    # the page loads only its own files and plays only what it fetched (blob: URLs); only a page
+    # of the same origin may frame it (Home Assistant's ingress panel, served through HA's origin)
+    "Content-Security-Policy": "default-src 'self'; media-src 'self' blob:; frame-ancestors 'self'",
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
 }
@@ -172,8 +174,13 @@ class HttpFrontend:
 
     @web.middleware
     async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        token = state(request).token
-        if token and request.path not in OPEN_PATHS:
+        st = state(request)
+        token = st.token
+        if (
+            token
+            and request.path not in OPEN_PATHS
+            and request.remote not in st.config.no_token_from
+        ):
             scheme, _, given = request.headers.get("Authorization", "").partition(" ")
             if scheme.lower() != "bearer" or not hmac.compare_digest(
                 given.strip().encode(), token.encode()
