@@ -82,6 +82,7 @@ class VoicesConfig:
     dir: str = field(default_factory=lambda: str(data_dir() / "voices"))
     embedded: bool = True  # the embedded Piper voice is one of them
     default: str = ""  # the voice a request without voice or lang gets; empty = engine.voice
+    default_speaker: str = ""  # that voice's speaker for a request naming none; empty = its first
     by_lang: dict[str, str] = field(default_factory=dict)  # lang = "voice name"
     preload: list[str] = field(default_factory=list)  # voices loaded at start, not on first use
 

@@ -102,6 +102,21 @@ def test_a_speaker_a_voice_lacks_falls_back_to_its_default_speaker(
     assert "spoken by anna" in warning_of(library.speaker(duo, DUO, "carl"))
 
 
+def test_voices_default_speaker_speaks_the_default_voice_when_none_is_named(
+    tmp_path: Path, voices_dir: Path
+) -> None:
+    """The add-on's speaker option: a request naming no speaker gets it, on the default voice
+    only; a speaker the voice lacks is a config error naming the ones it has."""
+    library = build_library(config_for(tmp_path, f'default = "{DUO}"\ndefault_speaker = "bert"'))
+    duo = library.by_name[DUO]
+    assert library.speaker(duo, DUO, None) == ("bert", None)
+    assert library.speaker(duo, DUO, "") == ("bert", None)
+    assert library.speaker(duo, DUO, "anna") == ("anna", None)
+    assert library.speaker(library.by_name[PIPER], PIPER, None) == (None, None)
+    with pytest.raises(ConfigError, match="no speaker 'carl'.*anna, bert"):
+        build_library(config_for(tmp_path, f'default = "{DUO}"\ndefault_speaker = "carl"'))
+
+
 def warning_of(choice: tuple[str | None, InputWarning | None]) -> str:
     assert choice[1] is not None
     return choice[1].message

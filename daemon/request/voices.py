@@ -103,6 +103,7 @@ class VoiceLibrary:
         problems: tuple[VoiceProblem, ...] = (),
         sentence_silence_ms: int = 0,
         loudness: float | None = None,
+        default_speaker: str = "",
     ) -> None:
         if not voices:
             raise ConfigError("voices: no voice at all (voices.embedded = false and none found)")
@@ -122,6 +123,14 @@ class VoiceLibrary:
         self.default = default or voices[0].model.default_voice()
         if self.default not in self.by_name:
             raise ConfigError(f"voices.default: no voice named {self.default!r} ({self.known()})")
+        self.default_speaker = default_speaker
+        default_model = self.by_name[self.default].model
+        speakers = next(i for i in default_model.voices() if i.name == self.default).speakers
+        if default_speaker and default_speaker not in speakers:
+            raise ConfigError(
+                f"voices.default_speaker: {self.default} has no speaker {default_speaker!r} "
+                f"(it has {', '.join(speakers) or 'one, unnamed'})"
+            )
         self.by_lang = dict(by_lang or {})
         for lang, name in self.by_lang.items():
             if name not in self.by_name:
@@ -159,17 +168,17 @@ class VoiceLibrary:
             chosen = self.by_name[name], name, code
         return chosen
 
-    @staticmethod
     def speaker(
-        voice: Voice, name: str, speaker: str | None
+        self, voice: Voice, name: str, speaker: str | None
     ) -> tuple[str | None, InputWarning | None]:
         """The speaker voice ``name`` speaks a request with (None: its default) and what the
-        client is told. A speaker it has is kept. A single-speaker voice speaks any other with
+        client is told. None on the default voice is ``voices.default_speaker``, when set (the
+        add-on's speaker option: Home Assistant names none). A speaker it has is kept. A single-speaker voice speaks any other with
         its one speaker, silently for the shapes clients send for "the only one" (Home
         Assistant: ``"0"``, or the voice's name); an unknown speaker falls back to the default
         speaker with an ``unknown_speaker`` warning (docs/reliability.md, "Lenient input")."""
         if speaker in (None, ""):
-            return None, None
+            return (self.default_speaker or None) if name == self.default else None, None
         try:
             voice.model.audio_params(SynthesisConfig(voice=name, speaker=speaker))
             return speaker, None
@@ -393,6 +402,7 @@ def build_library(
         problems=tuple(problems),
         sentence_silence_ms=config.audio.sentence_silence_ms,
         loudness=config.audio.loudness,
+        default_speaker=config.voices.default_speaker,
     )
     for name in config.voices.preload:
         if name not in library.by_name:
