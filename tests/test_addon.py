@@ -211,7 +211,7 @@ def test_the_containers_config_keeps_everything_under_data() -> None:
     env = {
         "SPEAKD_HTTP_TOKEN": "t",
         "SPEAKD_CACHE_MAX_BYTES": "1048576",
-        "SPEAKD_AUDIO_SINK": "wav",
+        "SPEAKD_AUDIO_VOLUME": "0.5",
     }
     changed = load_config(path, env=env)
     assert changed.cache.max_bytes == 1048576 and changed.audio.volume == 0.5
