@@ -113,7 +113,7 @@ def test_voices_default_speaker_speaks_the_default_voice_when_none_is_named(
     assert library.speaker(duo, DUO, "") == ("bert", None)
     assert library.speaker(duo, DUO, "anna") == ("anna", None)
     assert library.speaker(library.by_name[PIPER], PIPER, None) == (None, None)
-    with pytest.raises(ConfigError, match="no speaker 'carl'.*anna, bert"):
+    with pytest.raises(ConfigError, match=r"no speaker 'carl'.*anna, bert"):
         build_library(config_for(tmp_path, f'default = "{DUO}"\ndefault_speaker = "carl"'))
 
 

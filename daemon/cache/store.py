@@ -398,6 +398,20 @@ class CacheStore:
             lambda db: db.execute("DELETE FROM clips WHERE key = ?", [key]).rowcount > 0
         )
 
+    def pin(self, key: str, pinned: bool = True) -> bool:
+        """Pin a clip (kept beyond the budget and the TTL) or unpin it (it expires a TTL from
+        now, like a clip just made); False when there is no such clip."""
+        expires = None if pinned else self.expiry(time.time())
+        return self._run(
+            lambda db: (
+                db.execute(
+                    "UPDATE clips SET pinned = ?, expires = ? WHERE key = ?",
+                    [int(pinned), expires, key],
+                ).rowcount
+                > 0
+            )
+        )
+
     def prune(self, now: float | None = None) -> dict[str, int]:
         """Drop expired unpinned clips, then LRU-evict down to the byte budget."""
         now = time.time() if now is None else now

@@ -37,6 +37,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from speakd.control.recent import Recent
 from speakd.request.messages import Event, EventType, SpeakRequest, error_data
 from speakd.request.stream import AudioStream
 
@@ -107,6 +108,7 @@ class Metrics:
             registry=self.registry,
         )
         self.registry.register(_StateCollector(control))
+        self.recent = Recent()  # the page's plot of the last minutes (GET /v1/recent)
         self._said: dict[str, str] = {}  # request id → front-end, until its terminal event
         self._first: dict[int, asyncio.Task[None]] = {}  # stream id → first-chunk watcher
         control.listen(self.on_event)
@@ -126,11 +128,15 @@ class Metrics:
         if len(self._said) >= MAX_TRACKED:  # terminal events lost to a bug: do not grow forever
             self._said.pop(next(iter(self._said)))
         self._said[request.id] = frontend_of(request.origin)
+        self.recent.said(request)
 
     def on_event(self, event: Event) -> None:
         if event.type == EventType.STARTED and "latency_ms" in event.data:
             self.first_audio.labels("say").observe(event.data["latency_ms"] / 1000)
+            frontend = self._said.get(event.request_id, "other")
+            self.recent.started(event.request_id, frontend, event.data["latency_ms"])
         elif event.terminal:
+            self.recent.ended(event.request_id)
             frontend = self._said.pop(event.request_id, "other")
             outcome = event.data.get("status") or event.data.get("code") or "error"
             self.requests.labels(frontend, "say", outcome).inc()
@@ -153,7 +159,7 @@ class Metrics:
 
     def stream_opened(self, request: SpeakRequest, stream: AudioStream) -> None:
         if stream.chunks:  # a cache hit: whole already
-            self._first_audio(request)
+            self._first_audio(request, "cache")
             return
         if stream.done:  # failed before any audio
             return
@@ -177,11 +183,13 @@ class Metrics:
     async def _watch_first(self, request: SpeakRequest, stream: AudioStream) -> None:
         with contextlib.suppress(Exception):  # a failed stream has no first audio
             async for _chunk in stream.aread():
-                self._first_audio(request)
+                self._first_audio(request, "synthesis")
                 return
 
-    def _first_audio(self, request: SpeakRequest) -> None:
-        self.first_audio.labels("stream").observe(time.monotonic() - request.received)
+    def _first_audio(self, request: SpeakRequest, source: str) -> None:
+        latency = time.monotonic() - request.received
+        self.first_audio.labels("stream").observe(latency)
+        self.recent.add(request, frontend_of(request.origin), "stream", source, latency * 1000)
 
     # ---- synthesis: the Guard ---------------------------------------------------------------
 

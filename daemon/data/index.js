@@ -15,9 +15,11 @@ function headers(json) {
   return h;
 }
 
-async function api(path, body) {
+// Every URL is relative: the page works under a path prefix (Home Assistant's ingress).
+async function api(path, body, method) {
   const init = body === undefined ? { headers: headers(false) }
-    : { method: "POST", headers: headers(true), body: JSON.stringify(body) };
+    : body === null ? { method, headers: headers(false) }
+      : { method: method || "POST", headers: headers(true), body: JSON.stringify(body) };
   const response = await fetch(path, init);
   if (!response.ok) {
     let message = response.status + " " + response.statusText;
@@ -216,17 +218,27 @@ async function refresh() {
         s.counters.rejected + " refused (queue full)"],
       ["uptime", Math.round(s.uptime_s) + " s"],
     ]);
-    $("queue").replaceChildren(...s.queue.map((id) => {
+    const waiting = s.current ? [s.current + " (playing)", ...s.queue] : s.queue;
+    $("queue").replaceChildren(...waiting.map((id) => {
       const li = document.createElement("li");
       li.textContent = id;
       return li;
     }));
+    $("queue-count").textContent = s.queue_length + " waiting, " + s.streams.active + " streaming";
     const c = s.source.cache;
     fill($("cache"), c ? [
       ["hits", c.hits], ["misses", c.misses], ["clips", c.clips],
       ["size", megabytes(c.bytes) + " of " + megabytes(c.max_bytes)],
       ["pinned", c.pinned],
     ] : [["cache", "off"]]);
+    if (c) { // the budget counts unpinned clips; pinned ones are kept beyond it
+      const used = c.bytes - (c.pinned_bytes || 0);
+      const share = c.max_bytes ? Math.min(1, used / c.max_bytes) : 0;
+      $("budget-bar").style.width = (share * 100).toFixed(1) + "%";
+      $("budget-bar").className = share > 0.9 ? "full" : "";
+      $("budget-bar").parentElement.title = megabytes(used) + " of " + megabytes(c.max_bytes) +
+        " budget, " + megabytes(c.pinned_bytes || 0) + " pinned beyond it";
+    }
     document.body.dataset.status = s.state;
   } catch (e) {
     $("health").textContent = "● " + e.message;
@@ -256,5 +268,5 @@ document.addEventListener("DOMContentLoaded", () => {
   $("say").addEventListener("click", guarded(say));
   $("stop").addEventListener("click", guarded(stop));
   guarded(loadVoices)();
-  setInterval(refresh, 2000);
+  setInterval(refresh, 1000); // the queue, live
 });

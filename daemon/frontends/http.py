@@ -28,7 +28,7 @@ from prometheus_client import Counter
 from speakd.config import HttpConfig
 from speakd.control import Control
 from speakd.control.metrics import CONTENT_TYPE, Metrics
-from speakd.frontends import http_openai, http_speakd
+from speakd.frontends import http_openai, http_page, http_speakd
 from speakd.frontends.http_base import (
     STATE,
     HttpState,
@@ -42,7 +42,12 @@ from speakd.request.messages import error_data
 
 log = logging.getLogger(__name__)
 
-PAGE_FILES = {"/": "index.html", "/index.js": "index.js", "/index.css": "index.css"}
+PAGE_FILES = {
+    "/": "index.html",
+    "/index.js": "index.js",
+    "/panels.js": "panels.js",
+    "/index.css": "index.css",
+}
 OPEN_PATHS = (*PAGE_FILES, "/healthz")  # no token needed: no data in them
 PAGE_TYPES = {"html": "text/html", "js": "text/javascript", "css": "text/css"}
 PAGE_HEADERS = {
@@ -86,7 +91,7 @@ class HttpFrontend:
         )
         app[STATE] = self.state
         app.on_response_prepare.append(_server_header)
-        app.add_routes(http_openai.routes() + http_speakd.routes())
+        app.add_routes(http_openai.routes() + http_speakd.routes() + http_page.routes())
         app.add_routes(
             [
                 web.get("/healthz", healthz),

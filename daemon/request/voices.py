@@ -173,10 +173,11 @@ class VoiceLibrary:
     ) -> tuple[str | None, InputWarning | None]:
         """The speaker voice ``name`` speaks a request with (None: its default) and what the
         client is told. None on the default voice is ``voices.default_speaker``, when set (the
-        add-on's speaker option: Home Assistant names none). A speaker it has is kept. A single-speaker voice speaks any other with
-        its one speaker, silently for the shapes clients send for "the only one" (Home
-        Assistant: ``"0"``, or the voice's name); an unknown speaker falls back to the default
-        speaker with an ``unknown_speaker`` warning (docs/reliability.md, "Lenient input")."""
+        add-on's speaker option: Home Assistant names none). A speaker it has is kept. A
+        single-speaker voice speaks any other with its one speaker, silently for the shapes
+        clients send for "the only one" (Home Assistant: ``"0"``, or the voice's name); an
+        unknown speaker falls back to the default speaker with an ``unknown_speaker`` warning
+        (docs/reliability.md, "Lenient input")."""
         if speaker in (None, ""):
             return (self.default_speaker or None) if name == self.default else None, None
         try:

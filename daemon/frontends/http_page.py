@@ -1,0 +1,85 @@
+"""What the page shows beyond status (docs/http.md, "The page"): the cached and pinned prompts
+(search, play, pin, drop for a re-synthesis) and the last minutes' requests with their time to
+first audio. Plain JSON routes under ``/v1`` like the rest, behind the same token.
+
+The cache is the one the daemon plays from now (``Control.cache_store``); without one the cache
+routes answer 404 ``not_found`` with ``cache.enabled`` in the message.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from speakd.audio import wav_bytes
+from speakd.cache.store import CacheStore
+from speakd.frontends.http_base import ok, read_json, state
+from speakd.request.messages import RequestError
+
+MAX_LISTED = 200  # clips one listing returns, most recently used first
+LISTED = ("key", "text", "voice", "params", "duration", "pinned", "hits", "bytes", "last_used")
+
+
+def routes() -> list[web.RouteDef]:
+    return [
+        web.get("/v1/recent", recent),
+        web.get("/v1/cache/clips", clips),
+        web.get("/v1/cache/clips/{key}/audio", clip_audio),
+        web.post("/v1/cache/clips/{key}/pin", pin),
+        web.delete("/v1/cache/clips/{key}", drop),
+    ]
+
+
+async def recent(request: web.Request) -> web.Response:
+    metrics = state(request).metrics
+    if metrics is None:
+        return ok({"window_s": 0, "requests": []})
+    return ok(metrics.recent.listing())
+
+
+def _store(request: web.Request) -> CacheStore:
+    store = state(request).control.cache_store()
+    if store is None:
+        raise RequestError("not_found", "there is no cache (cache.enabled = false)")
+    return store
+
+
+async def clips(request: web.Request) -> web.Response:
+    """``?q=`` finds text (any case), ``?pinned=1`` only pinned clips."""
+    store = _store(request)
+    query = request.query.get("q", "").casefold()
+    pinned = request.query.get("pinned") in ("1", "true")
+    found: list[dict[str, Any]] = []
+    total = 0
+    for row in store.listing(pinned_only=pinned):
+        if query and query not in row["text"].casefold():
+            continue
+        total += 1
+        if len(found) < MAX_LISTED:
+            found.append({k: row[k] for k in LISTED} | {"pinned": bool(row["pinned"])})
+    return ok({"clips": found, "matching": total, "stats": store.stats()})
+
+
+async def clip_audio(request: web.Request) -> web.Response:
+    clip = _store(request).get(request.match_info["key"])
+    if clip is None:
+        raise RequestError("not_found", "no clip with that key (evicted or dropped)")
+    return web.Response(body=wav_bytes(clip.chunk()), content_type="audio/wav")
+
+
+async def pin(request: web.Request) -> web.Response:
+    body = await read_json(request)
+    pinned = body.get("pinned", True)
+    if not isinstance(pinned, bool):
+        raise RequestError("bad_field", "pinned must be true or false")
+    if not _store(request).pin(request.match_info["key"], pinned):
+        raise RequestError("not_found", "no clip with that key (evicted or dropped)")
+    return ok({"key": request.match_info["key"], "pinned": pinned})
+
+
+async def drop(request: web.Request) -> web.Response:
+    """Drop a clip: the next request for it synthesizes it anew (the page's re-synthesize)."""
+    if not _store(request).delete(request.match_info["key"]):
+        raise RequestError("not_found", "no clip with that key (evicted or dropped)")
+    return ok({"key": request.match_info["key"], "dropped": True})
