@@ -65,6 +65,7 @@ apt-image:
 image: apt-image $(VENV)/bin/python
 	$(SUDO) env PYTHON=$(VENV)/bin/python container/build.sh $(if $(DEB),--deb $(DEB),)
 
-image-test: image
+image-test: apt-image $(VENV)/bin/python
+	$(SUDO) env PYTHON=$(VENV)/bin/python container/build.sh --addon yes $(if $(DEB),--deb $(DEB),)
 	$(VENV)/bin/pip install -q -e ".[dev,host]"
 	$(SUDO) env SPEAKD_IMAGE_REQUIRED=1 $(VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_image.py

@@ -1,7 +1,9 @@
 #!/bin/sh
-# Build speakd's OCI image for amd64 with podman: no daemon, no registry (`make image`).
+# Build speakd's OCI image with podman, no daemon, no registry (`make image`), for this
+# machine's architecture (amd64 here; on an arm64 host the same script makes the arm64 image:
+# its RUN step executes the target's apt and Python, so it cannot cross-build without binfmt).
 #
-#   container/build.sh [--deb FILE] [--tag NAME] [--mirror URL]
+#   container/build.sh [--deb FILE] [--tag NAME] [--mirror URL] [--addon yes]
 #
 # 1. The base: a Debian bookworm root made by `debootstrap --variant=minbase`, trimmed the way
 #    debian:bookworm-slim is (no manuals, no translations) and imported as
@@ -12,18 +14,22 @@
 # 3. `podman build --isolation chroot --format docker` of container/Containerfile: apt installs
 #    the .deb and its Debian dependencies (python3.11, libportaudio2) in the base. The docker
 #    format keeps HEALTHCHECK, which OCI's image format has no field for.
+# 4. With --addon yes, also the Home Assistant add-on's image (homeassistant/speakd/Dockerfile)
+#    as the Supervisor builds it, with the same .deb beside it and the same base:
+#    localhost/speakd-addon:<version>.
 # Prints the image's name (default localhost/speakd:<version>) on its last line.
 set -eu
 
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(dirname "$here")
-deb= tag= mirror=http://deb.debian.org/debian
+deb= tag= mirror=http://deb.debian.org/debian addon=no
 while [ $# -gt 0 ]; do
     [ $# -ge 2 ] || { sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0" >&2; exit 2; }
     case $1 in
         --deb) deb=$2 ;;
         --tag) tag=$2 ;;
         --mirror) mirror=$2 ;;
+        --addon) addon=$2 ;;
         *) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0" >&2; exit 2 ;;
     esac
     shift 2
@@ -77,8 +83,9 @@ SOURCES
 fi
 
 if [ -z "$deb" ]; then
-    say "building the .deb (systemd/debian/build.sh --arch amd64)"
-    deb=$(PYTHON=${PYTHON:-python3} "$repo/systemd/debian/build.sh" --arch amd64 \
+    arch=$(dpkg --print-architecture)
+    say "building the .deb (systemd/debian/build.sh --arch $arch)"
+    deb=$(PYTHON=${PYTHON:-python3} "$repo/systemd/debian/build.sh" --arch "$arch" \
         --compress none --out "$work/deb" | tail -1)
 fi
 context=$work/context
@@ -90,4 +97,18 @@ podman build --isolation chroot --format docker --pull=never \
     --build-arg "BASE=$base" --build-arg DEB=speakd.deb --build-arg "VERSION=$version" \
     --tag "$tag" "$context" >&2
 say "built $tag: $(podman image inspect --format '{{.Size}}' "$tag") bytes"
+if [ "$addon" = yes ]; then
+    # the Supervisor's BUILD_ARCH names aarch64 what Debian calls arm64
+    arch=$(dpkg-deb --field "$deb" Architecture)
+    case $arch in arm64) build_arch=aarch64 ;; *) build_arch=$arch ;; esac
+    package=$(dpkg-deb --field "$deb" Version)
+    mkdir -p "$work/addon"
+    cp -r "$repo/homeassistant/speakd/." "$work/addon/"
+    cp "$deb" "$work/addon/speakd_${package}_$arch.deb"
+    say "podman build localhost/speakd-addon:$version (homeassistant/speakd)"
+    podman build --isolation chroot --format docker --pull=never \
+        --build-arg "BUILD_FROM=$base" --build-arg "BUILD_ARCH=$build_arch" \
+        --build-arg "SPEAKD_VERSION=$package" --tag "localhost/speakd-addon:$version" \
+        "$work/addon" >&2
+fi
 echo "$tag"

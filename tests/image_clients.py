@@ -3,11 +3,13 @@ the ``wyoming`` library's client synthesizes through port 10200 and the ``openai
 HTTP port, as Home Assistant and an OpenAI client would. Prints one JSON line of what came back.
 
     python -m tests.image_clients WYOMING_PORT HTTP_PORT TOKEN TEXT
+    python -m tests.image_clients supervisor PORT OUT   # a stand-in Supervisor for the add-on
 """
 
 from __future__ import annotations
 
 import asyncio
+import http.server
 import json
 import socket
 import sys
@@ -57,7 +59,28 @@ def openai_speech(port: int, token: str, text: str) -> dict[str, object]:
     return {"wav_bytes": len(body), "riff": body[:4] == b"RIFF", "cache": cache}
 
 
+def supervisor(port: int, out: str) -> None:
+    """Answer one ``POST /discovery`` as the Supervisor does, and write what came to ``out``."""
+
+    class Discovery(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            seen = {"path": self.path, "auth": self.headers["Authorization"], "body": body.decode()}
+            with open(out, "w") as f:
+                json.dump(seen, f)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(b'{"result": "ok", "data": {"uuid": "0"}}')
+
+    with http.server.HTTPServer(("127.0.0.1", port), Discovery) as server:
+        server.handle_request()
+
+
 def main() -> None:
+    if sys.argv[1] == "supervisor":
+        supervisor(int(sys.argv[2]), sys.argv[3])
+        return
     wyoming_port, http_port, token, text = int(sys.argv[1]), int(sys.argv[2]), *sys.argv[3:5]
     wait_for_port(wyoming_port)
     wait_for_port(http_port)

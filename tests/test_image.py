@@ -34,6 +34,7 @@ VERSION = next(
     if line.startswith("version = ")
 )
 IMAGE = os.environ.get("SPEAKD_IMAGE", f"localhost/speakd:{VERSION}")
+ADDON_IMAGE = f"localhost/speakd-addon:{VERSION}"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -81,28 +82,44 @@ class Declared:
         raise LookupError(f"no user {name} in the image")
 
 
-@pytest.fixture(scope="module")
-def image() -> Iterator[Declared]:
+def mounted(name: str) -> Iterator[Declared]:
     (info,) = json.loads(subprocess.run(
-        ["podman", "image", "inspect", IMAGE], capture_output=True, text=True, check=True
+        ["podman", "image", "inspect", name], capture_output=True, text=True, check=True
     ).stdout)  # fmt: skip
     root = subprocess.run(
-        ["podman", "image", "mount", IMAGE], capture_output=True, text=True, check=True
+        ["podman", "image", "mount", name], capture_output=True, text=True, check=True
     ).stdout.strip()
     try:
-        yield Declared(info["Config"], info["Healthcheck"], Path(root))
+        yield Declared(info["Config"], info.get("Healthcheck") or {}, Path(root))
     finally:
-        subprocess.run(["podman", "image", "unmount", IMAGE], capture_output=True)
+        subprocess.run(["podman", "image", "unmount", name], capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def image() -> Iterator[Declared]:
+    yield from mounted(IMAGE)
+
+
+@pytest.fixture(scope="module")
+def addon() -> Iterator[Declared]:
+    """The add-on's image, built by `make image-test` (container/build.sh --addon yes)."""
+    if subprocess.run(["podman", "image", "exists", ADDON_IMAGE]).returncode != 0:
+        if os.environ.get("SPEAKD_IMAGE_REQUIRED"):
+            raise RuntimeError(f"no {ADDON_IMAGE}: container/build.sh --addon yes builds it")
+        pytest.skip(f"no {ADDON_IMAGE} (`make image-test` builds it)")
+    yield from mounted(ADDON_IMAGE)
 
 
 class Container:
     """The entry point started the way a runtime would, in its own namespaces."""
 
-    def __init__(self, image: Declared, data: Path, user: str | None = None) -> None:
-        uid, gid = image.ids(user or image.config["User"])
+    def __init__(
+        self, image: Declared, data: Path, user: str | None = None, **env_given: str
+    ) -> None:
+        """``user`` as ``--user``, ``env_given`` as ``-e`` (or what the Supervisor sets)."""
+        uid, gid = image.ids(user or image.config.get("User") or "root")
         workdir = image.config.get("WorkingDir") or "/"
-        assert "/data" in (image.config.get("Volumes") or {})
-        env = [f"{k}={v}" for k, v in image.env.items()]
+        env = [f"{k}={v}" for k, v in {**image.env, **env_given}.items()]
         r = image.root
         script = (
             "set -e; mount --make-rprivate /;"
@@ -142,7 +159,7 @@ class Container:
 def test_the_image_declares_how_it_runs(image: Declared) -> None:
     c = image.config
     assert c["User"] == "speakd" and image.ids("speakd") == (10200, 10200)
-    assert c["WorkingDir"] == "/data" and "/data" in c["Volumes"]
+    assert c["WorkingDir"] == "/data" and set(c["Volumes"]) == {"/data"}
     assert set(c["ExposedPorts"]) == {"10200/tcp", "5500/tcp"}
     assert image.argv == ["/usr/local/bin/speakd-entrypoint"]
     assert "healthz" in " ".join(image.health["Test"])
@@ -216,3 +233,47 @@ def test_a_data_folder_owned_by_someone_else(image: Declared, tmp_path: Path) ->
         assert (data / "http-token").stat().st_mode & 0o077 == 0
     finally:
         container.stop()
+
+
+def test_the_add_on_image_configures_drops_to_speakd_and_announces(
+    addon: Declared, tmp_path: Path
+) -> None:
+    """The add-on as the Supervisor starts it: as root, options in /data/options.json,
+    SUPERVISOR_TOKEN in its environment (the Supervisor's address moved to a stand-in inside
+    the container's network)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    options = {"voice": "", "speaker": "", "cache_size_mb": 32, "api_token": "addon-token"}
+    (data / "options.json").write_text(json.dumps(options))
+    container = Container(
+        addon, data, SUPERVISOR_TOKEN="sv-token", SPEAKD_ADDON_SUPERVISOR="http://127.0.0.1:8765"
+    )
+    seen = tmp_path / "discovery.json"
+    try:
+        stand_in = subprocess.Popen(
+            ["nsenter", f"--net=/proc/{container.proc.pid}/ns/net", "--", sys.executable,
+             "-m", "tests.image_clients", "supervisor", "8765", str(seen)], cwd=ROOT,
+        )  # fmt: skip
+        r = container.nsenter(
+            sys.executable, "-m", "tests.image_clients", "10200", "5500", "addon-token",
+            "The add-on speaks.",
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr + container.stop()
+        got = json.loads(r.stdout)
+        assert got["wyoming"]["pcm_bytes"] > 0 and got["openai"]["riff"]
+        stand_in.wait(timeout=60)
+        discovery = json.loads(seen.read_text())
+        assert discovery["path"] == "/discovery" and discovery["auth"] == "Bearer sv-token"
+        body = json.loads(discovery["body"])
+        assert body["service"] == "wyoming" and body["config"]["uri"].endswith(":10200")
+        # the script stays root; speakd, its child, runs as speakd
+        script = container.init_pid()
+        (child,) = Path(f"/proc/{script}/task/{script}/children").read_text().split()
+        uids = Path(f"/proc/{child}/status").read_text().split("Uid:")[1].split()[:2]
+        assert uids == [str(addon.ids("speakd")[0])] * 2
+        assert (data / "cache" / "cache.db").stat().st_uid == addon.ids("speakd")[0]
+        assert "cache_size_mb" not in (data / "speakd.toml").read_text()
+        assert f"max_bytes = {32 * 1024 * 1024}" in (data / "speakd.toml").read_text()
+    finally:
+        log = container.stop()
+    assert "Wyoming discovery sent" in log and "Traceback" not in log, log

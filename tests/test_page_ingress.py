@@ -119,6 +119,17 @@ async def test_the_page_works_under_home_assistants_ingress(tmp_path: Path) -> N
             ):
                 assert path in fetched, (path, sorted(fetched))  # fmt: skip
 
+            # A key that is not there, or a pin that is not true/false: clear errors.
+            clip = f"{d.url}/v1/cache/clips"
+            for method, url, body, code in (
+                ("POST", f"{clip}/{key}/pin", {"pinned": "yes"}, "bad_field"),
+                ("POST", f"{clip}/nokey/pin", {"pinned": True}, "not_found"),
+                ("DELETE", f"{clip}/nokey", None, "not_found"),
+                ("GET", f"{clip}/nokey/audio", None, "not_found"),
+            ):
+                r = httpx.request(method, url, json=body, headers=d.auth, timeout=10)
+                assert r.json()["error"]["code"] == code, (method, url, r.text)
+
             # Screenshots: the add-on's page at the prefix, desktop and phone.
             await page.goto(f"{base}{proxy.prefix}/")
             await page.wait_for("Number(document.body.dataset.recent) >= 3", 30)
