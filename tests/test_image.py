@@ -21,6 +21,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,6 +135,11 @@ class Container:
              "sh", "-c", script, "container", *env, *image.argv],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
+        # nsenter joins whatever namespace the pid has: wait until unshare made its own
+        ours, deadline = os.readlink("/proc/self/ns/net"), time.monotonic() + 30
+        while os.readlink(f"/proc/{self.proc.pid}/ns/net") == ours:
+            assert time.monotonic() < deadline and self.proc.poll() is None, self.stop()
+            time.sleep(0.01)
 
     def nsenter(self, *argv: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         """Run a host program in the container's network namespace."""
