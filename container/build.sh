@@ -95,6 +95,7 @@ cp "$deb" "$context/speakd.deb"
 say "podman build $tag from $(basename "$deb")"
 podman build --isolation chroot --format docker --pull=never \
     --build-arg "BASE=$base" --build-arg DEB=speakd.deb --build-arg "VERSION=$version" \
+    --build-arg "DEB_SHA256=$(sha256sum "$deb" | cut -d' ' -f1)" \
     --tag "$tag" "$context" >&2
 say "built $tag: $(podman image inspect --format '{{.Size}}' "$tag") bytes"
 if [ "$addon" = yes ]; then
