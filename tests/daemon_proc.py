@@ -122,16 +122,21 @@ READY_LINE = "speakd ready: "  # logged by Daemon.run right after READY=1
 
 
 def start_daemon(
-    config: Path, env: dict[str, str] | None = None, ready_timeout: float = 60
+    config: Path,
+    env: dict[str, str] | None = None,
+    ready_timeout: float = 60,
+    wrap: tuple[str, ...] = (),
 ) -> DaemonProc:
     """Start the daemon and wait until it says it is ready: READY comes after every listener
     (JSON, SSIP, HTTP, Wyoming, MQTT) is up, so a test may use any of them at once; the JSON
-    socket answering alone says nothing of the listeners started after it."""
+    socket answering alone says nothing of the listeners started after it. ``wrap`` runs it
+    under a command (``setpriv …``)."""
     full_env = {**os.environ, **(env or {})}
     socket_path = load_config(config, env=full_env).socket.path
     log = config.with_suffix(".log")
+    serve = [sys.executable, "-m", "speakd", "--log-level", "DEBUG", "serve", "--config"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "speakd", "--log-level", "DEBUG", "serve", "--config", str(config)],
+        [*wrap, *serve, str(config)],
         stdout=log.open("wb"),
         stderr=subprocess.STDOUT,
         env=full_env,

@@ -222,7 +222,7 @@ async function refresh() {
       return li;
     }));
     const c = s.source.cache;
-    fill($("cache"), c ? [
+    fill($("cache"), c && c.unavailable ? [["cache", "unavailable: " + c.unavailable]] : c ? [
       ["hits", c.hits], ["misses", c.misses], ["clips", c.clips],
       ["size", megabytes(c.bytes) + " of " + megabytes(c.max_bytes)],
       ["pinned", c.pinned],

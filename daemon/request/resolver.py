@@ -64,9 +64,13 @@ class Resolver:
         guard: Guard | None = None,
         prewarm_bytes: int = 0,
         stale_while_revalidate: bool = False,
+        unavailable: str = "",
     ) -> None:
         self.voices = voices if isinstance(voices, VoiceLibrary) else VoiceLibrary.of(voices)
         self.store = store
+        # Why the configured cache could not be opened ("" when it was, or is off): status
+        # ``cache.unavailable``, the metric speakd_cache_unavailable and `speakd doctor` show it.
+        self.unavailable = unavailable
         self.guard = guard or Guard(CircuitBreaker())
         self.stale_while_revalidate = stale_while_revalidate
         self.counters = {
@@ -125,9 +129,9 @@ class Resolver:
                     ttl_s=config.ttl_s,
                     ttl_jitter=config.ttl_jitter,
                 )
-            except CacheError as e:
-                log.error("audio cache disabled: %s", e)
-                return cls(voices, guard=guard)
+            except CacheError as e:  # never fatal: the voices serve every request instead
+                log.warning("audio cache disabled, every request is synthesized: %s", e)
+                return cls(voices, guard=guard, unavailable=str(e))
         return cls(
             voices,
             store,
@@ -210,7 +214,8 @@ class Resolver:
     def status(self) -> dict[str, Any]:
         breaker = self.guard.breaker.status()
         if self.store is None:
-            return {"cache": None, "breaker": breaker}
+            off = {"enabled": False, "unavailable": self.unavailable} if self.unavailable else None
+            return {"cache": off, "breaker": breaker}
         with self._lock:
             info: dict[str, Any] = {
                 "enabled": True,

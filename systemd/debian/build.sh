@@ -98,6 +98,8 @@ ln -s /opt/speakd/venv/bin/speakd "$stage/usr/bin/speakd"
 # 4. systemd's files and the config.
 install -D -m 0644 -t "$stage/usr/lib/systemd/system" \
     "$repo/systemd/speakd.service" "$repo/systemd/speakd.socket" "$repo/systemd/speakd-ssip.socket"
+# The desktop's user units, where user managers look; not enabled (docs/screen-readers.md).
+install -D -m 0644 -t "$stage/usr/lib/systemd/user" "$repo"/systemd/user/*
 install -D -m 0644 "$repo/systemd/speakd.sysusers" "$stage/usr/lib/sysusers.d/speakd.conf"
 install -D -m 0644 "$repo/systemd/speakd.tmpfiles" "$stage/usr/lib/tmpfiles.d/speakd.conf"
 install -D -m 0644 "$repo/systemd/speakd.toml" "$stage/etc/speakd/speakd.toml"
