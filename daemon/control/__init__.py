@@ -13,6 +13,7 @@ import collections
 import contextlib
 import logging
 import math
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -47,6 +48,7 @@ log = logging.getLogger(__name__)
 
 MAX_ID_CHARS = 128
 FORMATS = ("text", "ssml")
+IDLE_CHECK_S = 1.0  # how often a job waiting for the engine to be idle looks at its halt flag
 
 
 class Observer(Protocol):
@@ -375,6 +377,14 @@ class Control:
     def chimes(self) -> list[str]:
         """The names a ``chime`` may take: the built-in chimes, then pinned clips' texts."""
         return self.sounds.names()
+
+    async def wait_idle(self, halt: threading.Event) -> bool:
+        """Until no synthesis is in flight (``Resolver.wait_idle``), for a background job that
+        must not compete with requests someone waits for; False when ``halt`` was set first."""
+        while not halt.is_set():
+            if await asyncio.to_thread(self.scheduler.resolver.wait_idle, IDLE_CHECK_S):
+                return not halt.is_set()
+        return False
 
     def cache_store(self) -> CacheStore | None:
         """The cache the daemon plays from now (a reload may replace it), None when it is off:
