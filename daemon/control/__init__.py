@@ -12,14 +12,12 @@ import asyncio
 import collections
 import contextlib
 import logging
-import math
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from speakd.audio.pitch import PITCH_RANGE
 from speakd.engines.base import SynthesisConfig
 from speakd.markup.capitals import Capitals
 from speakd.markup.lexicon import Lexicon
@@ -35,7 +33,7 @@ from speakd.request.messages import (
     SpeakRequest,
     validate_text,
 )
-from speakd.request.prepare import Marker, Part, Silence, Sound, Speech
+from speakd.request.prepare import VOLUME_RANGE, Marker, Part, Silence, Sound, Speech, check_range
 from speakd.request.scheduler import Scheduler
 from speakd.request.sounds import CHIMES, Sounds
 from speakd.request.stream import AudioStream
@@ -141,9 +139,8 @@ class Control:
             speaker = str(speaker)  # a speaker id
         speaker = _string({"speaker": speaker}, "speaker")
         chime = _string(fields, "chime")
-        speed = _number(fields, "speed", 0.25, 4.0)
-        volume = _number(fields, "volume", 0.0, 4.0)
-        pitch = _number(fields, "pitch", *PITCH_RANGE)
+        speed, pitch, volume = fields.get("speed"), fields.get("pitch"), fields.get("volume")
+        check_range("volume", volume, VOLUME_RANGE)  # speed and pitch: prepare_request's check
         seed = fields.get("seed")
         if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
             raise RequestError("bad_field", "seed must be a non-negative integer")
@@ -463,17 +460,4 @@ def _string(fields: dict[str, Any], key: str) -> str | None:
         return None
     if not isinstance(value, str):
         raise RequestError("bad_field", f"{key} must be a string")
-    return value
-
-
-def _number(fields: dict[str, Any], key: str, lo: float, hi: float) -> Any:
-    value = fields.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise RequestError("bad_field", f"{key} must be a number")
-    if isinstance(value, float) and not math.isfinite(value):  # (a huge int overflows isfinite)
-        raise RequestError("bad_field", f"{key} must be a finite number")
-    if not lo <= value <= hi:
-        raise RequestError("bad_field", f"{key} must be within {lo}..{hi}, got {value}")
     return value
