@@ -97,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from speakd.cache.packs import export_pack, import_by_hand
     from speakd.cache.trust import Trust
+    from speakd.cache.versions import PackVersions
 
     command = args.cache_command
     if command == "key-echo":
@@ -107,8 +108,11 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     with _open(args, create=command == "import") as store:
         if command == "import":
-            trust = Trust(tuple(load_config(args.config).fleet.trusted_keys))
-            done = import_by_hand(store, args.pack, args.manifest, trust)
+            config = load_config(args.config)
+            versions = PackVersions.in_state_dir(config.state.dir)  # the daemon's record
+            done = import_by_hand(
+                store, args.pack, args.manifest, Trust(tuple(config.fleet.trusted_keys)), versions
+            )
             print(f"imported {done.added} of {done.clips} clips from {args.pack} into {store.path}")
         elif command == "export":
             n = export_pack(store, args.out, args.all)
