@@ -21,6 +21,7 @@ from speakd.engines.base import EngineError
 from speakd.engines.bundle import BundleError
 from speakd.library.client import Client, ClientError
 from speakd.machine import logcontext
+from speakd.request.errors import RequestError
 
 EXIT_FAILED, EXIT_USAGE = 1, 2
 
@@ -282,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         return args.func(args)
-    except (ConfigError, BundleError) as e:
+    except (ConfigError, BundleError, RequestError) as e:  # a request out of range, …
         print(f"speakd: {e}", file=sys.stderr)
         return EXIT_USAGE
     except (ClientError, EngineError) as e:

@@ -28,9 +28,9 @@ def write_config(
     voices: str = "",
     prewarm_keys: bool = False,
 ) -> Path:
-    """A config with sockets, cache, voices folder and WAV output inside ``tmp_path``; ``extra``
-    appends TOML, ``voices`` adds keys to ``[voices]``. The key-echo prewarm is off unless asked
-    for: it would load every test daemon with a few hundred syntheses."""
+    """A config with sockets, cache, state, voices folder and WAV output inside ``tmp_path``;
+    ``extra`` appends TOML, ``voices`` adds keys to ``[voices]``. The key-echo prewarm is off
+    unless asked for: it would load every test daemon with a few hundred syntheses."""
     (tmp_path / "wav").mkdir(exist_ok=True)
     (tmp_path / "voices").mkdir(exist_ok=True)
     config = tmp_path / "speakd.toml"
@@ -51,6 +51,9 @@ prewarm_keys = {"true" if prewarm_keys else "false"}
 [voices]
 dir = "{tmp_path / "voices"}"
 {voices}
+
+[state]
+dir = "{tmp_path / "state"}"
 
 [cache]
 path = "{tmp_path / "cache.db"}"

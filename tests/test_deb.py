@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -225,6 +226,15 @@ def test_synth_from_the_package(before: set[str], tmp_path: Path) -> None:
     r = run("/usr/bin/speakd", "synth", "Hello from the package.", "-o", out, "--threads", "1",
             cwd="/")  # fmt: skip
     assert wav_seconds(out) > 0.5, r.stderr
+
+
+def test_the_key_echo_pack_matches_the_packaged_config(before: set[str]) -> None:
+    """The pack the build made (cache.shipped_pack) holds every key-echo clip of the packaged
+    voice and config, as ``speakd doctor`` counts them."""
+    r = subprocess.run(["/usr/bin/speakd", "doctor"], capture_output=True, text=True, cwd="/",
+                       timeout=300)  # fmt: skip
+    line = next((x for x in r.stdout.splitlines() if "] key echo: " in x), r.stdout + r.stderr)
+    assert re.match(r"\[ OK \] key echo: /usr/share/speakd/key-echo.db: all \d+ key-echo", line)
 
 
 def test_system_service_as_installed(before: set[str]) -> None:

@@ -177,6 +177,32 @@ def _check_pitch() -> Check:
     return WARN, f"pitch requests are spoken at the voice's own pitch: {why}{hint}"
 
 
+def _check_key_echo(config: Config) -> Check:
+    """Whether the shipped key-echo pack answers this config's key echo (``speakd.cache.shipped``):
+    its clips are looked up by key, so a pack made for another voice or settings matches none."""
+    from speakd.cache.keyecho import made_for, matching
+    from speakd.cache.shipped import ShippedPack
+
+    path = config.cache.shipped_pack
+    pack = ShippedPack.open(path) if config.cache.enabled else None
+    if pack is None:
+        return True, (
+            f"no shipped pack at {path or '(cache.shipped_pack unset)'}: the daemon makes the "
+            "key-echo clips in its own cache after it starts"
+        )
+    try:
+        found, wanted = matching(config, pack)
+        made = made_for(pack)
+    finally:
+        pack.close()
+    if found == wanted:
+        return True, f"{path}: all {wanted} key-echo clips match this config ({made})"
+    return WARN, (
+        f"{path}: {found} of {wanted} key-echo clips match this config ({made}); the daemon "
+        "makes the rest in its own cache after it starts"
+    )
+
+
 def _check_paths(config: Config) -> Check:
     """The cache file and the state directory, writable by the daemon's user: as root, the
     system service's ``speakd``, not root (``speakd.lifecycle.writable``)."""
@@ -278,6 +304,7 @@ def run_doctor(config_path: Path | None, socket_path: str | None = None, out=sys
         ("npu", lambda: _check_npu(config)),
         ("audio", lambda: _check_audio(config)),
         ("pitch", _check_pitch),
+        ("key echo", lambda: _check_key_echo(config)),
         ("paths", lambda: _check_paths(config)),
         ("daemon", lambda: _check_socket(config_path, socket_path)),
         ("mqtt", lambda: _check_mqtt(config)),
