@@ -146,10 +146,13 @@ def answers(path: Path) -> bool:
     return True
 
 
-def doctor_line(check: str) -> str:
-    """`speakd doctor`'s line for one check, as root with the packaged config."""
-    r = subprocess.run(["/usr/bin/speakd", "doctor"], capture_output=True, text=True, timeout=300,
-                       cwd="/")  # fmt: skip
+def doctor_line(check: str, as_service_user: bool = False) -> str:
+    """`speakd doctor`'s line for one check with the packaged config, as root or as the
+    service's user outside the service (a login shell's environment, no systemd variables)."""
+    user = ["setpriv", "--reuid=speakd", "--regid=speakd", "--init-groups", "env", "-i",
+            "HOME=/var/lib/speakd", "PATH=/usr/bin:/bin"] if as_service_user else []  # fmt: skip
+    r = subprocess.run([*user, "/usr/bin/speakd", "doctor"], capture_output=True, text=True,
+                       timeout=300, cwd="/")  # fmt: skip
     return next(line for line in r.stdout.splitlines() if f"] {check}:" in line)
 
 
@@ -252,9 +255,10 @@ def test_system_service_as_installed(before: set[str]) -> None:
         status = json.loads(run("/usr/bin/speakd", "status", cwd="/").stdout)
         assert status["source"]["cache"]["path"] == str(CACHE_DB), daemon.log_text()
         assert CACHE_DB.owner() == "speakd" and status["counters"]["finished"] == 1
-        assert doctor_line("paths") == (
-            f"[ OK ] paths: cache {CACHE_DB}, state /var/lib/speakd: writable by speakd"
-        )
+        expected = f"[ OK ] paths: cache {CACHE_DB}, state /var/lib/speakd: writable by speakd"
+        assert doctor_line("paths") == expected
+        # docs/cache.md's `sudo -u speakd speakd cache …`: the service's paths, none pinned
+        assert doctor_line("paths", as_service_user=True) == expected
         # A cache directory root took over (a `speakd cache import` as root made it anew):
         # root may write there, the service's user may not, and doctor judges as the latter.
         os.chown(CACHE_DB.parent, 0, 0)

@@ -84,3 +84,24 @@ def test_writable_is_judged_as_the_services_user(searchable: Path) -> None:
     group = _owned(tmp_path / "group", 0o770, 0, SERVICE.uid)
     assert unwritable(group / "x", SERVICE) == ""
     assert "other cannot" in unwritable(group / "x", OTHER)
+
+
+def test_the_service_user_outside_the_service_gets_the_services_paths(monkeypatch) -> None:
+    """`sudo -u speakd speakd cache import` (docs/cache.md) writes the service's cache and state,
+    with no path pinned in the config; any other user gets its XDG directories."""
+    import pwd
+
+    from speakd import paths
+
+    for name in ("CACHE_DIRECTORY", "STATE_DIRECTORY", "RUNTIME_DIRECTORY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", "/home/alice/.cache")
+    monkeypatch.setattr(os, "geteuid", lambda: 995)
+    for user, cache, state in (
+        ("speakd", "/var/cache/speakd", "/var/lib/speakd"),
+        ("alice", "/home/alice/.cache/speakd", None),
+    ):
+        entry = pwd.struct_passwd((user, "x", 995, 995, "", f"/home/{user}", "/bin/sh"))
+        monkeypatch.setattr(pwd, "getpwuid", lambda _uid, e=entry: e)
+        assert str(paths.cache_dir()) == cache
+        assert state is None or str(paths.state_dir()) == state

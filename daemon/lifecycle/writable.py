@@ -16,7 +16,8 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SERVICE_USER = "speakd"  # User= in systemd/speakd.service
+from speakd.paths import SERVICE_USER
+
 # The directories speakd.service's CacheDirectory=/StateDirectory= create, owned by its user.
 SERVICE_DIRS = (Path("/var/cache/speakd"), Path("/var/lib/speakd"))
 
