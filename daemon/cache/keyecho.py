@@ -11,6 +11,7 @@ those keys a pack holds for a given config (``speakd doctor``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import importlib.metadata
@@ -69,9 +70,8 @@ def build(config: Config, out: Path) -> Prewarmed:
     if done.failed or not done.made + done.found:
         out.unlink(missing_ok=True)
         raise CacheError(f"{out}: {done.failed} key-echo clips could not be made")
-    with sqlite3.connect(out) as db:  # one self-contained file, read with immutable=1
-        db.execute("PRAGMA journal_mode=DELETE")
-    with sqlite3.connect(out, isolation_level=None) as db:
+    with contextlib.closing(sqlite3.connect(out, isolation_level=None)) as db:
+        db.execute("PRAGMA journal_mode=DELETE")  # one self-contained file, read immutable
         db.execute("VACUUM")
     return done
 

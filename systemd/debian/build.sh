@@ -92,8 +92,8 @@ pack=$packs/$(PYTHONPATH=$work/host "$PYTHON" -m speakd.cache.keyecho "$repo/sys
 if [ ! -f "$pack" ]; then
     say "making the key-echo pack $pack"
     PYTHONPATH=$work/host "$PYTHON" -m speakd cache --config "$repo/systemd/speakd.toml" \
-        key-echo "$work/key-echo.db" 2>"$work/key-echo.log" || { cat "$work/key-echo.log" >&2; exit 1; }
-    tail -1 "$work/key-echo.log" >&2
+        key-echo "$work/key-echo.db" >&2 2>"$work/key-echo.log" || { cat "$work/key-echo.log" >&2; exit 1; }
+    grep "prewarm done" "$work/key-echo.log" >&2
     mv "$work/key-echo.db" "$pack"
 fi
 install -D -m 0644 "$pack" "$stage/usr/share/speakd/key-echo.db"
