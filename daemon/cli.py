@@ -16,19 +16,21 @@ from pathlib import Path
 from typing import Any
 
 from speakd import __version__
-from speakd.config import ConfigError, load_config
+from speakd.config import ConfigError
 from speakd.engines.base import EngineError
 from speakd.engines.bundle import BundleError
 from speakd.library.client import Client, ClientError
 from speakd.machine import logcontext
+from speakd.request.errors import RequestError
 
 EXIT_FAILED, EXIT_USAGE = 1, 2
 
 
 def _socket_path(args: argparse.Namespace) -> str:
-    if args.socket:
-        return args.socket
-    return load_config(args.config).socket.path
+    """The daemon the user runs (``speakd.library.find``: the user's own, else the system's)."""
+    from speakd.library.find import daemon_socket
+
+    return daemon_socket(args.socket, args.config)
 
 
 def _text(value: str) -> str:
@@ -266,7 +268,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     for p in sub.choices.values():
         if "--socket" not in p._option_string_actions:
-            p.add_argument("--socket", help="JSON socket path (default: from the config)")
+            p.add_argument(
+                "--socket",
+                help="JSON socket path (default: your own daemon's if it runs, else the config's)",
+            )
     return parser
 
 
@@ -278,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         return args.func(args)
-    except (ConfigError, BundleError) as e:
+    except (ConfigError, BundleError, RequestError) as e:  # a request out of range, …
         print(f"speakd: {e}", file=sys.stderr)
         return EXIT_USAGE
     except (ClientError, EngineError) as e:

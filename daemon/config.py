@@ -189,6 +189,9 @@ class LimitsConfig:
         _range("limits.max_voice_bytes", self.max_voice_bytes, 0, 1 << 40)
 
 
+SHIPPED_PACK = "/usr/share/speakd/key-echo.db"  # the Debian package's key-echo pack
+
+
 @dataclass(frozen=True)
 class CacheConfig:
     enabled: bool = True
@@ -198,6 +201,7 @@ class CacheConfig:
     ttl_jitter: float = 0.1  # fraction of ttl_s, random per entry
     prewarm_bytes: int = 67_108_864  # pinned clips held in RAM
     stale_while_revalidate: bool = False  # play an expired clip at once, re-synthesise behind
+    shipped_pack: str = SHIPPED_PACK  # read-only clips consulted after the cache; "" = none
 
     def validate(self) -> None:
         _range("cache.max_bytes", self.max_bytes, 0, 1 << 40)

@@ -1,8 +1,9 @@
 """Where the daemon keeps what it writes, for whoever runs it.
 
 systemd hands a service its directories in ``RUNTIME_DIRECTORY``/``STATE_DIRECTORY``/
-``CACHE_DIRECTORY`` (system and user units alike); without them root gets the FHS paths and
-any other user the XDG base directories. Sockets are runtime, clips are cache (rebuildable),
+``CACHE_DIRECTORY`` (system and user units alike); without them root and the system service's
+own user (``sudo -u speakd speakd cache …``) get the FHS paths, any other user the XDG base
+directories. Sockets are runtime, clips are cache (rebuildable),
 what must survive a cache wipe (the MQTT journal, pack anti-replay versions) is state, and voice
 files a user adds are data.
 """
@@ -10,7 +11,20 @@ files a user adds are data.
 from __future__ import annotations
 
 import os
+import pwd
 from pathlib import Path
+
+SERVICE_USER = "speakd"  # User= in systemd/speakd.service
+
+
+def _system() -> bool:
+    """Root, or the system service's user outside the service: the FHS paths are theirs."""
+    if os.geteuid() == 0:
+        return True
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name == SERVICE_USER
+    except KeyError:
+        return False
 
 
 def _systemd_dir(variable: str) -> Path | None:
@@ -28,7 +42,7 @@ def runtime_dir() -> Path:
     """Sockets: /run/speakd for the system service, else $XDG_RUNTIME_DIR/speakd."""
     if systemd := _systemd_dir("RUNTIME_DIRECTORY"):
         return systemd
-    if os.geteuid() == 0:
+    if _system():
         return Path("/run/speakd")
     xdg = os.environ.get("XDG_RUNTIME_DIR")
     return Path(xdg) / "speakd" if xdg else Path(f"/tmp/speakd-{os.geteuid()}")
@@ -38,7 +52,7 @@ def state_dir() -> Path:
     """State that must outlive the cache: /var/lib/speakd, else $XDG_STATE_HOME/speakd."""
     if systemd := _systemd_dir("STATE_DIRECTORY"):
         return systemd
-    if os.geteuid() == 0:
+    if _system():
         return Path("/var/lib/speakd")
     return _xdg("XDG_STATE_HOME", ".local/state")
 
@@ -47,7 +61,7 @@ def data_dir() -> Path:
     """Files a user adds (voices): /var/lib/speakd, else $XDG_DATA_HOME/speakd."""
     if systemd := _systemd_dir("STATE_DIRECTORY"):
         return systemd
-    if os.geteuid() == 0:
+    if _system():
         return Path("/var/lib/speakd")
     return _xdg("XDG_DATA_HOME", ".local/share")
 
@@ -56,6 +70,6 @@ def cache_dir() -> Path:
     """Rebuildable clips: /var/cache/speakd, else $XDG_CACHE_HOME/speakd."""
     if systemd := _systemd_dir("CACHE_DIRECTORY"):
         return systemd
-    if os.geteuid() == 0:
+    if _system():
         return Path("/var/cache/speakd")
     return _xdg("XDG_CACHE_HOME", ".cache")

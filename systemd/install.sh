@@ -4,7 +4,11 @@
 # for your drop-ins and masks) and an example /etc/speakd/speakd.toml; then create the user,
 # reload systemd and enable + start the service and its sockets.
 #
-#   sudo systemd/install.sh [--prefix DIR] [--no-enable] [--no-venv] [CHECKOUT]
+#   sudo systemd/install.sh [--prefix DIR] [--no-enable] [--no-venv] [--user-units] [CHECKOUT]
+#
+# --user-units also installs the desktop's user units (systemd/user/) into
+# /usr/local/lib/systemd/user, not enabled: each user then runs
+# `systemctl --user enable --now speakd.socket speakd-ssip.socket` (docs/screen-readers.md).
 #
 # CHECKOUT is the speakd source tree to pip-install (default: the one holding this script).
 # DESTDIR=/some/root stages every file under that root and touches nothing on the live system
@@ -23,6 +27,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 prefix=/opt/speakd
 enable=yes
 venv=yes
+user_units=no
 checkout=
 while [ $# -gt 0 ]; do
     case $1 in
@@ -30,6 +35,7 @@ while [ $# -gt 0 ]; do
         --prefix=*) prefix=${1#--prefix=}; shift ;;
         --no-enable) enable=no; shift ;;
         --no-venv) venv=no; shift ;;
+        --user-units) user_units=yes; shift ;;
         -h|--help) usage 0 ;;
         -*) echo "install.sh: unknown option $1" >&2; usage 2 ;;
         *) [ -z "$checkout" ] || usage 2; checkout=$1; shift ;;
@@ -55,12 +61,23 @@ fi
 units=$DESTDIR/usr/local/lib/systemd/system
 sysusers=$DESTDIR/usr/local/lib/sysusers.d
 mkdir -p "$units" "$sysusers" "$DESTDIR/etc/speakd"
+install_unit() {  # $1: a unit file, $2: the directory it goes to
+    sed "s#/opt/speakd/venv/#$prefix/venv/#g" "$1" > "$2/${1##*/}.tmp"
+    chmod 0644 "$2/${1##*/}.tmp"
+    mv "$2/${1##*/}.tmp" "$2/${1##*/}"
+}
 for unit in speakd.service speakd.socket speakd-ssip.socket; do
-    sed "s#/opt/speakd/venv/#$prefix/venv/#g" "$here/$unit" > "$units/$unit.tmp"
-    chmod 0644 "$units/$unit.tmp"
-    mv "$units/$unit.tmp" "$units/$unit"
+    install_unit "$here/$unit" "$units"
 done
 install -m 0644 "$here/speakd.sysusers" "$sysusers/speakd.conf"
+if [ "$user_units" = yes ]; then
+    user_dir=$DESTDIR/usr/local/lib/systemd/user
+    mkdir -p "$user_dir"
+    for unit in "$here"/user/*; do
+        install_unit "$unit" "$user_dir"
+    done
+    say "installed user units in $user_dir; each user: systemctl --user enable --now speakd.socket speakd-ssip.socket"
+fi
 if [ -e "$DESTDIR/etc/speakd/speakd.toml" ]; then
     install -m 0644 "$here/speakd.toml" "$DESTDIR/etc/speakd/speakd.toml.example"
     say "kept the existing /etc/speakd/speakd.toml (new example: speakd.toml.example)"

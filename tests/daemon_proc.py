@@ -28,9 +28,9 @@ def write_config(
     voices: str = "",
     prewarm_keys: bool = False,
 ) -> Path:
-    """A config with sockets, cache, voices folder and WAV output inside ``tmp_path``; ``extra``
-    appends TOML, ``voices`` adds keys to ``[voices]``. The key-echo prewarm is off unless asked
-    for: it would load every test daemon with a few hundred syntheses."""
+    """A config with sockets, cache, state, voices folder and WAV output inside ``tmp_path``;
+    ``extra`` appends TOML, ``voices`` adds keys to ``[voices]``. The key-echo prewarm is off
+    unless asked for: it would load every test daemon with a few hundred syntheses."""
     (tmp_path / "wav").mkdir(exist_ok=True)
     (tmp_path / "voices").mkdir(exist_ok=True)
     config = tmp_path / "speakd.toml"
@@ -51,6 +51,9 @@ prewarm_keys = {"true" if prewarm_keys else "false"}
 [voices]
 dir = "{tmp_path / "voices"}"
 {voices}
+
+[state]
+dir = "{tmp_path / "state"}"
 
 [cache]
 path = "{tmp_path / "cache.db"}"
@@ -122,16 +125,21 @@ READY_LINE = "speakd ready: "  # logged by Daemon.run right after READY=1
 
 
 def start_daemon(
-    config: Path, env: dict[str, str] | None = None, ready_timeout: float = 60
+    config: Path,
+    env: dict[str, str] | None = None,
+    ready_timeout: float = 60,
+    wrap: tuple[str, ...] = (),
 ) -> DaemonProc:
     """Start the daemon and wait until it says it is ready: READY comes after every listener
     (JSON, SSIP, HTTP, Wyoming, MQTT) is up, so a test may use any of them at once; the JSON
-    socket answering alone says nothing of the listeners started after it."""
+    socket answering alone says nothing of the listeners started after it. ``wrap`` runs it
+    under a command (``setpriv …``)."""
     full_env = {**os.environ, **(env or {})}
     socket_path = load_config(config, env=full_env).socket.path
     log = config.with_suffix(".log")
+    serve = [sys.executable, "-m", "speakd", "--log-level", "DEBUG", "serve", "--config"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "speakd", "--log-level", "DEBUG", "serve", "--config", str(config)],
+        [*wrap, *serve, str(config)],
         stdout=log.open("wb"),
         stderr=subprocess.STDOUT,
         env=full_env,

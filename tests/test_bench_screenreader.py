@@ -31,7 +31,9 @@ def test_quick_replay_on_speakd_measures_every_row() -> None:
     for key, _ in ROWS:
         assert speakd[key]["n"] > 0, key
         assert 0 < speakd[key]["p50"] <= speakd[key]["p99"] < 5000, key
-    assert speakd["marked_ratio"] > 0.5
+    # Marks are positions in one utterance: the same sentences last as long with them as without
+    # (measured 1.000–1.002×; before marks became positions, 1.51×).
+    assert 0.95 <= speakd["marked_ratio"] <= 1.05, speakd["marked_ratio"]
     assert speakd["marks_before_begin"][1] >= 1
     assert "speechd" not in result["contenders"]
     slowest = [ms for ms, _ in speakd["slowest"]]

@@ -5,11 +5,13 @@ with the tone engine — and one end to end run on the real VITS voice through `
 from __future__ import annotations
 
 import asyncio
+import io
 import os
 import signal
 import threading
 from pathlib import Path
 
+import httpx
 import pytest
 
 from speakd.audio import read_wav
@@ -279,3 +281,45 @@ def test_precompute_import_say_plays_from_cache_without_the_engine(tmp_path: Pat
         assert len(db_fds) <= 6
     finally:
         assert daemon.stop() == 0
+
+
+# What takes the kernel's file-permission bypass from root: a root test then meets EACCES as a
+# user's daemon does (a non-root test needs nothing).
+NO_DAC = ("setpriv", "--bounding-set=-dac_override,-dac_read_search", "--inh-caps=-all", "--")
+
+
+def test_a_cache_it_may_not_open_never_stops_the_daemon(tmp_path: Path) -> None:
+    """The system config's cache.path read by a desktop user's daemon (issue 46): the file is in
+    a directory the daemon may not enter. It serves from the voice alone, says why in its status,
+    in a metric and in `speakd doctor`, and logs it once."""
+    from speakd.lifecycle.doctor import run_doctor
+    from tests.daemon_proc import start_daemon, write_config
+    from tests.http_daemon import free_port
+
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o700)
+    os.chown(locked, 65534, 65534)  # nobody's: not the test's, whoever runs it
+    if os.geteuid() != 0:
+        locked.chmod(0)
+    port = free_port()
+    config = write_config(tmp_path, f'\n[http]\nlisten = "127.0.0.1:{port}"\n', sink="null")
+    env = {"SPEAKD_CACHE_PATH": str(locked / "cache.db")}
+    d = start_daemon(config, env, wrap=NO_DAC if os.geteuid() == 0 else ())
+    try:
+        events = d.say("Spoken without a cache.")
+        assert events[-1]["event"] == "finished" and events[-1]["status"] == "done", events
+        with d.client() as c:
+            cache = c.request({"op": "status"})["source"]["cache"]
+        assert cache["enabled"] is False
+        assert str(locked / "cache.db") in cache["unavailable"]
+        assert "Permission denied" in cache["unavailable"]
+        metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+        assert "\nspeakd_cache_unavailable 1.0\n" in metrics
+        out = io.StringIO()
+        assert run_doctor(config, d.socket, out=out) is False
+        daemon_line = next(x for x in out.getvalue().splitlines() if "] daemon:" in x)
+        assert daemon_line.startswith("[FAIL]") and "runs without its cache" in daemon_line
+        assert d.log_text().count("audio cache disabled") == 1
+    finally:
+        assert d.stop() == 0
+        locked.chmod(0o700)

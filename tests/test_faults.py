@@ -15,6 +15,7 @@ import io
 import json
 import logging
 import os
+import re
 import resource
 import signal
 import subprocess
@@ -408,7 +409,10 @@ def test_audio_device_that_stops_taking_audio(tmp_path: Path) -> None:
             events = list(c.say({"text": "A long announcement. " * 8}, wait=True))
         error = events[-1]
         assert error["event"] == "error" and error["code"] == "audio_unavailable", events
-        assert "stopped taking audio: a write did not return within 1.0 s" in error["message"]
+        # within WRITE_TIMEOUT_MIN_S, or START_TIMEOUT_S when the first write after the start
+        assert re.search(
+            r"stopped taking audio: a write did not return within [15]\.0 s", error["message"]
+        )
         assert audio_state(d)["available"] is False
 
         device.wedged.clear()  # the driver recovers: the next say plays on a new stream

@@ -15,9 +15,17 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from speakd.cache.packs import SitePack, import_pack, install_pack, installed_packs
+from speakd.cache.packs import (
+    META_PACK,
+    META_VERSION,
+    SitePack,
+    import_pack,
+    install_pack,
+    installed_packs,
+)
 from speakd.cache.store import CacheStore, Clip
 from speakd.cache.trust import Trust, TrustError, encode_public
+from speakd.cache.versions import FILE, PackVersions
 from speakd.cli import main as speakd_main
 from speakd.config import ConfigError, load_config
 from speakd.lifecycle.doctor import WARN, _check_fleet
@@ -27,6 +35,7 @@ from speakd_tools.bench.fleet import BUNDLE, Outcomes, SimBoard
 from speakd_tools.cli import main as tools_main
 from speakd_tools.fleet.broker import Session, broker_config
 from speakd_tools.fleet.publish import publish_pack, read_pack, sign_manifest
+from tests.daemon_proc import start_daemon, write_config
 from tests.mosquitto import Mosquitto
 
 CHUNK = 4096
@@ -90,20 +99,23 @@ def test_a_sites_new_pack_unpins_only_the_clips_nothing_else_holds(tmp_path: Pat
 
 
 def test_an_older_signed_version_is_a_replay_and_changes_nothing(tmp_path: Path) -> None:
+    versions = PackVersions.in_state_dir(tmp_path / "state")
     with CacheStore(tmp_path / "cache.db") as store:
-        install_pack(store, make_pack(tmp_path / "a.db", ["a"]), SitePack("s", "a" * 16, 20))
-        before = (pinned(store), store.meta())
+        a = SitePack("s", "a" * 16, 20)
+        install_pack(store, make_pack(tmp_path / "a.db", ["a"]), a, versions)
+        before = (pinned(store), store.meta(), versions.last("s"))
         for version in (19, 20):
             with pytest.raises(TrustError, match=r"^replayed: version \d+ for site s is not newer"):
                 install_pack(
                     store,
                     make_pack(tmp_path / f"b{version}.db", ["b"]),
                     SitePack("s", "b" * 16, version),
+                    versions,
                 )
-        assert (pinned(store), store.meta()) == before
-        install_pack(store, tmp_path / "a.db", SitePack("s", "a" * 16, 20))  # the same: no replay
-        install_pack(store, tmp_path / "b20.db", SitePack("s", "b" * 16, 21))
-        assert pinned(store) == {"b"}
+        assert (pinned(store), store.meta(), versions.last("s")) == before
+        install_pack(store, tmp_path / "a.db", a, versions)  # the same: no replay
+        install_pack(store, tmp_path / "b20.db", SitePack("s", "b" * 16, 21), versions)
+        assert pinned(store) == {"b"} and versions.last("s") == (21, "b" * 16)
 
 
 def test_verify_names_each_refusal(key: Ed25519PrivateKey, trust: Trust) -> None:
@@ -141,7 +153,8 @@ def test_cache_import_by_hand_checks_the_same_signature(
     tmp_path: Path, key: Ed25519PrivateKey, trust: Trust, capsys
 ) -> None:
     config = tmp_path / "speakd.toml"
-    config.write_text(f"[fleet]\ntrusted_keys = {json.dumps(list(trust.keys))}\n")
+    state = f'[state]\ndir = "{tmp_path / "state"}"\n'
+    config.write_text(f"{state}[fleet]\ntrusted_keys = {json.dumps(list(trust.keys))}\n")
     db = tmp_path / "cache.db"
     pack = make_pack(tmp_path / "pack.db", ["p1", "p2"])
     args = ["cache", "--config", str(config), "--db", str(db), "import", str(pack)]
@@ -151,7 +164,7 @@ def test_cache_import_by_hand_checks_the_same_signature(
     key_file = tmp_path / "ops"
     assert tools_main(["fleet", "keygen", str(key_file)]) == 0
     public = capsys.readouterr().out.splitlines()[1]
-    config.write_text(f'[fleet]\ntrusted_keys = ["{public}"]\n')
+    config.write_text(f'{state}[fleet]\ntrusted_keys = ["{public}"]\n')
     sign = ["pack", "sign", str(pack), "--key", f"{key_file}.key", "--site", "lobby"]
     assert tools_main([*sign, "--version", "5"]) == 0
     manifest = Path(f"{pack}.manifest.json")
@@ -170,6 +183,58 @@ def test_cache_import_by_hand_checks_the_same_signature(
     assert tools_main(["pack", "sign", str(older), *sign[3:], "--version", "4"]) == 0
     assert speakd_main([*args[:-1], str(older)]) == 1
     assert "refused: replayed: version 4 for site lobby" in capsys.readouterr().err
+    # The record is state, not cache: the cache deleted, the older pack is still a replay.
+    for path in tmp_path.glob("cache.db*"):
+        path.unlink()
+    assert speakd_main([*args[:-1], str(older)]) == 1
+    assert "refused: replayed: version 4 for site lobby" in capsys.readouterr().err
+    assert (tmp_path / "state" / FILE).is_file()
+
+
+def test_a_record_kept_in_the_cache_moves_to_the_state_and_still_refuses(
+    tmp_path: Path, key: Ed25519PrivateKey, trust: Trust, capsys
+) -> None:
+    """A board upgraded from a speakd that kept the last signed version in the cache's meta
+    table: the first import moves it, so an older pack is refused then and after the cache goes."""
+    config = tmp_path / "speakd.toml"
+    config.write_text(
+        f'[state]\ndir = "{tmp_path / "state"}"\n'
+        f"[fleet]\ntrusted_keys = {json.dumps(list(trust.keys))}\n"
+    )
+    db = tmp_path / "cache.db"
+    with CacheStore(db) as store:  # as the older speakd left it after taking version 5
+        store.set_meta(f"{META_PACK}lobby", "5" * 16)
+        store.set_meta(f"{META_VERSION}lobby", "5")
+    older = make_pack(tmp_path / "older.db", ["o"])
+    manifest = sign_manifest(read_pack(older, "speakd", "lobby", CHUNK)[0], key, 4)
+    Path(f"{older}.manifest.json").write_text(json.dumps({**manifest.to_dict(), "site": "lobby"}))
+    args = ["cache", "--config", str(config), "--db", str(db), "import", str(older)]
+    assert speakd_main(args) == 1
+    assert "refused: replayed: version 4 for site lobby is not newer than 5" in (
+        capsys.readouterr().err
+    )
+    assert PackVersions.in_state_dir(tmp_path / "state").last("lobby") == (5, "5" * 16)
+    with CacheStore(db) as store:
+        assert f"{META_VERSION}lobby" not in store.meta()  # moved, not copied
+    db.unlink()
+    assert speakd_main(args) == 1
+    assert "refused: replayed" in capsys.readouterr().err
+
+
+def test_the_daemon_moves_a_record_kept_in_the_cache_before_it_is_ready(tmp_path: Path) -> None:
+    """The upgrade itself opens no replay window: the record is in the state directory before
+    the daemon can take any pack, even if the cache is deleted right after."""
+    config = write_config(tmp_path)
+    with CacheStore(tmp_path / "cache.db") as store:
+        store.set_meta(f"{META_PACK}lobby", "5" * 16)
+        store.set_meta(f"{META_VERSION}lobby", "5")
+    proc = start_daemon(config)
+    try:
+        assert PackVersions.in_state_dir(tmp_path / "state").last("lobby") == (5, "5" * 16)
+    finally:
+        assert proc.stop() == 0, proc.log_text()
+    with CacheStore(tmp_path / "cache.db") as store:
+        assert f"{META_VERSION}lobby" not in store.meta()
 
 
 # ---- over a real mosquitto, with simulated boards ----------------------------------------------
@@ -250,6 +315,16 @@ def test_every_board_refuses_unsigned_tampered_untrusted_and_replayed_packs_and_
             assert pinned(board.store) == {"a1", "a2"}
             assert board.store.get("a1") is not None
     assert all(sum(b.refusals.values()) == 4 for b in fleet.boards)
+    # Each board's cache wiped (a new cache.path, `systemctl clean`, a damaged file moved aside):
+    # the last version is in its state directory, so the older pack is still refused.
+    for board in fleet.boards:
+        board.store.close()
+        for path in board.store.path.parent.glob("cache.db*"):
+            path.unlink()
+        board.store = CacheStore(board.store.path, max_bytes=1 << 30)
+    replay = fleet.publish(evil, key, 99)
+    assert all(r.startswith("replayed: ") for r in fleet.outcomes.errors[replay.pack_id].values())
+    assert all(b.refusals["replayed"] == 2 and not installed_packs(b.store) for b in fleet.boards)
 
 
 def test_ten_rollouts_leave_exactly_the_current_packs_pinned(

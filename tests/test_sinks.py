@@ -50,6 +50,8 @@ class FakeStream:
     def write(self, pcm: bytes) -> None:
         if self.wedged:
             self._blocked("write")
+        if not self.written:  # a sound server filling its prebuffer before it plays
+            time.sleep(self.fake.start_s)
         self.written += len(pcm)
 
     def stop(self) -> None:
@@ -81,6 +83,7 @@ class FakeDevice:
     def __init__(self) -> None:
         self.streams: list[FakeStream] = []
         self.wedge_next = self.wedge_stop_next = False
+        self.start_s = 0.0  # how long a stream's first write blocks
         self.fail_next_open = False
         self.release = threading.Event()
         self.overlaps: list[str] = []
@@ -113,6 +116,7 @@ def device(monkeypatch: pytest.MonkeyPatch):
 async def running(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[tuple[Scheduler, Recorder]]:
     """The real sink and scheduler on the tone engine, device calls bounded at 0.5 s."""
     monkeypatch.setattr(sinks, "WRITE_TIMEOUT_MIN_S", 0.5, raising=False)
+    monkeypatch.setattr(sinks, "START_TIMEOUT_S", 0.5, raising=False)
     sink = SoundDeviceSink()
     sched = Scheduler(Resolver(ToneEngine()), sink, block_ms=50)
     task = asyncio.create_task(sched.run())
@@ -149,6 +153,20 @@ async def test_a_write_that_never_returns_fails_the_utterance_and_the_stream_is_
         device.release.set()
         assert await asyncio.to_thread(wedged.closed.wait, 5)
         assert device.overlaps == []
+
+
+async def test_a_sound_server_that_prebuffers_is_given_its_start(
+    device: FakeDevice, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write just after the stream starts may block longer than later ones (PulseAudio
+    through ALSA's pulse plugin: 1–2 s) without being taken for a wedged device."""
+    async with running(monkeypatch) as (sched, rec):
+        monkeypatch.setattr(sinks, "START_TIMEOUT_S", 3.0)
+        device.start_s = 1.0  # over WRITE_TIMEOUT_MIN_S (0.5 here), under START_TIMEOUT_S
+        sched.submit(req(rec, "one two", "first"))
+        await settle(rec, "first")
+        assert rec.final("first").data["status"] == "done", rec.final("first").data
+        assert sched.sink.status()["available"] is True and len(device.streams) == 1
 
 
 async def test_a_stop_that_never_returns_fails_the_utterance_and_the_stream_is_reopened(

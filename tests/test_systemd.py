@@ -25,6 +25,7 @@ import subprocess
 import sys
 import threading
 import time
+import tomllib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
@@ -209,11 +210,19 @@ def test_security_exposure_is_the_recorded_one(tmp_path: Path) -> None:
     assert f"{m[1]} {verdict}" in DOC.read_text(), "update the score recorded in docs/systemd.md"
 
 
-def test_units_agree_with_each_other_and_the_example_config() -> None:
+def test_units_agree_with_each_other_and_the_example_config(monkeypatch) -> None:
     service = unit_settings(UNITS_DIR / "speakd.service")
     json_sock = unit_settings(UNITS_DIR / "speakd.socket")
     ssip_sock = unit_settings(UNITS_DIR / "speakd-ssip.socket")
+    cache_dir = Path("/var/cache") / one(service, "Service", "CacheDirectory")
+    state_dir = Path("/var/lib") / one(service, "Service", "StateDirectory")
+    # What systemd hands the service; the example config pins no cache or state path, so a
+    # desktop user's daemon reading the same file gets its own (test_user_socket.py).
+    monkeypatch.setenv("CACHE_DIRECTORY", str(cache_dir))
+    monkeypatch.setenv("STATE_DIRECTORY", str(state_dir))
     config = load_config(EXAMPLE_CONFIG, env={})
+    pinned = tomllib.loads(EXAMPLE_CONFIG.read_text())
+    assert pinned["cache"] == {} and pinned["state"] == {}
 
     assert one(service, "Service", "Type") == "notify"  # no notify-reload on systemd 252
     assert one(service, "Service", "ExecReload") == "/bin/kill -HUP $MAINPID"
@@ -232,8 +241,8 @@ def test_units_agree_with_each_other_and_the_example_config() -> None:
         # The socket files live in the RuntimeDirectory, so it must outlive a stop.
         assert Path(path).parent == Path("/run") / one(service, "Service", "RuntimeDirectory")
     assert one(service, "Service", "RuntimeDirectoryPreserve") == "yes"
-    cache_dir = Path("/var/cache") / one(service, "Service", "CacheDirectory")
     assert Path(config.cache.path).parent == cache_dir
+    assert Path(config.state.dir) == state_dir
     sysusers = (UNITS_DIR / "speakd.sysusers").read_text()
     assert re.search(rf"^u {one(service, 'Service', 'User')} ", sysusers, re.M)
     assert "audio" in one(service, "Service", "SupplementaryGroups").split()
@@ -306,14 +315,27 @@ def test_install_into_destdir(tmp_path: Path) -> None:
     v = verify([check / n for n in UNITS])
     assert v.stdout + v.stderr == ""
 
-    # A second run keeps the admin's config and leaves the new example beside it.
+    assert not (dest / "usr/local/lib/systemd/user").exists()  # only with --user-units
+
+    # A second run keeps the admin's config and leaves the new example beside it; --user-units
+    # adds the desktop's user units, rewritten to the prefix, enabled by no one.
     (dest / "etc/speakd/speakd.toml").write_text("[audio]\nvolume = 0.5\n")
     r = subprocess.run(
-        [*run[:1], "--no-venv", *run[1:]], capture_output=True, text=True, timeout=60, env=env
-    )
+        [*run[:1], "--no-venv", "--user-units", *run[1:]],
+        capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
     assert (dest / "etc/speakd/speakd.toml").read_text() == "[audio]\nvolume = 0.5\n"
     assert (dest / "etc/speakd/speakd.toml.example").read_text() == EXAMPLE_CONFIG.read_text()
+    user_units = dest / "usr/local/lib/systemd/user"
+    assert sorted(p.name for p in user_units.iterdir()) == sorted(
+        p.name for p in (UNITS_DIR / "user").iterdir()
+    )
+    user_service = (user_units / "speakd.service").read_text()
+    assert user_service == (UNITS_DIR / "user/speakd.service").read_text().replace(
+        UNIT_SPEAKD, "/opt/speakd-test/venv/bin/speakd"
+    )
+    assert "systemctl --user enable --now speakd.socket speakd-ssip.socket" in r.stdout
 
 
 def test_install_refuses_a_non_checkout(tmp_path: Path) -> None:

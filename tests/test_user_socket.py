@@ -83,3 +83,19 @@ def test_spd_say_with_no_address_reaches_speakd(tmp_path: Path) -> None:
         assert list((tmp_path / "wav").glob("ssip-*.wav")), "spd-say did not reach speakd"
     finally:
         daemon.stop()
+
+
+def test_the_user_service_names_its_own_sockets_and_pins_no_system_path() -> None:
+    """The user unit reads the system's /etc/speakd/speakd.toml, which pins /run/speakd's
+    sockets: its environment names the user sockets instead, the very paths its socket units
+    listen on; it sets no StateDirectory= (systemd 252 would put it in $XDG_CONFIG_HOME)."""
+    from tests.test_systemd import one, unit_settings
+
+    service = unit_settings(USER_UNITS / "speakd.service")
+    env = dict(v.split("=", 1) for v in service[("Service", "Environment")])
+    for unit, key in (("speakd.socket", "SPEAKD_SOCKET_PATH"),
+                      ("speakd-ssip.socket", "SPEAKD_SOCKET_SSIP_PATH")):  # fmt: skip
+        assert env[key] == one(unit_settings(USER_UNITS / unit), "Socket", "ListenStream")
+    assert one(service, "Service", "ExecStart") == "/opt/speakd/venv/bin/speakd serve"
+    assert not {k for _, k in service} & {"StateDirectory", "CacheDirectory", "RuntimeDirectory"}
+    assert "RemoveOnStop=yes" in (USER_UNITS / "speakd.socket").read_text()  # find.py's rule

@@ -1,4 +1,4 @@
-"""``speakd cache import PACK | export OUT | ls | stats | prune | verify``.
+"""``speakd cache import PACK | export OUT | ls | stats | prune | verify | key-echo OUT``.
 
 The commands open the cache file directly (``cache.path`` from the config, or ``--db PATH``), so
 they work with or without the daemon running; SQLite's locking keeps the two apart. Clips imported
@@ -52,6 +52,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     action("stats", "clip count, bytes, pinned, hits, expired")
     action("prune", "drop expired clips, then evict least recently used down to max_bytes")
     action("verify", "PRAGMA integrity_check plus a check of every clip; exit 1 if damaged")
+    p = action(
+        "key-echo",
+        "make the key-echo pack for the config's [engine] and embedded voices (not voices.dir) "
+        "into a new file, to ship read-only as cache.shipped_pack",
+    )
+    p.add_argument("out", type=Path, help="pack file to create")
 
 
 def _config(args: argparse.Namespace) -> CacheConfig:
@@ -91,12 +97,22 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from speakd.cache.packs import export_pack, import_by_hand
     from speakd.cache.trust import Trust
+    from speakd.cache.versions import PackVersions
 
     command = args.cache_command
+    if command == "key-echo":
+        from speakd.cache.keyecho import build
+
+        done = build(load_config(args.config), args.out)
+        print(f"key-echo pack {args.out}: {done.made + done.found} clips")
+        return 0
     with _open(args, create=command == "import") as store:
         if command == "import":
-            trust = Trust(tuple(load_config(args.config).fleet.trusted_keys))
-            done = import_by_hand(store, args.pack, args.manifest, trust)
+            config = load_config(args.config)
+            versions = PackVersions.in_state_dir(config.state.dir)  # the daemon's record
+            done = import_by_hand(
+                store, args.pack, args.manifest, Trust(tuple(config.fleet.trusted_keys)), versions
+            )
             print(f"imported {done.added} of {done.clips} clips from {args.pack} into {store.path}")
         elif command == "export":
             n = export_pack(store, args.out, args.all)

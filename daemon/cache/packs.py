@@ -7,13 +7,15 @@ Who pins a clip is kept in the ``pack_pins`` table, one row per (owner, key): th
 and for clips found pinned that nobody tracked (pinned before packs were tracked). A site's new
 pack replaces its rows; a clip that loses its last row is unpinned and given a TTL, so the
 cache's LRU takes it in time. The new pack's clips, the rows, the unpinning and the site's pack
-id and version are one transaction: a board never holds half of a rollout.
+id are one transaction: a board never holds half of a rollout. A signed pack's version is claimed
+first, in the state directory's record (``speakd.cache.versions``), which outlives the cache.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,11 +23,14 @@ from pathlib import Path
 from sqlite_utils import Database
 
 from speakd.cache.store import CacheError, CacheStore, Clip
-from speakd.cache.trust import REPLAYED, UNSIGNED, Trust, TrustError
+from speakd.cache.trust import UNSIGNED, Trust, TrustError
+from speakd.cache.versions import PackVersions
+
+log = logging.getLogger(__name__)
 
 LOCAL = "local"
 META_PACK = "pack/"  # meta key per site: the pack this board holds for it
-META_VERSION = "pack-version/"  # meta key per site: the signed version of that pack
+META_VERSION = "pack-version/"  # where the signed version was kept before the state's record
 
 
 @dataclass(frozen=True)
@@ -50,7 +55,9 @@ def import_pack(store: CacheStore, pack: Path) -> tuple[int, int]:
     return done.added, done.clips
 
 
-def import_by_hand(store: CacheStore, pack: Path, manifest: Path | None, trust: Trust) -> Installed:
+def import_by_hand(
+    store: CacheStore, pack: Path, manifest: Path | None, trust: Trust, versions: PackVersions
+) -> Installed:
     """``speakd cache import``: with trusted keys, only with a manifest signed by one of them
     (``speakd-tools pack sign``, default ``PACK.manifest.json``) that names this file's sha256;
     the pack then becomes its site's, as if it had come over MQTT."""
@@ -71,12 +78,23 @@ def import_by_hand(store: CacheStore, pack: Path, manifest: Path | None, trust: 
     version = trust.verify(body, site) if trust.required else None
     if not pack.is_file() or file_sha256(pack) != sha256:
         raise TrustError("checksum", f"{pack} is not the file {manifest.name} was made for")
-    return install_pack(store, pack, SitePack(site, pack_id, version))
+    return install_pack(store, pack, SitePack(site, pack_id, version), versions)
 
 
-def install_pack(store: CacheStore, pack: Path, as_site: SitePack | None = None) -> Installed:
-    """Add ``pack``'s clips pinned; as a site's pack, replace that site's previous one."""
+def install_pack(
+    store: CacheStore,
+    pack: Path,
+    as_site: SitePack | None = None,
+    versions: PackVersions | None = None,
+) -> Installed:
+    """Add ``pack``'s clips pinned; as a site's pack, replace that site's previous one. A signed
+    one (``as_site.version``) is claimed in ``versions`` first: TrustError when it is a replay."""
     clips = _read(pack)
+    if as_site is not None and as_site.version is not None:
+        if versions is None:
+            raise ValueError("a signed pack is installed with the state's PackVersions")
+        adopt_versions(store, versions)
+        versions.claim(as_site.site, as_site.version, as_site.pack_id)
     keys = [clip.key for clip in clips]
     owner = f"pack:{as_site.site}" if as_site else LOCAL
     with store.transaction() as db:
@@ -84,12 +102,6 @@ def install_pack(store: CacheStore, pack: Path, as_site: SitePack | None = None)
             "CREATE TABLE IF NOT EXISTS pack_pins"
             " (owner TEXT NOT NULL, key TEXT NOT NULL, PRIMARY KEY (owner, key))"
         )
-        if as_site is not None:
-            _check_version(
-                as_site,
-                _meta(db, f"{META_VERSION}{as_site.site}"),
-                _meta(db, f"{META_PACK}{as_site.site}"),
-            )
         _adopt_untracked(db, keys)
         added = store.put_many(clips, skip_existing=True)
         old = set() if as_site is None else _replace_rows(db, owner)
@@ -99,8 +111,6 @@ def install_pack(store: CacheStore, pack: Path, as_site: SitePack | None = None)
         unpinned = _unpin_orphans(db, old - set(keys), store.expiry(time.time()))
         if as_site is not None:
             store.set_meta(f"{META_PACK}{as_site.site}", as_site.pack_id)
-            if as_site.version is not None:
-                store.set_meta(f"{META_VERSION}{as_site.site}", str(as_site.version))
     return Installed(added, len(clips), unpinned)
 
 
@@ -131,30 +141,28 @@ def _read(pack: Path) -> list[Clip]:
     return clips
 
 
-def _meta(db: Database, key: str) -> str | None:
-    row = db.execute("SELECT value FROM meta WHERE key = ?", [key]).fetchone()
-    return row[0] if row else None
+def check_replay(store: CacheStore, versions: PackVersions, pack: SitePack) -> None:
+    """Before fetching: TrustError when ``pack`` is an older signed pack than the last one this
+    board took for its site (``install_pack`` claims it for good)."""
+    if pack.version is not None:
+        adopt_versions(store, versions)
+        versions.check(pack.site, pack.version, pack.pack_id)
 
 
-def check_replay(store: CacheStore, pack: SitePack) -> None:
-    """Before fetching: TrustError when ``pack`` is an older signed pack (``install_pack`` checks
-    again in its transaction)."""
+def adopt_versions(store: CacheStore, versions: PackVersions) -> int:
+    """Move the signed versions an older speakd kept in the cache's meta table into the state's
+    record (a higher one there stays), then drop them from the cache; returns how many."""
     meta = store.meta()
-    _check_version(
-        pack, meta.get(f"{META_VERSION}{pack.site}"), meta.get(f"{META_PACK}{pack.site}")
-    )
-
-
-def _check_version(pack: SitePack, last: str | None, current: str | None) -> None:
-    """An older (or equal) signed version of another pack than the current one is a replay."""
-    if pack.version is None or last is None or current == pack.pack_id:
-        return
-    if pack.version <= int(last):
-        raise TrustError(
-            REPLAYED,
-            f"version {pack.version} for site {pack.site} is not newer than {last}, "
-            "the last one this board accepted",
+    moved = {k.removeprefix(META_VERSION): v for k, v in meta.items() if k.startswith(META_VERSION)}
+    for site, version in moved.items():
+        versions.raise_to(site, int(version), meta.get(f"{META_PACK}{site}", ""))
+    if moved:
+        with store.transaction() as db:
+            db.execute("DELETE FROM meta WHERE key LIKE ?", [f"{META_VERSION}%"])
+        log.info(
+            "pack versions of %s moved from %s to %s", ", ".join(moved), store.path, versions.path
         )
+    return len(moved)
 
 
 def _adopt_untracked(db: Database, keys: list[str]) -> None:

@@ -163,12 +163,15 @@ class CacheStore:
         except OSError as e:
             raise CacheError(f"{self.path.parent}: cannot create the cache directory: {e}") from e
         try:
-            self._db, self._file = connect(self.path)
-        except sqlite3.DatabaseError as e:
-            if not (is_corruption(e) and self.recover):
-                raise CacheError(f"{self.path}: cannot open the cache database: {e}") from e
-            self.recovered_from = move_aside(self.path, str(e))
-            self._db, self._file = connect(self.path)
+            try:
+                self._db, self._file = connect(self.path)
+            except sqlite3.DatabaseError as e:
+                if not (is_corruption(e) and self.recover):
+                    raise
+                self.recovered_from = move_aside(self.path, str(e))
+                self._db, self._file = connect(self.path)
+        except (sqlite3.Error, OSError) as e:  # damaged beyond recovery, or not ours to open
+            raise CacheError(f"{self.path}: cannot open the cache database: {e}") from e
 
     def close(self) -> None:
         with self._lock:

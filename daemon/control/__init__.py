@@ -12,13 +12,12 @@ import asyncio
 import collections
 import contextlib
 import logging
-import math
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from speakd.audio.pitch import PITCH_RANGE
 from speakd.engines.base import SynthesisConfig
 from speakd.markup.capitals import Capitals
 from speakd.markup.lexicon import Lexicon
@@ -34,7 +33,7 @@ from speakd.request.messages import (
     SpeakRequest,
     validate_text,
 )
-from speakd.request.prepare import Marker, Part, Silence, Sound, Speech
+from speakd.request.prepare import VOLUME_RANGE, Marker, Part, Silence, Sound, Speech, check_range
 from speakd.request.scheduler import Scheduler
 from speakd.request.sounds import CHIMES, Sounds
 from speakd.request.stream import AudioStream
@@ -47,6 +46,7 @@ log = logging.getLogger(__name__)
 
 MAX_ID_CHARS = 128
 FORMATS = ("text", "ssml")
+IDLE_CHECK_S = 1.0  # how often a job waiting for the engine to be idle looks at its halt flag
 
 
 class Observer(Protocol):
@@ -139,9 +139,8 @@ class Control:
             speaker = str(speaker)  # a speaker id
         speaker = _string({"speaker": speaker}, "speaker")
         chime = _string(fields, "chime")
-        speed = _number(fields, "speed", 0.25, 4.0)
-        volume = _number(fields, "volume", 0.0, 4.0)
-        pitch = _number(fields, "pitch", *PITCH_RANGE)
+        speed, pitch, volume = fields.get("speed"), fields.get("pitch"), fields.get("volume")
+        check_range("volume", volume, VOLUME_RANGE)  # speed and pitch: prepare_request's check
         seed = fields.get("seed")
         if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
             raise RequestError("bad_field", "seed must be a non-negative integer")
@@ -376,6 +375,14 @@ class Control:
         """The names a ``chime`` may take: the built-in chimes, then pinned clips' texts."""
         return self.sounds.names()
 
+    async def wait_idle(self, halt: threading.Event) -> bool:
+        """Until no synthesis is in flight (``Resolver.wait_idle``), for a background job that
+        must not compete with requests someone waits for; False when ``halt`` was set first."""
+        while not halt.is_set():
+            if await asyncio.to_thread(self.scheduler.resolver.wait_idle, IDLE_CHECK_S):
+                return not halt.is_set()
+        return False
+
     def cache_store(self) -> CacheStore | None:
         """The cache the daemon plays from now (a reload may replace it), None when it is off:
         where prompt packs arriving over MQTT are imported (mqtt/packs.py)."""
@@ -453,17 +460,4 @@ def _string(fields: dict[str, Any], key: str) -> str | None:
         return None
     if not isinstance(value, str):
         raise RequestError("bad_field", f"{key} must be a string")
-    return value
-
-
-def _number(fields: dict[str, Any], key: str, lo: float, hi: float) -> Any:
-    value = fields.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise RequestError("bad_field", f"{key} must be a number")
-    if isinstance(value, float) and not math.isfinite(value):  # (a huge int overflows isfinite)
-        raise RequestError("bad_field", f"{key} must be a finite number")
-    if not lo <= value <= hi:
-        raise RequestError("bad_field", f"{key} must be within {lo}..{hi}, got {value}")
     return value

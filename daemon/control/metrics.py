@@ -246,7 +246,13 @@ def _voices(voices: dict[str, dict[str, Any]]) -> Iterator[Metric]:
 
 
 def _cache(cache: dict[str, Any] | None) -> Iterator[Metric]:
-    if not cache:
+    unavailable = bool(cache and cache.get("unavailable"))
+    yield _gauge(
+        "speakd_cache_unavailable",
+        "1 when the configured cache could not be opened (status: cache.unavailable says why)",
+        1.0 if unavailable else 0.0,
+    )
+    if not cache or unavailable:
         return
     for key, help_ in (("hits", "Cache hits"), ("misses", "Cache misses")):
         counter = CounterMetricFamily(f"speakd_cache_{key}", help_ + " (since start or reload)")

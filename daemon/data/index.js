@@ -226,7 +226,7 @@ async function refresh() {
     }));
     $("queue-count").textContent = s.queue_length + " waiting, " + s.streams.active + " streaming";
     const c = s.source.cache;
-    fill($("cache"), c ? [
+    fill($("cache"), c && c.unavailable ? [["cache", "unavailable: " + c.unavailable]] : c ? [
       ["hits", c.hits], ["misses", c.misses], ["clips", c.clips],
       ["size", megabytes(c.bytes) + " of " + megabytes(c.max_bytes)],
       ["pinned", c.pinned],

@@ -52,6 +52,7 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from speakd import __version__
 from speakd.audio.sinks.mqtt_speaker import RemoteSpeakerSink
+from speakd.cache.versions import PackVersions
 from speakd.config import FleetConfig, LimitsConfig, MqttConfig
 from speakd.control import Control
 from speakd.mqtt.client import Connection, Incoming, Subscriptions
@@ -108,9 +109,11 @@ class MqttFrontend:
         limits: LimitsConfig | None = None,
         fleet: FleetConfig | None = None,
         journal: Journal | None = None,
+        versions: PackVersions | None = None,
     ) -> None:
         """``journal``: the daemon's, shared by a reload's successor; without one, says are
-        kept in memory only (not across a crash)."""
+        kept in memory only (not across a crash). ``versions``: the signed pack versions in the
+        state directory (``speakd.cache.versions``); without it, in memory."""
         self.control = control
         self.config = config
         self.topics = SiteTopics(config.prefix, config.site_id)
@@ -144,6 +147,7 @@ class MqttFrontend:
             self.connection.unsubscribe,
             (fleet or FleetConfig()).trusted_keys,
             self._pack_refused,
+            versions,
         )
 
     def _pack_refused(self, reason: str) -> None:

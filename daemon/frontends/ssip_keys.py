@@ -5,11 +5,15 @@ of a key name are cache hits from the first keypress on.
 
 Each one is built as the SSIP front-end builds a message (``ssip_settings.request_fields`` under
 speechd's default settings with that RATE and PITCH) and read through ``Control.stream``, the
-path an HTTP caller takes: a key already in the cache costs one lookup, so a later start only
-fills what was evicted. The clips are ordinary cache entries, not pinned: pins belong to prompt
-packs, which ``cache/packs.py`` releases when a site's next pack arrives, while these follow the
-voice in use; a typed key refreshes its clip's place in the LRU, and a restart redoes what aged
-out. A pinned pack of the same list comes from ``speakd-tools precompute --key-echo``.
+path an HTTP caller takes: a key already in the cache, or in the shipped pack the package
+installs (``speakd.cache.shipped``, made by this same prewarm: ``speakd.cache.keyecho``), costs
+one lookup, so a later start only fills what was evicted, and a daemon whose voice and settings
+the shipped pack was made for synthesizes nothing. The prewarm starts a synthesis only while none
+is in flight, so it never competes with speech someone is waiting for. The clips are ordinary
+cache entries, not pinned: pins belong to prompt packs, which ``cache/packs.py`` releases when a
+site's next pack arrives, while these follow the voice in use; a typed key refreshes its clip's
+place in the LRU, and a restart redoes what aged out. A pinned pack of the same list comes from
+``speakd-tools precompute --key-echo``.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from speakd.audio.pitch import unavailable
 from speakd.config import SsipConfig
 from speakd.control import Control
 from speakd.frontends.ssip_settings import Settings, request_fields
+from speakd.request.messages import SpeakRequest
+from speakd.request.prepare import Speech
 
 log = logging.getLogger(__name__)
 
@@ -71,37 +77,75 @@ def pack_fields(config: SsipConfig) -> Iterator[dict[str, Any]]:
             yield request_fields(settings, name, None)
 
 
-async def prewarm(control: Control, config: SsipConfig, halt: threading.Event) -> None:
-    """Put the pack in the cache, one text at a time: it holds one of ``limits.max_streams`` and
-    the engine for one short synthesis at a time, so speech meanwhile waits for at most one.
-    Stops when ``halt`` is set."""
-    if control.cache_store is None:
-        log.info("key echo: no prewarm, the cache is off")
-        return
-    t0 = time.monotonic()
-    found = made = failed = 0
+@dataclass
+class Prewarmed:
+    """What a prewarm found and did: clips already there (in the cache or the shipped pack),
+    synthesized, and texts it could not make."""
+
+    found: int = 0
+    shipped: int = 0  # of ``found``: hits in the shipped pack
+    made: int = 0
+    failed: int = 0
+
+
+def pack_requests(control: Control, config: SsipConfig) -> Iterator[SpeakRequest | Exception]:
+    """Every message of the pack built as the SSIP front-end builds it, or why it could not be."""
     for n, fields in enumerate(pack_fields(config)):
-        if halt.is_set():
-            return
         try:
-            request = control.build_request(
+            yield control.build_request(
                 fields | {"id": f"keyecho-{n}"}, origin=ORIGIN, strict_lang=False
             )
+        except Exception as e:  # nothing to say, say: the caller counts it
+            log.debug("key echo: %r not prewarmed: %s", fields["text"], e)
+            yield e
+
+
+def clip_keys(request: SpeakRequest) -> list[str]:
+    """The keys of the clips a request's audio is made of (a composed one: its runs of text)."""
+    prepared = request.prepared
+    assert prepared is not None
+    if not prepared.parts:
+        return [prepared.key]
+    return [part.prepared.key for part in prepared.parts if isinstance(part, Speech)]
+
+
+async def prewarm(control: Control, config: SsipConfig, halt: threading.Event) -> Prewarmed:
+    """Put the pack in the cache, one text at a time and only while no other synthesis is in
+    flight (``Control.wait_idle``): a live request waits for at most one short key. What the
+    cache or the shipped pack already holds costs one lookup. Stops when ``halt`` is set."""
+    done = Prewarmed()
+    if control.cache_store() is None:
+        log.info("key echo: no prewarm, the cache is off")
+        return done
+    t0 = time.monotonic()
+    for request in pack_requests(control, config):
+        if isinstance(request, Exception):
+            done.failed += 1
+            continue
+        if not await control.wait_idle(halt):
+            return done
+        try:
             async with control.stream(request) as stream:
                 if stream.from_cache:
-                    found += 1
+                    done.found += 1
+                    done.shipped += stream.shipped
                     continue
                 async for _ in stream.aread():
                     pass
-                made += 1
-        except Exception as e:  # nothing to say, busy, an engine failure: the rest go on
-            failed += 1
-            log.debug("key echo: %r not prewarmed: %s", fields["text"], e)
+                done.made += 1
+        except Exception as e:  # busy, an engine failure: the rest go on
+            done.failed += 1
+            log.debug("key echo: %r not prewarmed: %s", request.text, e)
+    if not await control.wait_idle(halt):  # the last clip stored, not only heard
+        return done
     log.info(
-        "%s: %d clips already cached, %d synthesized, %d skipped in %.1f s",
+        "%s: %d clips already cached (%d in the shipped pack), %d synthesized, %d skipped "
+        "in %.1f s",
         DONE_LINE,
-        found,
-        made,
-        failed,
+        done.found,
+        done.shipped,
+        done.made,
+        done.failed,
         time.monotonic() - t0,
     )
+    return done

@@ -15,6 +15,7 @@ from speakd.engines.bundle import load_bundle
 from speakd.markup.plan import prepare_request
 from speakd.markup.ssml import is_ssml
 from speakd.request.messages import SpeakRequest
+from speakd.request.prepare import check_config
 from speakd.request.resolver import Resolver
 from speakd.request.stream import Cancel
 from speakd.request.voices import VoiceLibrary
@@ -43,7 +44,6 @@ def synthesize_to_wav(
     threads: int = 2,
     loudness: float | None = DEFAULT_LUFS,
 ) -> float:
-    engine = load_engine(engine_config_for(bundle, threads))
     config = SynthesisConfig(
         voice=voice,
         speaker=speaker,
@@ -53,6 +53,8 @@ def synthesize_to_wav(
         lang=lang,
         extra=params or {},
     )
+    check_config(config)  # (prepare_request's own check) before seconds are spent on a load
+    engine = load_engine(engine_config_for(bundle, threads))
     library = VoiceLibrary.of(engine, loudness)  # the daemon's audio.loudness_lufs by default
     prepared = prepare_request(library, text, config, ssml=is_ssml(text))
     request = SpeakRequest(text=text, config=config, prepared=prepared)

@@ -177,10 +177,53 @@ def _check_pitch() -> Check:
     return WARN, f"pitch requests are spoken at the voice's own pitch: {why}{hint}"
 
 
-def _check_socket(config: Config, socket_path: str | None) -> Check:
-    from speakd.library.client import Client, ClientError
+def _check_key_echo(config: Config) -> Check:
+    """Whether the shipped key-echo pack answers this config's key echo (``speakd.cache.shipped``):
+    its clips are looked up by key, so a pack made for another voice or settings matches none."""
+    from speakd.cache.keyecho import made_for, matching
+    from speakd.cache.shipped import ShippedPack
 
-    path = socket_path or config.socket.path
+    path = config.cache.shipped_pack
+    pack = ShippedPack.open(path) if config.cache.enabled else None
+    if pack is None:
+        return True, (
+            f"no shipped pack at {path or '(cache.shipped_pack unset)'}: the daemon makes the "
+            "key-echo clips in its own cache after it starts"
+        )
+    try:
+        found, wanted = matching(config, pack)
+        made = made_for(pack)
+    finally:
+        pack.close()
+    if found == wanted:
+        return True, f"{path}: all {wanted} key-echo clips match this config ({made})"
+    return WARN, (
+        f"{path}: {found} of {wanted} key-echo clips match this config ({made}); the daemon "
+        "makes the rest in its own cache after it starts"
+    )
+
+
+def _check_paths(config: Config) -> Check:
+    """The cache file and the state directory, writable by the daemon's user: as root, the
+    system service's ``speakd``, not root (``speakd.lifecycle.writable``)."""
+    from speakd.lifecycle.writable import service_account, unwritable
+
+    account = service_account()
+    cache, state = Path(config.cache.path), Path(config.state.dir)
+    problems = [f"state.dir: {why}"] if (why := unwritable(state, account, is_dir=True)) else []
+    if config.cache.enabled and (why := unwritable(cache, account)):
+        problems.insert(0, f"cache.path: {why}; the daemon would synthesize every request")
+    if problems:
+        return False, "; ".join(problems)
+    used = f"cache {cache}, " if config.cache.enabled else ""
+    return True, f"{used}state {state}: writable by {account.name}"
+
+
+def _check_socket(config_path: Path | None, socket_path: str | None) -> Check:
+    from speakd.library.client import Client, ClientError
+    from speakd.library.find import daemon_socket
+
+    path = daemon_socket(socket_path, config_path)
     try:
         with Client(path, timeout=3) as client:
             status = client.request({"op": "status"})
@@ -189,6 +232,9 @@ def _check_socket(config: Config, socket_path: str | None) -> Check:
     audio = status.get("audio") or {}
     if audio.get("available") is False:  # the daemon's own view: its device, its user
         return False, f"daemon at {path} cannot play: {audio.get('error') or 'no audio device'}"
+    cache = (status.get("source") or {}).get("cache") or {}
+    if cache.get("unavailable"):  # its own view, as its user
+        return False, f"daemon at {path} runs without its cache: {cache['unavailable']}"
     return True, f"daemon at {path}: {status.get('state')}, queue {status.get('queue_length')}"
 
 
@@ -258,7 +304,9 @@ def run_doctor(config_path: Path | None, socket_path: str | None = None, out=sys
         ("npu", lambda: _check_npu(config)),
         ("audio", lambda: _check_audio(config)),
         ("pitch", _check_pitch),
-        ("daemon", lambda: _check_socket(config, socket_path)),
+        ("key echo", lambda: _check_key_echo(config)),
+        ("paths", lambda: _check_paths(config)),
+        ("daemon", lambda: _check_socket(config_path, socket_path)),
         ("mqtt", lambda: _check_mqtt(config)),
         ("fleet", lambda: _check_fleet(config)),
     ]

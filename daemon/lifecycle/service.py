@@ -24,6 +24,8 @@ from typing import Any, NoReturn
 
 from speakd.audio import AudioChunk, join_chunks
 from speakd.audio.sinks import Sink, make_sink
+from speakd.cache.packs import adopt_versions
+from speakd.cache.versions import PackVersions
 from speakd.config import Config, ConfigError, EngineConfig, load_config
 from speakd.control import Control
 from speakd.control.metrics import Metrics
@@ -64,6 +66,7 @@ class Daemon:
     control: Control | None = None
     mqtt: MqttFrontend | None = None
     journal: Journal | None = None  # MQTT says not yet spoken; one for every MqttFrontend
+    versions: PackVersions | None = None  # signed pack versions, in the state directory
     wyoming: WyomingFrontend | None = None
     http: HttpFrontend | None = None
     metrics: Metrics | None = None
@@ -82,6 +85,9 @@ class Daemon:
         library = await self._library(self.config, await _load_engine(self.config.engine))
         self.guard = make_guard(self.config.engine)
         scheduler = self._make_scheduler(library)
+        self.versions = PackVersions.in_state_dir(self.config.state.dir)
+        if scheduler.resolver.store is not None:  # before any pack can arrive
+            await asyncio.to_thread(adopt_versions, scheduler.resolver.store, self.versions)
         self._prepare_fallback(scheduler, self.config.engine.fallback_text)
         limits = self.config.limits
         self.control = Control(
@@ -195,7 +201,12 @@ class Daemon:
         if self.journal is None:
             self.journal = Journal.open(Path(self.config.cache.path).parent / "mqtt-journal.db")
         return MqttFrontend(
-            self.control, config.mqtt, config.limits, config.fleet, journal=self.journal
+            self.control,
+            config.mqtt,
+            config.limits,
+            config.fleet,
+            journal=self.journal,
+            versions=self.versions,
         )
 
     async def _start_mqtt(self, frontend: MqttFrontend, replay: bool = False) -> None:

@@ -45,7 +45,16 @@ from speakd.markup.segments import (
 )
 from speakd.markup.ssml import parse_ssml
 from speakd.request.errors import InputWarning, RequestError
-from speakd.request.prepare import Marker, Part, Prepared, Silence, Sound, Speech
+from speakd.request.prepare import (
+    SPEED_RANGE,
+    Marker,
+    Part,
+    Prepared,
+    Silence,
+    Sound,
+    Speech,
+    check_config,
+)
 from speakd.request.sounds import Sounds
 
 if TYPE_CHECKING:
@@ -54,7 +63,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PLAN_VERSION = 1
-SPEED_RANGE = (0.25, 4.0)
 NO_LEXICON = Lexicon()
 
 PrepareText = Callable[[str, SynthesisConfig], Prepared]
@@ -91,6 +99,7 @@ def prepare_request(
     down to one run of plain text (``<speak>Hello</speak>``) is prepared as that text, with its
     key; anything else has parts. What is skipped (a speaker the voice lacks, a clip that does
     not exist, a pitch this machine cannot shift) goes to ``warn``."""
+    check_config(config)  # before SSML's prosody is added to (and clamped with) its values
     voice, name, lang = library.select(config.voice, config.lang, strict=strict_lang)
 
     def prepare_text(said: str, c: SynthesisConfig) -> Prepared:

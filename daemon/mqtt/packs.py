@@ -17,8 +17,10 @@ adds and pins clips, so a pinned clip is never lost. Any refusal leaves the cach
 
 Progress is the retained ``<prefix>/<own site>/pack`` (``messages.PackStatus``). Which pack
 a board holds per site is kept in the cache's meta table, so the same manifest delivered again (a
-republish, every reconnect) is a no-op. Everything here runs on one worker thread, off the event
-loop: chunk hashing, file writes and the import never delay a say.
+republish, every reconnect) is a no-op; the last signed version per site is state, kept in the
+state directory (``speakd.cache.versions``), so a deleted cache does not let an older one in.
+Everything here runs on one worker thread, off the event loop: chunk hashing, file writes and the
+import never delay a say.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from speakd.cache.packs import (
 )
 from speakd.cache.store import CacheError, CacheStore
 from speakd.cache.trust import Trust, TrustError
+from speakd.cache.versions import PackVersions
 from speakd.config import MqttConfig
 from speakd.mqtt.messages import Message, PackManifest, PackStatus, decode_object
 from speakd.mqtt.topics import SiteTopics, pack_manifest_topic, parse_pack_topic
@@ -82,7 +85,8 @@ class PackReceiver:
     replace it) and ``bundles`` the bundle ids of the voices it has. ``subscribe``/``unsubscribe``
     and ``publish`` are the session's (paho's calls are thread-safe); every other method runs on
     the single worker thread. With ``trusted_keys`` a pack must be signed by one of them and
-    newer than the last one taken for its site; ``on_refused`` hears every refusal's reason code.
+    newer than the last one taken for its site, as ``versions`` records it (the daemon's is in
+    the state directory; without one, in memory); ``on_refused`` hears every refusal's reason.
     """
 
     def __init__(
@@ -96,6 +100,7 @@ class PackReceiver:
         unsubscribe: Callable[[list[str]], None],
         trusted_keys: Sequence[str] = (),
         on_refused: Callable[[str], None] = lambda _reason: None,
+        versions: PackVersions | None = None,
     ) -> None:
         self.config = config
         self._cache_store = cache_store
@@ -106,6 +111,7 @@ class PackReceiver:
         self._unsubscribe = unsubscribe
         self.trust = Trust(tuple(trusted_keys))
         self._on_refused = on_refused
+        self.versions = versions or PackVersions(":memory:")
         self._topics = SiteTopics(config.prefix, config.site_id)
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="speakd-pack")
         self._downloads: dict[str, Download] = {}  # by the site the pack was published for
@@ -182,7 +188,7 @@ class PackReceiver:
                 self._status("ok", manifest.pack_id, site, installed)
                 return
             if version is not None:
-                check_replay(store, SitePack(site, manifest.pack_id, version))
+                check_replay(store, self.versions, SitePack(site, manifest.pack_id, version))
             self._check(manifest)
         except (PackRefused, TrustError, CacheError, sqlite3.Error) as e:
             self._refuse(manifest, str(e))
@@ -262,7 +268,10 @@ class PackReceiver:
                 raise PackRefused("checksum: the pack's sha256 does not match the manifest")
             store = self._store()
             done = install_pack(
-                store, download.part, SitePack(manifest.site, manifest.pack_id, download.version)
+                store,
+                download.part,
+                SitePack(manifest.site, manifest.pack_id, download.version),
+                self.versions,
             )
         except (PackRefused, TrustError) as e:
             self._refuse(manifest, str(e))

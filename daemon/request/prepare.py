@@ -10,10 +10,11 @@ key, and so the same bytes, everywhere.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
-from speakd.audio.pitch import neutral, unavailable
+from speakd.audio.pitch import PITCH_RANGE, neutral, unavailable
 from speakd.engines.base import EngineError, SynthesisConfig, VoiceInfo, VoiceModel
 from speakd.engines.keys import key_of, seed_from_key
 from speakd.engines.options import OptionError, validate
@@ -21,6 +22,8 @@ from speakd.request.errors import RequestError
 from speakd.request.loudness import CALIBRATION
 
 DEFAULT_VOICE = "default"
+SPEED_RANGE = (0.25, 4.0)  # a request's speed (1.0 = the voice's own)
+VOLUME_RANGE = (0.0, 4.0)  # a request's gain (1.0 = unchanged)
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,28 @@ class Sound:
 Part = Speech | Silence | Marker | Sound
 
 
+def check_range(name: str, value: object, bounds: tuple[float, float]) -> None:
+    """RequestError ``bad_field`` unless ``value`` is None or a finite number within ``bounds``:
+    what a request may ask for is refused outside them, never clamped, whichever way it came in
+    (the daemon's front-ends through ``Control``, ``speakd synth``, the Python API)."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise RequestError("bad_field", f"{name} must be a number")
+    if isinstance(value, float) and not math.isfinite(value):  # (a huge int overflows isfinite)
+        raise RequestError("bad_field", f"{name} must be a finite number")
+    lo, hi = bounds
+    if not lo <= value <= hi:
+        raise RequestError("bad_field", f"{name} must be within {lo}..{hi}, got {value}")
+
+
+def check_config(config: SynthesisConfig) -> None:
+    """A request's ``speed`` and ``pitch`` (``check_range``); ``prepare`` and ``prepare_request``
+    both start with it, so no caller of either gets past it."""
+    check_range("speed", config.speed, SPEED_RANGE)
+    check_range("pitch", config.pitch, PITCH_RANGE)
+
+
 def prepare(
     engine: VoiceModel,
     text: str,
@@ -94,6 +119,7 @@ def prepare(
     a neutral pitch adds nothing, so its key and audio are those of a request without one, and so
     does any pitch where this machine cannot shift one (``unavailable``: the caller warns).
     """
+    check_config(config)
     try:
         extra = validate(engine.options, config.extra)
     except OptionError as e:

@@ -1,7 +1,8 @@
 """Resolves a request to its audio stream: the cache when it has the clip, else one synthesis.
 
 - hit: pinned clips come from RAM (prewarmed at start within ``prewarm_bytes``), others from
-  SQLite; the stream is whole at once (one chunk), nothing runs.
+  SQLite, then from the shipped pack (``speakd.cache.shipped``, read-only: key echo for a fresh
+  cache); the stream is whole at once (one chunk), nothing runs.
 - miss: the engine runs on a *flight* thread that fills an ``AudioStream``; its readers follow
   it as chunks come, and the clip is stored once the engine has finished — never when it was
   cancelled or failed. Without a cache store every request is a miss and nothing is stored.
@@ -34,6 +35,7 @@ from typing import Any
 
 from speakd.audio import AudioChunk, join_chunks, scale_volume
 from speakd.audio.pitch import shifted
+from speakd.cache.shipped import ShippedPack
 from speakd.cache.store import CacheError, CacheStore, Clip
 from speakd.config import CacheConfig
 from speakd.engines.base import Engine, EngineError
@@ -64,14 +66,21 @@ class Resolver:
         guard: Guard | None = None,
         prewarm_bytes: int = 0,
         stale_while_revalidate: bool = False,
+        shipped: ShippedPack | None = None,
+        unavailable: str = "",
     ) -> None:
         self.voices = voices if isinstance(voices, VoiceLibrary) else VoiceLibrary.of(voices)
         self.store = store
+        self.shipped = shipped
+        # Why the configured cache could not be opened ("" when it was, or is off): status
+        # ``cache.unavailable``, the metric speakd_cache_unavailable and `speakd doctor` show it.
+        self.unavailable = unavailable
         self.guard = guard or Guard(CircuitBreaker())
         self.stale_while_revalidate = stale_while_revalidate
         self.counters = {
             "hits": 0,
             "hits_ram": 0,
+            "hits_shipped": 0,
             "misses": 0,
             "synth": 0,  # engine syntheses started (flights)
             "shared": 0,  # requests that joined a flight already running
@@ -113,6 +122,7 @@ class Resolver:
         next one closes."""
         if not config.enabled:
             return cls(voices, guard=guard)
+        shipped = ShippedPack.open(config.shipped_pack)
         if current is not None and current.is_open_on(config.path):
             store = current
             store.max_bytes, store.ttl_s = config.max_bytes, config.ttl_s
@@ -125,15 +135,16 @@ class Resolver:
                     ttl_s=config.ttl_s,
                     ttl_jitter=config.ttl_jitter,
                 )
-            except CacheError as e:
-                log.error("audio cache disabled: %s", e)
-                return cls(voices, guard=guard)
+            except CacheError as e:  # never fatal: the shipped pack and the voices serve
+                log.warning("audio cache disabled, requests are synthesized: %s", e)
+                return cls(voices, guard=guard, shipped=shipped, unavailable=str(e))
         return cls(
             voices,
             store,
             guard=guard,
             prewarm_bytes=config.prewarm_bytes,
             stale_while_revalidate=config.stale_while_revalidate,
+            shipped=shipped,
         )
 
     # ---- the request path -------------------------------------------------------------------
@@ -158,7 +169,7 @@ class Resolver:
         return self._open(prepared, request.cache_only)
 
     def _open(self, prepared: Prepared, cache_only: bool) -> AudioStream:
-        clip = self._lookup(prepared.key)
+        clip, shipped = self._find(prepared.key)
         if clip is not None:
             stale = clip.expired(time.time())
             if not stale or self.stale_while_revalidate:
@@ -166,9 +177,10 @@ class Resolver:
                     self._count("stale_served")
                     self._refresh(prepared)
                 self._count("hits")
-                with contextlib.suppress(RuntimeError):  # closed by a reload meanwhile
-                    self._writer.submit(self._touch, clip.key)
-                return AudioStream.complete(clip.key, clip.chunk()).attach()
+                if not shipped:  # nothing is counted in the shipped pack
+                    with contextlib.suppress(RuntimeError):  # closed by a reload meanwhile
+                        self._writer.submit(self._touch, clip.key)
+                return AudioStream.complete(clip.key, clip.chunk(), shipped=shipped).attach()
         self._count("misses")
         if cache_only:
             self._count("not_cached")
@@ -209,8 +221,18 @@ class Resolver:
 
     def status(self) -> dict[str, Any]:
         breaker = self.guard.breaker.status()
+        shipped = None
+        if self.shipped is not None:
+            with self._lock:
+                hits = self.counters["hits_shipped"]
+            shipped = {
+                **self.shipped.status(),
+                "for_these_voices": bool(set(self.shipped.bundles) & set(self.voices.by_bundle)),
+                "hits": hits,
+            }
         if self.store is None:
-            return {"cache": None, "breaker": breaker}
+            off = {"enabled": False, "unavailable": self.unavailable} if self.unavailable else None
+            return {"cache": off, "shipped": shipped, "breaker": breaker}
         with self._lock:
             info: dict[str, Any] = {
                 "enabled": True,
@@ -222,7 +244,7 @@ class Resolver:
                 **self._store_stats,
             }
         info["recovered"] = info.get("recovered_from") is not None
-        return {"cache": info, "breaker": breaker}
+        return {"cache": info, "shipped": shipped, "breaker": breaker}
 
     def close(self, successor: Resolver | None = None) -> None:
         """Stop background refreshes, and close the file once no flight can store into it any
@@ -235,6 +257,8 @@ class Resolver:
         for stream in detached:  # outside the lock: a cancel wakes the closer, which takes it
             stream.cancel.set()
         self._writer.shutdown(wait=True)
+        if self.shipped is not None:  # a successor opened its own
+            self.shipped.close()
         if self.store is None or (successor is not None and successor.store is self.store):
             return
         with self._lock:
@@ -266,18 +290,38 @@ class Resolver:
     # ---- hits -------------------------------------------------------------------------------
 
     def _lookup(self, key: str) -> Clip | None:
-        if self.store is None:
-            return None
+        return self._find(key)[0]
+
+    def _find(self, key: str) -> tuple[Clip | None, bool]:
+        """The clip from RAM, the cache file, else the shipped pack; and whether it was that."""
         clip = self._ram.get(key)
         if clip is not None:
             self._count("hits_ram")
-            return clip
-        try:
-            return self.store.get(key)
-        except (CacheError, sqlite3.Error) as e:
-            self._count("errors")
-            log.warning("cache lookup failed, treating it as a miss: %s", e)
-            return None
+            return clip, False
+        if self.store is not None:
+            try:
+                clip = self.store.get(key)
+            except (CacheError, sqlite3.Error) as e:
+                self._count("errors")
+                log.warning("cache lookup failed, treating it as a miss: %s", e)
+            if clip is not None:
+                return clip, False
+        if self.shipped is not None:
+            try:
+                clip = self.shipped.get(key)
+            except sqlite3.Error as e:
+                self._count("errors")
+                log.warning("shipped pack lookup failed, treating it as a miss: %s", e)
+            if clip is not None:
+                self._count("hits_shipped")
+        return clip, clip is not None
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until no synthesis is in flight: a background job (the key-echo prewarm) starts
+        its next one only then, so it never competes with a request someone is waiting for.
+        True when idle, False after ``timeout`` seconds."""
+        with self._lock:
+            return self._changed.wait_for(lambda: not self._inflight, timeout)
 
     def _touch(self, key: str) -> None:
         assert self.store is not None

@@ -85,6 +85,7 @@ class AudioStream:
         self.cancel = Cancel()  # the producer's: set when the last reader leaves
         self.readers = 0
         self.from_cache = False
+        self.shipped = False  # a hit in the shipped pack (speakd.cache.shipped)
         self._on_hang = on_hang
         self._progress: float | None = None  # monotonic time of the last sign of life
         self._hang_unreported = False
@@ -92,12 +93,12 @@ class AudioStream:
         self._wakers: set[Callable[[], None]] = set()  # asyncio readers
 
     @classmethod
-    def complete(cls, key: str, chunk: AudioChunk) -> AudioStream:
+    def complete(cls, key: str, chunk: AudioChunk, *, shipped: bool = False) -> AudioStream:
         """A stream that is whole already (a cache hit): no producer, nothing to wait for."""
         stream = cls(key)
         stream.chunks.append(chunk)
         stream.done = True
-        stream.from_cache = True
+        stream.from_cache, stream.shipped = True, shipped
         return stream
 
     @classmethod

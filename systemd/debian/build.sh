@@ -16,7 +16,8 @@
 # Raspberry Pi OS bookworm and Armbian bookworm (the default); 3.12 for Ubuntu 24.04; 3.13 for
 # Debian 13 trixie. --version defaults to pyproject.toml's version with the revision -1.
 # Downloaded wheels stay in --wheels (default ~/.cache/speakd-deb/wheels), so a rebuild only
-# re-resolves. PYTHON (default python3) is the host Python whose pip does the work.
+# re-resolves. PYTHON (default python3) is the host Python whose pip does the work; it also makes
+# the key-echo pack (step 2b), so it needs speakd's device dependencies (`make deb` uses .venv).
 set -eu
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -78,6 +79,25 @@ rm -rf "$site/bin"
 rm -rf "$site/speakd_tools" "$site/bin"
 find "$venv" -depth -name __pycache__ -type d -exec rm -rf {} +  # postinst compiles on the board
 
+# 2b. The key-echo pack every user's daemon reads from its first start (cache.shipped_pack): made
+#     here, by this speakd's code (the wheel) on the host's CPU, with the packaged config, once for
+#     every architecture (its audio does not depend on the board's). It is kept beside the wheels
+#     under a digest of what goes into it, so the next build (the other architecture, a rebuild)
+#     takes it as it is.
+packs=$(dirname "$wheels")/key-echo
+mkdir -p "$packs" "$work/host"
+"$PYTHON" -m pip --disable-pip-version-check install -q --no-deps --no-compile \
+    --target "$work/host" "$work"/wheel/speakd-*.whl
+pack=$packs/$(PYTHONPATH=$work/host "$PYTHON" -m speakd.cache.keyecho "$repo/systemd/speakd.toml")
+if [ ! -f "$pack" ]; then
+    say "making the key-echo pack $pack"
+    PYTHONPATH=$work/host "$PYTHON" -m speakd cache --config "$repo/systemd/speakd.toml" \
+        key-echo "$work/key-echo.db" >&2 2>"$work/key-echo.log" || { cat "$work/key-echo.log" >&2; exit 1; }
+    grep "prewarm done" "$work/key-echo.log" >&2
+    mv "$work/key-echo.db" "$pack"
+fi
+install -D -m 0644 "$pack" "$stage/usr/share/speakd/key-echo.db"
+
 # 3. The venv: pyvenv.cfg, the interpreter links, the one console script.
 printf 'home = /usr/bin\ninclude-system-site-packages = false\nversion = %s\n' "$pyver" \
     >"$venv/pyvenv.cfg"
@@ -98,6 +118,8 @@ ln -s /opt/speakd/venv/bin/speakd "$stage/usr/bin/speakd"
 # 4. systemd's files and the config.
 install -D -m 0644 -t "$stage/usr/lib/systemd/system" \
     "$repo/systemd/speakd.service" "$repo/systemd/speakd.socket" "$repo/systemd/speakd-ssip.socket"
+# The desktop's user units, where user managers look; not enabled (docs/screen-readers.md).
+install -D -m 0644 -t "$stage/usr/lib/systemd/user" "$repo"/systemd/user/*
 install -D -m 0644 "$repo/systemd/speakd.sysusers" "$stage/usr/lib/sysusers.d/speakd.conf"
 install -D -m 0644 "$repo/systemd/speakd.tmpfiles" "$stage/usr/lib/tmpfiles.d/speakd.conf"
 install -D -m 0644 "$repo/systemd/speakd.toml" "$stage/etc/speakd/speakd.toml"

@@ -43,6 +43,7 @@ from paho.mqtt.properties import Properties
 
 from speakd.cache.store import CacheStore, Clip
 from speakd.cache.trust import Trust, encode_public
+from speakd.cache.versions import PackVersions
 from speakd.config import MqttConfig
 from speakd.mqtt.client import new_client
 from speakd.mqtt.messages import Message, PackStatus
@@ -126,6 +127,7 @@ class SimBoard:
             lambda topics: self.client.unsubscribe(topics),
             trust.keys,
             lambda reason: self.refusals.update([reason]),
+            PackVersions.in_state_dir(work / self.site / "state"),  # beside its cache, not in it
         )
 
     def connect(self) -> None:

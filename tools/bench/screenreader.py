@@ -28,11 +28,11 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from .cache import serve
 from .machine import describe
@@ -276,18 +276,7 @@ def speech_dispatcher(work: Path) -> Iterator[str]:
     (conf / "speechd.conf").write_text(SPEECHD_CONF)
     shutil.copy("/etc/speech-dispatcher/modules/espeak-ng.conf", conf / "modules")
     log = (work / "speechd.log").open("wb")
-    procs = [
-        subprocess.Popen(
-            [
-                *("pulseaudio", "-n", "--daemonize=no", "--exit-idle-time=-1", "--system=false"),
-                "--load=module-null-sink sink_name=bench",
-                f"--load=module-native-protocol-unix socket={pulse} auth-anonymous=1",
-            ],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    ]
+    procs = [null_sink_pulse(env, log)]
     try:
         _wait_for(pulse, procs[0], "PulseAudio")
         sock = work / "speechd.sock"
@@ -308,6 +297,28 @@ def speech_dispatcher(work: Path) -> Iterator[str]:
         for p in reversed(procs):
             p.terminate()
             p.wait(30)
+
+
+def null_sink_pulse(
+    env: dict[str, str], log: IO[bytes], wrap: Sequence[str] = ()
+) -> subprocess.Popen[bytes]:
+    """A private PulseAudio whose one sink is a null sink (it paces like a device; ALSA's null
+    does not), listening where libpulse looks: ``$PULSE_SERVER``, else
+    ``$XDG_RUNTIME_DIR/pulse/native``. ``wrap`` runs it as another user (``setpriv …``)."""
+    native = "module-native-protocol-unix auth-anonymous=1"
+    if server := env.get("PULSE_SERVER", "").removeprefix("unix:"):
+        native += f" socket={server}"
+    return subprocess.Popen(
+        [
+            *wrap,
+            *("pulseaudio", "-n", "--daemonize=no", "--exit-idle-time=-1", "--system=false"),
+            "--load=module-null-sink sink_name=bench",
+            f"--load={native}",
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
 
 
 def _wait_for(path: Path, proc: subprocess.Popen[bytes], what: str) -> None:

@@ -11,7 +11,8 @@ to PortAudio in ``DEVICE_WRITE_MS`` pieces and its write stops at the next piece
 then drops what the device buffers.
 A missing or vanished device is a state, not a crash: ``SinkUnavailable`` fails the request,
 ``status()`` says why, and the next ``begin`` retries. So is a wedged one: a device write that
-does not return within ``max(WRITE_TIMEOUT_MIN_S, WRITE_TIMEOUT_FACTOR × its duration)``, or
+does not return within ``max(WRITE_TIMEOUT_MIN_S, WRITE_TIMEOUT_FACTOR × its duration)``
+(``START_TIMEOUT_S`` in the first seconds after the stream starts), or
 a drain (PortAudio's stop) that does not within ``max(WRITE_TIMEOUT_MIN_S, WRITE_TIMEOUT_FACTOR ×
 the stream's latency)``, fails the request and the stream is replaced.
 """
@@ -32,6 +33,11 @@ from speakd.config import AudioConfig
 log = logging.getLogger(__name__)
 
 WRITE_TIMEOUT_MIN_S = 1.0  # a device write may block this long, however short the block
+# ... and this long in the first START_TIMEOUT_S after the stream starts: a sound server fills
+# its prebuffer before it plays, and until then a write waits once the device buffer is full
+# (PulseAudio's null sink through ALSA's pulse plugin, PortAudio's default device on a desktop:
+# 1–2 s on a loaded machine; the desktop set-up of tests/test_deb.py met it).
+START_TIMEOUT_S = 5.0
 WRITE_TIMEOUT_FACTOR = 4.0  # … or this many times the block's duration
 
 
@@ -256,6 +262,7 @@ class SoundDeviceSink:
         self._error = ""
         self._last_try = 0.0
         self._wedged = False  # the last stream stopped taking writes: reopen at once
+        self._started = 0.0  # monotonic time the stream last started (START_TIMEOUT_S)
         self._device: _DeviceCalls | None = None
         self._abandoned: list[_DeviceCalls] = []  # stuck calls whose stream is not closed yet
         self._lock = threading.Lock()
@@ -310,14 +317,18 @@ class SoundDeviceSink:
                 self._drop_stream()
             if self._stream is None:
                 self._open(sample_rate)
+                self._started = time.monotonic()
             elif self._stream.stopped:
                 self._stream.start()
+                self._started = time.monotonic()
 
     def resume(self, utterance_id: str, sample_rate: int) -> None:
         self.begin(utterance_id, sample_rate)
 
     def write(self, pcm: bytes) -> None:
-        timeout = max(WRITE_TIMEOUT_MIN_S, WRITE_TIMEOUT_FACTOR * len(pcm) / 2 / self._rate)
+        starting = time.monotonic() - self._started < START_TIMEOUT_S
+        floor = START_TIMEOUT_S if starting else WRITE_TIMEOUT_MIN_S
+        timeout = max(floor, WRITE_TIMEOUT_FACTOR * len(pcm) / 2 / self._rate)
         self._call(timeout, "a write", self._write_pieces, self._stream, pcm)
 
     def _write_pieces(self, stream: Any, pcm: bytes) -> None:
