@@ -27,10 +27,12 @@ def write_config(
     realtime: bool = False,
     voices: str = "",
     prewarm_keys: bool = False,
+    shipped_pack: str = "",
 ) -> Path:
     """A config with sockets, cache, state, voices folder and WAV output inside ``tmp_path``;
     ``extra`` appends TOML, ``voices`` adds keys to ``[voices]``. The key-echo prewarm is off
-    unless asked for: it would load every test daemon with a few hundred syntheses."""
+    unless asked for: it would load every test daemon with a few hundred syntheses. No shipped
+    pack unless given: an installed package's would answer the test's key echo."""
     (tmp_path / "wav").mkdir(exist_ok=True)
     (tmp_path / "voices").mkdir(exist_ok=True)
     config = tmp_path / "speakd.toml"
@@ -57,6 +59,7 @@ dir = "{tmp_path / "state"}"
 
 [cache]
 path = "{tmp_path / "cache.db"}"
+shipped_pack = "{shipped_pack}"
 {extra}
 """
     )

@@ -115,8 +115,9 @@ def test_orca_key_echo_is_a_cache_hit_after_the_prewarm(tmp_path: Path) -> None:
     # package ships the one its build made): key echo from the first key, nothing synthesized.
     user = tmp_path / "user"
     user.mkdir()
-    shipped = f'shipped_pack = "{tmp_path / "cache.db"}"'
-    proc = start_daemon(write_config(user, shipped, prewarm_keys=True), ready_timeout=120)
+    shipped = str(tmp_path / "cache.db")
+    config = write_config(user, prewarm_keys=True, shipped_pack=shipped)
+    proc = start_daemon(config, ready_timeout=120)
     try:
         orca_echoes(user / "ssip.sock")  # at once: the prewarm has only begun, if at all
         wait_until(lambda: DONE_LINE in proc.log_text(), "the key-echo prewarm", timeout=120)

@@ -94,9 +94,11 @@ if [ ! -f "$pack" ]; then
     PYTHONPATH=$work/host "$PYTHON" -m speakd cache --config "$repo/systemd/speakd.toml" \
         key-echo "$work/key-echo.db" >&2 2>"$work/key-echo.log" || { cat "$work/key-echo.log" >&2; exit 1; }
     grep "prewarm done" "$work/key-echo.log" >&2
-    mv "$work/key-echo.db" "$pack"
+    cp "$work/key-echo.db" "$pack.$$" && mv "$pack.$$" "$pack"  # whole, for a build beside us
 fi
 install -D -m 0644 "$pack" "$stage/usr/share/speakd/key-echo.db"
+touch "$pack"  # kept while builds use it; packs no build took for a day are dropped
+find "$packs" -name 'key-echo-*.db' -mmin +1440 -delete
 
 # 3. The venv: pyvenv.cfg, the interpreter links, the one console script.
 printf 'home = /usr/bin\ninclude-system-site-packages = false\nversion = %s\n' "$pyver" \
