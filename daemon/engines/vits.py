@@ -136,6 +136,12 @@ def derive_seed(*parts: Any) -> int:
     return int.from_bytes(digest[:8], "little") & (2**63 - 1)
 
 
+# How this code turns the params into samples, in every key (``audio_params``): raised whenever
+# the same request gives other samples, so no clip or pack made the old way is a hit beside the
+# new ones. 2: the first sentence starts without its leading silence (issue 45).
+RENDER = 2
+
+
 @dataclass(frozen=True)
 class VitsParams:
     """Everything resolved for one request that changes the audio (``audio_params``)."""
@@ -145,6 +151,7 @@ class VitsParams:
     noise_scale: float
     noise_w: float
     sentence_silence: float
+    render: int = RENDER
 
 
 # The embedded voice over speakd.request.loudness's calibration text, as ``speakd-tools loudness
@@ -403,8 +410,10 @@ class VitsEngine(VitsVoice):
         self, text: str, config: SynthesisConfig, cancel: threading.Event | None = None
     ) -> Iterator[AudioChunk]:
         """Chunks as the decoder makes them (one per window of a sentence), and a chunk of
-        ``sentence_silence`` seconds after each sentence but the last. Each chunk carries the
-        words that start in it (``speakd.engines.vits_words``; none when the graph runs whole).
+        ``sentence_silence`` seconds after each sentence but the last. The first sentence starts
+        without its leading silence (``vits_split.lead_frames``): what a listener waits for.
+        Each chunk carries the words that start in it (``speakd.engines.vits_words``; none when
+        the graph runs whole).
 
         Sentences longer than ``max_phonemes`` are split and their pieces count as sentences.
         A ``speakd.request.stream.Cancel`` (it has ``add_hook``) stops the running window between
@@ -446,20 +455,21 @@ class VitsEngine(VitsVoice):
         try:
             for i, phonemes in enumerate(sentences):
                 feeds = self._feeds(phonemes, params, derive_seed(seed, i))
-                windows = self.graphs.render(feeds, run)
+                windows = self.graphs.render(feeds, run, trim=i == 0)
                 words: list[Word] = []
-                made = total = 0  # samples of the sentence yielded so far, and in all
+                made = total = 0  # samples of the sentence made so far, and in all
                 while (window := self._next(windows, cancel)) is not None:
                     if made == 0 and window.id_samples is not None:
                         words = timings(aligner.spans(phonemes), window.id_samples)
                         total = int(window.id_samples.sum())
+                        made = window.skipped  # the first sentence's leading silence
                     made += window.audio.size
                     here = [w for w in words if w.start < made or made >= total]
                     words = words[len(here) :]
                     yield AudioChunk.from_float(
                         window.audio,
                         self.sample_rate,
-                        tuple(w.shifted(window.audio.size - made) for w in here),
+                        tuple(_at_least_0(w.shifted(window.audio.size - made)) for w in here),
                     )
                 if cancel is not None and cancel.is_set():
                     log.debug("cancelled in sentence %d of %d", i + 1, len(sentences))
@@ -509,6 +519,11 @@ class VitsEngine(VitsVoice):
             if cancel is not None and cancel.is_set():
                 return None
             raise EngineError(f"vits {self.bundle_id}: inference failed: {e}") from e
+
+
+def _at_least_0(word: Word) -> Word:
+    """A word that starts in the skipped leading silence starts with the audio."""
+    return word if word.start >= 0 else Word(word.text, 0, max(0, word.end), word.kind)
 
 
 @functools.lru_cache(maxsize=4096)

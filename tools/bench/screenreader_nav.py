@@ -32,7 +32,7 @@ from typing import Protocol
 
 import numpy as np
 
-SILENT = 328  # |sample| below −40 dBFS is silence (dither, a voice's breath before it starts)
+SILENT = 104  # |sample| below −50 dBFS is silence (Piper's floor between words is near −85)
 PACE_S = 0.15  # quiet after each message's END before the next key
 RATE = 22050  # what parec records the monitor at
 
