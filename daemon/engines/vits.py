@@ -12,17 +12,15 @@ preparing its graph is ``speakd.engines.vits_graph``.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import logging
 import math
-import re
 import threading
 import time
 import unicodedata
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +28,7 @@ import numpy as np
 import onnxruntime as ort
 
 from speakd.audio import AudioChunk, Word
+from speakd.audio.pitch import by_resampling, ratio, resampled, slower
 from speakd.engines.base import (
     EngineError,
     SynthesisConfig,
@@ -49,6 +48,7 @@ from speakd.engines.vits_graph import (
     voice_graph,
 )
 from speakd.engines.vits_split import SplitVoice, WholeVoice, Window, voice_sessions
+from speakd.engines.vits_text import phonemize, phonemize_cached, speakable, split_long
 from speakd.engines.vits_words import WordAligner, timings
 
 if TYPE_CHECKING:
@@ -67,68 +67,6 @@ OPTIONS = (
     Option("sentence_silence", float, "seconds of silence between sentences", 0.0, 10.0),
 )
 
-_RAW_PHONEMES = re.compile(r"\[\[(.*?)\]\]", re.S)
-_SENTENCE_STOP = re.compile(r"\s*([.!?])")
-_espeak_lock = threading.Lock()  # espeak-ng keeps global state (voice, buffers)
-_espeak: Any = None
-
-
-def phonemize(
-    espeak_voice: str, text: str, vowel_clusters: frozenset[tuple[str, ...]] | None
-) -> list[list[str]]:
-    """Phonemes per sentence, as Piper computes them (espeak-ng splits the sentences). As in
-    Piper, ``[[ … ]]`` holds phonemes taken as written, inside the sentence around it: SSML's
-    ``<phoneme>`` and a lexicon's IPA arrive so (``speakd.markup.plan``)."""
-    global _espeak
-    from piper.phonemize_espeak import EspeakPhonemizer
-
-    parts = _RAW_PHONEMES.split(text)  # text, phonemes, text, …
-    sentences: list[list[str]] = []
-    with _espeak_lock:
-        if _espeak is None:
-            _espeak = EspeakPhonemizer()
-        for i, part in enumerate(parts):
-            if i % 2 == 0:
-                stop = _SENTENCE_STOP.match(part) if i > 0 else None
-                if stop:  # raw phonemes end their sentence: "… [[ ɪt ]]. Next"
-                    sentences[-1].append(stop.group(1))
-                    part = part[stop.end() :]
-                said = _espeak.phonemize(espeak_voice, part, vowel_clusters=vowel_clusters)
-                if i > 0 and not stop and said:  # the text after goes on with their sentence
-                    sentences[-1].extend(said.pop(0))
-                sentences.extend(said)
-                continue
-            if not sentences:
-                sentences.append([])
-            before = " " if parts[i - 1].endswith(" ") and sentences[-1] else ""
-            after = " " if parts[i + 1].startswith(" ") else ""
-            sentences[-1].extend([*before, *part.strip(), *after])
-    return [sentence for sentence in sentences if sentence]
-
-
-def _speakable(phonemes: list[str]) -> bool:
-    """True when a sentence holds a sound, not only stress marks, pauses and punctuation."""
-    return any(unicodedata.category(p[0]) in ("Ll", "Lu", "Lo") for p in phonemes if p)
-
-
-def split_long(phonemes: list[str], limit: int) -> list[list[str]]:
-    """Cut a run-on sentence into pieces of at most ``limit`` phonemes.
-
-    VITS's attention grows with the square of the input, so one 3000-character sentence takes
-    minutes and gigabytes before its first sample. Cuts go after the last clause break
-    (``, ; :`` + space) in the second half of the window, else after the last word, else at the
-    limit.
-    """
-    pieces: list[list[str]] = []
-    while len(phonemes) > limit:
-        spaces = [i for i in range(limit - 1, 0, -1) if phonemes[i] == " "]
-        clause = [i for i in spaces if i >= limit // 2 and phonemes[i - 1] in ",;:"]
-        cut = (clause or spaces or [limit - 1])[0] + 1
-        pieces.append(phonemes[:cut])
-        phonemes = phonemes[cut:]
-    pieces.append(phonemes)
-    return pieces
-
 
 def derive_seed(*parts: Any) -> int:
     """A well-mixed non-negative int64 from any JSON-able parts (request hash, sentence index)."""
@@ -138,7 +76,7 @@ def derive_seed(*parts: Any) -> int:
 
 # How this code turns the params into samples, in every key (``audio_params``): raised whenever
 # the same request gives other samples, so no clip or pack made the old way is a hit beside the
-# new ones. 2: the first sentence starts without its leading silence (issue 45).
+# new ones. 2: the first sentence starts without its leading silence; pitch by resampling.
 RENDER = 2
 
 
@@ -406,6 +344,8 @@ class VitsEngine(VitsVoice):
 
     # -- the engine contract ---------------------------------------------------------------
 
+    shifts_pitch = True  # config.pitch up to RESAMPLED: spoken slower, read back faster
+
     def synthesize(
         self, text: str, config: SynthesisConfig, cancel: threading.Event | None = None
     ) -> Iterator[AudioChunk]:
@@ -422,7 +362,20 @@ class VitsEngine(VitsVoice):
         Sentence ``i`` uses the seed ``derive_seed(seed, i)``, where ``seed`` is
         ``config.seed`` or, when that is None, a hash of the normalised text and the resolved
         params, so the same request always gives the same audio.
+
+        ``config.pitch`` (semitones, up to ``pitch.RESAMPLED``) is spoken slower and resampled
+        back to its length (``speakd.audio.pitch.resampled``): no shifter holds the first chunk
+        back. The resolver shifts larger pitches with Rubber Band.
         """
+        if not by_resampling(self, config.pitch):
+            return self._sentences(text, config, cancel, 1.0)
+        semitones: float = config.pitch  # type: ignore[assignment]
+        chunks = self._sentences(text, config, cancel, slower(semitones))
+        return resampled(chunks, ratio(semitones))
+
+    def _sentences(
+        self, text: str, config: SynthesisConfig, cancel: threading.Event | None, slower: float
+    ) -> Iterator[AudioChunk]:
         params = self._resolve(config)
         normalized = self.normalize_text(text)
         if not normalized:
@@ -433,11 +386,16 @@ class VitsEngine(VitsVoice):
                 self.config.espeak_voice, normalized, self.config.vowel_clusters
             )
             for piece in split_long(sentence, self.max_phonemes)
-            if _speakable(piece)
+            if speakable(piece)
         ]
         if not sentences:
             raise EngineError(f"nothing to say: no speakable sounds in {normalized[:60]!r}")
         seed = config.seed if config.seed is not None else derive_seed(normalized, asdict(params))
+        params = replace(
+            params,
+            length_scale=params.length_scale * slower,
+            sentence_silence=params.sentence_silence * slower,
+        )
         aligner = WordAligner(normalized, self._alone)
         silence = np.zeros(round(params.sentence_silence * self.sample_rate), np.float32)
         run = ort.RunOptions()
@@ -507,7 +465,7 @@ class VitsEngine(VitsVoice):
     def _alone(self, token: str) -> list[list[str]]:
         """One token of the text phonemized alone (word timings: ``vits_words.word_spans``),
         remembered: most tokens are common words said again and again."""
-        return _phonemize_cached(self.config.espeak_voice, token, self.config.vowel_clusters)
+        return phonemize_cached(self.config.espeak_voice, token, self.config.vowel_clusters)
 
     def _next(self, windows: Iterator[Window], cancel: threading.Event | None) -> Window | None:
         """The next window; None at the sentence's end or once ``cancel`` is set."""
@@ -524,13 +482,6 @@ class VitsEngine(VitsVoice):
 def _at_least_0(word: Word) -> Word:
     """A word that starts in the skipped leading silence starts with the audio."""
     return word if word.start >= 0 else Word(word.text, 0, max(0, word.end), word.kind)
-
-
-@functools.lru_cache(maxsize=4096)
-def _phonemize_cached(
-    espeak_voice: str, text: str, vowel_clusters: frozenset[tuple[str, ...]] | None
-) -> list[list[str]]:
-    return phonemize(espeak_voice, text, vowel_clusters)
 
 
 def _number(name: str, value: Any, positive: bool = False) -> float:
