@@ -82,13 +82,13 @@ class Options:
     only: str = ""
     phase: str = "all"  # all, keys (typing, arrows, say-all, durations) or nav (new text)
     seed: int = field(default_factory=lambda: int.from_bytes(os.urandom(4), "little"))
+    nav_rounds: int = 0  # the navigation phase's rounds (0: as many as the script's)
+    nav_pitch: int = ORCA_PITCH  # the navigation phase's SSIP PITCH
 
     def texts(self) -> Texts:
         """The navigation phase's new text, the same for every contender of the run."""
-        n = 1 if self.quick else self.rounds
-        return fresh(
-            self.seed, 8 * n if self.quick else 20 * n, 8 * n if self.quick else 20 * n, 3 * n
-        )
+        n, each = self.rounds, 8 if self.quick else 20
+        return fresh(self.seed, each * n, each * n, 3 * n)
 
     @property
     def typed(self) -> str:
@@ -96,7 +96,7 @@ class Options:
 
     @property
     def rounds(self) -> int:
-        return 1 if self.quick else 3
+        return self.nav_rounds or (1 if self.quick else 3)
 
 
 @dataclass
@@ -202,12 +202,12 @@ class Replay:
                 self.trial.marks_before_begin += msg.order.index("701") > 0
         self.playing = ""
 
-    def navigate(self, phase: str, texts: tuple[str, ...]) -> None:
+    def navigate(self, phase: str, texts: tuple[str, ...], pitch: int) -> None:
         """Arrowing onto new lines or menu items, or say-all's first sentence: CANCEL self, the
         voice, the marked text; each heard to its end (``screenreader_nav``)."""
         for text in texts:
             self.s.command("CANCEL self")
-            voice(self.s)
+            voice(self.s, pitch)
             sent = time.monotonic()
             msg_id = self.s.speak(marked(text))
             _, begin = self.s.wait(msg_id, "701")
@@ -256,7 +256,7 @@ def replay(path: str, audio: FirstAudio, opts: Options) -> Trial:
                     ("say_all", texts.say_all),
                 ):
                     share = len(all_texts) // opts.rounds
-                    r.navigate(phase, all_texts[n * share : (n + 1) * share])
+                    r.navigate(phase, all_texts[n * share : (n + 1) * share], opts.nav_pitch)
         for m in trial.nav.spoken:
             trial.nav.first[m.msg_id] = audio.first_audio(m)
     finally:
@@ -425,6 +425,7 @@ def report(result: dict[str, Any]) -> str:
     lines = [
         machine_line(result["machine"])
         + f" Load average {result['loadavg_start']} → {result['loadavg_end']} (shared machine).",
+        "New texts: seed {seed}, SSIP PITCH {nav_pitch}.".format(**result["options"]),
         "",
         "| ms, p50 / p99 | speakd | Speech Dispatcher + espeak-ng | speakd / SD (p50) |",
         "|---|---|---|---|",
@@ -469,10 +470,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "first sentence",
     )
     p.add_argument("--seed", type=int, help="the new texts' draw (default: fresh each run)")
+    p.add_argument("--rounds", type=int, default=0, help="rounds of the script (default 3)")
+    p.add_argument("--nav-pitch", type=int, default=ORCA_PITCH, help="SSIP PITCH of the new texts")
 
 
 def run(args: argparse.Namespace) -> int:
-    opts = Options(quick=args.quick, only=args.only, phase=args.phase)
+    opts = Options(quick=args.quick, only=args.only, phase=args.phase, nav_rounds=args.rounds)
+    opts.nav_pitch = args.nav_pitch
     if args.seed is not None:
         opts.seed = args.seed
     result = measure(opts)
