@@ -87,8 +87,8 @@ class Options:
 
     def texts(self) -> Texts:
         """The navigation phase's new text, the same for every contender of the run."""
-        n, each = self.rounds, 8 if self.quick else 20
-        return fresh(self.seed, each * n, each * n, 3 * n)
+        n, each = self.rounds, 3 if self.quick else 20
+        return fresh(self.seed, each * n, each * n, (1 if self.quick else 3) * n)
 
     @property
     def typed(self) -> str:
@@ -459,7 +459,9 @@ def report(result: dict[str, Any]) -> str:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--quick", action="store_true", help="9 keys, one round: a smoke run")
+    p.add_argument(
+        "--quick", action="store_true", help="9 keys, 7 new texts, one round: a smoke run"
+    )
     p.add_argument("--only", choices=sorted(CONTENDERS), default="", help="one contender")
     p.add_argument("--json", action="store_true", help="print the numbers as JSON")
     p.add_argument(
