@@ -256,7 +256,7 @@ def test_orca_speaks_through_speakd_and_nothing_is_refused(
     lines = [m for m in began if len(MARK.findall(" ".join(m.body))) >= 2]
     leads = [ms for ms in (lead_ms(daemon, m.msg_id) for m in lines) if ms < float("inf")]
     assert len(leads) >= 4, [m.body for m in began]  # the rest stopped before a sound
-    assert statistics.median(leads) < 30, leads
+    assert statistics.median(leads) < 25, leads  # 28–49 ms (median 34) before
 
     refused = [ln.text for ln in proxy.replies() if ln.text[:1] in "45"]
     assert not refused, refused
