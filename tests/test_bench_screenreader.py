@@ -8,7 +8,7 @@ import json
 import subprocess
 import sys
 
-from speakd_tools.bench.screenreader import ROWS, marked, report
+from speakd_tools.bench.screenreader import NAV_ROWS, ROWS, marked, report
 
 
 def test_orca_marks_every_word_at_its_offsets() -> None:
@@ -23,7 +23,7 @@ def test_quick_replay_on_speakd_measures_every_row() -> None:
         ],
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=300,
     )
     assert r.returncode == 0, r.stdout + r.stderr
     result = json.loads(r.stdout)
@@ -36,11 +36,16 @@ def test_quick_replay_on_speakd_measures_every_row() -> None:
     assert 0.95 <= speakd["marked_ratio"] <= 1.05, speakd["marked_ratio"]
     assert speakd["marks_before_begin"][1] >= 1
     assert "speechd" not in result["contenders"]
+    for key, *_ in NAV_ROWS:  # new text: SPEAK → 701, and → its first sound (after 701)
+        assert speakd[key]["n"] > 0, key
+    assert speakd["nav_first"]["p50"] >= speakd["nav_begin"]["p50"]
+    assert speakd["nav_silent"] == 0
     slowest = [ms for ms, _ in speakd["slowest"]]
     assert len(slowest) == 5 and slowest == sorted(slowest, reverse=True)
     echoes = [speakd[key]["max"] for key, _ in ROWS if key != "canceled"]
     assert slowest[0] >= round(max(echoes), 1)  # with say-all's key, which no row counts
     text = report(result)
     assert "| keypress → 701 BEGIN, 700 ms/key |" in text
+    assert "| new line or menu item: SPEAK → first audio |" in text
     assert f"speakd, slowest echoes: {slowest[0]} ms " in text
     assert "Machine: " in text

@@ -33,6 +33,8 @@ def test_the_list_is_what_a_screen_reader_says() -> None:
     pack = key_echo()
     assert {"a", "Z", "7", ".", "\\"} <= set(pack.chars)
     assert {"space", "backspace", "page down", "F12"} <= set(pack.keys)
+    # what Orca sends alone, as it sends it (tests/test_orca.py's navigation)
+    assert {"checked", "not checked", "text.", "left control"} <= set(pack.keys)
     assert all(len(c) == 1 for c in pack.chars)
 
 

@@ -20,10 +20,12 @@ import os
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from speakd.audio import read_wav
@@ -41,12 +43,27 @@ gi.require_version("Gtk", "3.0")
 from gi.repository import Gtk
 win = Gtk.Window(title="speakd orca test")
 box = Gtk.Box(orientation=Gtk.Orientation.VERTICAL)
+bar = Gtk.MenuBar()
+top = Gtk.MenuItem.new_with_mnemonic("_File")
+menu = Gtk.Menu()
+for label in ("New window", "Open recent"):
+    menu.append(Gtk.MenuItem(label=label))
+menu.append(Gtk.CheckMenuItem(label="Word wrap"))
+top.set_submenu(menu)
+bar.append(top)
+box.add(bar)
 label = Gtk.Label.new_with_mnemonic("_Name:")
 entry = Gtk.Entry()
 label.set_mnemonic_widget(entry)
 box.add(label)
 box.add(entry)
+box.add(Gtk.CheckButton(label="Remember me"))
 box.add(Gtk.Button(label="Send the quick brown fox"))
+view = Gtk.TextView()
+view.get_buffer().set_text(
+    "The first line of the notes.\\nA second line follows it.\\nThe last line ends here."
+)
+box.add(view)
 win.add(box)
 win.connect("destroy", Gtk.main_quit)
 win.show_all()
@@ -176,6 +193,16 @@ def orca_run(tmp_path: Path) -> Iterator[tuple[SsipProxy, DaemonProc, Desktop]]:
         daemon.stop()
 
 
+NAVIGATION = ("space", "space", "Tab", "Tab", "Up", "Up", "F10", "Down", "Down", "Down", "Escape")
+
+
+def press(d: Desktop, proxy: SsipProxy, window: str, key: str) -> None:
+    """One key, and Orca's speech for it begun."""
+    n = len(spoken(proxy))
+    d.run("xdotool", "key", "--window", window, key)
+    wait_until(lambda: len(spoken(proxy)) > n, f"Orca's speech for {key}", 20)
+
+
 def spoken(proxy: SsipProxy) -> list[str]:
     return [" ".join(m.body) for m in proxy.messages() if any(e[0] == "701" for e in m.events)]
 
@@ -208,10 +235,28 @@ def test_orca_speaks_through_speakd_and_nothing_is_refused(
     )
     before = len(spoken(proxy))
     for key in ("h", "e", "y", "Left", "Tab"):
-        n = len(spoken(proxy))
-        d.run("xdotool", "key", "--window", window, key)
-        wait_until(lambda n=n: len(spoken(proxy)) > n, f"an echo of {key}", 20)
+        press(d, proxy, window, key)
     assert len(spoken(proxy)) > before
+
+    # Navigation: new text, none of it cached: a check box toggled, lines arrowed onto, a menu.
+    navigated = len(proxy.messages())
+    for key in NAVIGATION:
+        press(d, proxy, window, key)
+    # Each line and menu item starts with its sound, not the voice's leading silence (40–95 ms
+    # before issue 45): speakd's first audio is its 701 BEGIN plus this. Most are stopped by the
+    # next key; a stopped one's WAV file holds what played.
+    wait_until(
+        lambda: all(
+            any(e[0] in ("702", "703") for e in m.events) for m in proxy.messages()[navigated:]
+        ),
+        "the navigation's speech to end",
+        30,
+    )
+    began = [m for m in proxy.messages()[navigated:] if any(e[0] == "701" for e in m.events)]
+    lines = [m for m in began if len(MARK.findall(" ".join(m.body))) >= 2]
+    leads = [ms for ms in (lead_ms(daemon, m.msg_id) for m in lines) if ms < float("inf")]
+    assert len(leads) >= 4, [m.body for m in began]  # the rest stopped before a sound
+    assert statistics.median(leads) < 25, leads  # 28–49 ms (median 34) before
 
     refused = [ln.text for ln in proxy.replies() if ln.text[:1] in "45"]
     assert not refused, refused
@@ -242,6 +287,14 @@ def test_orca_speaks_through_speakd_and_nothing_is_refused(
 
 MARK = re.compile(r'<mark name="([^"]*)"/>')
 MARK_TAG = re.compile(r"<mark [^>]*/>")
+
+
+def lead_ms(daemon: DaemonProc, msg_id: str) -> float:
+    """ms from a message's first sample to its first above −50 dBFS, in speakd's WAV file."""
+    wav = daemon.config.parent / "wav" / f"ssip-{msg_id}.wav"
+    audio = wait_until(lambda: wav.exists() and read_wav(wav), f"{wav} in place")
+    loud = np.flatnonzero(np.abs(audio.samples().astype(np.int32)) >= 104)
+    return 1000 * loud[0] / audio.sample_rate if loud.size else float("inf")
 
 
 def spoken_seconds(daemon: DaemonProc, ssml: str) -> float:

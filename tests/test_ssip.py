@@ -224,8 +224,9 @@ def test_rate_and_volume_change_the_audio(speakd: Speakd) -> None:
         (wav,) = [p for k, p in msg_wavs(speakd.wav_dir).items() if k not in before]
         audio = read_wav(wav)
         durations[args], levels[args] = audio.duration, rms(audio.samples())
-    # rate 50 = speed 2^(50/50) = 2: about half as long
-    assert 0.4 < durations[("-r", "50")] / durations[("-r", "0")] < 0.65, durations
+    # rate 50 = speed 2^(50/50) = 2: about half as long (the end's pause and the onset frame do
+    # not shrink with it, since the leading silence went, issue 45)
+    assert 0.4 < durations[("-r", "50")] / durations[("-r", "0")] < 0.7, durations
     # volume -50 = gain 0.25 of the same (deterministic) audio
     assert durations[("-i", "-50")] == durations[("-r", "0")]
     assert abs(levels[("-i", "-50")] / levels[("-r", "0")] - 0.25) < 0.01, levels
@@ -266,7 +267,8 @@ def test_orcas_capital_is_higher_than_the_lowercase_letter(speakd: Speakd) -> No
     # ±100 is ±1 octave: 50 is 6 st, 10 is 1.2 st; 2^(4.8/12) = 1.32 between them
     assert 1.2 < high / low < 1.45, heard
     assert 1.03 < low / neutral < 1.12, heard
-    assert low_s == pytest.approx(neutral_s, abs=0.005), "pitch changed the length"
+    # resampled pitch (docs/ssml.md#pitch): a letter's length within 8 %
+    assert low_s == pytest.approx(neutral_s, rel=0.08), "pitch changed the length"
 
 
 def test_orcas_marks_come_between_begin_and_end(speakd: Speakd) -> None:

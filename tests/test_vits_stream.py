@@ -416,3 +416,38 @@ def test_loading_the_split_voice_holds_one_copy_of_its_weights() -> None:
     grew = json.loads(out.strip().splitlines()[-1])
     assert grew["rss"] < 3.3 * size, grew
     assert grew["peak"] < 3.5 * size, grew
+
+
+def test_a_trimmed_sentence_skips_only_its_leading_silence(
+    engine: VitsEngine, voice: SplitVoice
+) -> None:
+    """Piper's voice opens each sentence with its "^" id, 40–80 ms at its floor (near −85 dBFS).
+    Trimmed, the sentence is the same samples without those frames, which are never decoded."""
+    import onnxruntime as ort
+
+    from speakd.engines.vits import phonemize
+
+    (phonemes,) = phonemize("en-us", "Our team lists a blue folder.", None)
+    feeds = engine._feeds(phonemes, engine._resolve(SynthesisConfig()), seed=1)
+    full, trimmed = (list(voice.render(feeds, ort.RunOptions(), trim=t)) for t in (False, True))
+    skipped = trimmed[0].skipped
+    assert full[0].skipped == 0 and skipped >= 3 * voice.decoder_reach.hop
+    a, b = (np.concatenate([w.audio for w in ws]) for ws in (full, trimmed))
+    assert a.size - b.size == skipped
+    assert np.abs(a[:skipped]).max() < 10 ** (-50 / 20)
+    assert np.abs(a[skipped:] - b).max() * 32768 <= 1  # window sizes: the last bit
+
+
+def test_speech_starts_with_the_first_sentence_s_sound(engine: VitsEngine) -> None:
+    """The first sentence's sound within 3 frames of its first sample, its first word with it; a
+    later sentence keeps the pause before it."""
+    text = "Our team lists a blue folder. Our team lists a blue folder."
+    audio = join_chunks(synth(engine, text))
+    pcm = audio.samples().astype(np.int32)
+    loud = np.flatnonzero(np.abs(pcm) >= 104)  # −50 dBFS
+    assert loud[0] < 3 * 256, loud[0]  # the kept frame of "^", the pad, the vowel rising
+    # (untrimmed: 8 frames, 95 ms)
+    words = audio.words
+    assert words[0].text == "Our" and 0 <= words[0].start <= 2 * 256  # after "^" and the pad
+    second = [w for w in words if w.text == "Our"][1]
+    assert np.abs(pcm[second.start - 4 * 256 : second.start - 256]).max() < 104

@@ -3,7 +3,16 @@ word timings) unchanged.
 
 Neither engine has a pitch control, so pitch is post-processing on what the engine makes, per
 text segment, on the synthesis thread: the shifted audio is what readers play and what the cache
-stores (the pitch is in the key, ``speakd.request.prepare``). The shifter is Rubber Band, through
+stores (the pitch is in the key, ``speakd.request.prepare``).
+
+An engine that can slow its own speech (a Piper voice's ``length_scale``) shifts by resampling
+(``resampled``): it speaks ``ratio`` times slower and the stream is read back ``ratio`` times
+faster, so pitch and formants rise together as on a tape, with no analysis window to wait for:
+the first chunk costs about a millisecond more, and the stream joins into the one-shot result bit
+for bit (``speakd.audio.resample``). Such an engine says so (``shifts_pitch``) and takes
+``config.pitch`` itself; the resolver leaves its chunks alone.
+
+For the others the shifter is Rubber Band, through
 Spotify's ``pedalboard`` (manylinux wheels for x86_64 and aarch64, GPL-3 like speakd; why this
 library: docs/ssml.md). A pitch of 0 never comes here: neutral requests keep their audio and keys.
 
@@ -23,7 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from speakd.audio import AudioChunk
+from speakd.audio import AudioChunk, Word
+from speakd.audio.resample import Resampler
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +48,70 @@ def ssip_semitones(pitch: int) -> float | None:
 
 def neutral(semitones: float | None) -> bool:
     return semitones is None or abs(semitones) < 0.005
+
+
+def ratio(semitones: float) -> float:
+    """The frequency ratio of a shift: 2 ** (semitones / 12)."""
+    return 2.0 ** (semitones / 12.0)
+
+
+RESAMPLED = 6.0  # semitones either way an engine that ``shifts_pitch`` resamples (Orca's 1.2, 6)
+
+
+def by_resampling(engine: Any, semitones: float | None) -> bool:
+    """True when ``engine`` makes this pitch itself, slower and resampled (``resampled``);
+    beyond ``RESAMPLED`` its speech drifts from the unshifted length, and Rubber Band does it."""
+    return (
+        getattr(engine, "shifts_pitch", False)
+        and not neutral(semitones)
+        and abs(semitones) <= RESAMPLED  # type: ignore[arg-type]
+    )
+
+
+def slower(semitones: float) -> float:
+    """How much slower a voice speaks to be resampled by ``ratio(semitones)`` back to its
+    length. Not the ratio itself: Piper rounds each phoneme's frames up, and the many one-frame
+    pauses stay one frame at any speed, so speech stretched by r comes out shorter than r times.
+    Half as much again, up to 1.5 semitones more, keeps a sentence's length within 1.5 % on
+    average over the English corpus at −3 … +6 semitones (within 5–8 % for one sentence)."""
+    return ratio(semitones + max(-1.5, min(1.5, semitones)))
+
+
+def resampled(chunks: Iterable[AudioChunk], step: float) -> Iterator[AudioChunk]:
+    """``chunks`` read ``step`` times faster at their own rate (``speakd.audio.resample``), their
+    words moved with them: a word belongs to the output chunk its start falls in."""
+    resampler = Resampler(step)
+    fed, rate = 0, 0
+    words: list[Word] = []  # not yet given, at output positions
+    for chunk in chunks:
+        rate = chunk.sample_rate
+        words += [
+            Word(w.text, round((fed + w.start) / step), round((fed + w.end) / step), w.kind)
+            for w in chunk.words
+        ]
+        fed += chunk.frames
+        start = resampler.made
+        out = _chunk(resampler.feed(chunk.samples() / 32768.0), rate, start, words, last=False)
+        if out is not None:
+            yield out
+    if rate:
+        start = resampler.made
+        out = _chunk(resampler.flush(), rate, start, words, last=True)
+        if out is not None:
+            yield out
+
+
+def _chunk(
+    y: np.ndarray, rate: int, start: int, words: list[Word], last: bool
+) -> AudioChunk | None:
+    """Output samples ``start`` … with the words that start in them (all that are left when
+    ``last``), taken out of ``words``; None when there is neither."""
+    here = [w for w in words if w.start < start + y.size or last]
+    del words[: len(here)]
+    if not y.size and not here:
+        return None
+    moved = tuple(Word(w.text, max(0, w.start - start), w.end - start, w.kind) for w in here)
+    return AudioChunk.from_float(y, rate, moved)
 
 
 @functools.cache

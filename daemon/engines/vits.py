@@ -12,17 +12,15 @@ preparing its graph is ``speakd.engines.vits_graph``.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import logging
 import math
-import re
 import threading
 import time
 import unicodedata
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +28,7 @@ import numpy as np
 import onnxruntime as ort
 
 from speakd.audio import AudioChunk, Word
+from speakd.audio.pitch import by_resampling, ratio, resampled, slower
 from speakd.engines.base import (
     EngineError,
     SynthesisConfig,
@@ -49,6 +48,7 @@ from speakd.engines.vits_graph import (
     voice_graph,
 )
 from speakd.engines.vits_split import SplitVoice, WholeVoice, Window, voice_sessions
+from speakd.engines.vits_text import phonemize, phonemize_cached, speakable, split_long
 from speakd.engines.vits_words import WordAligner, timings
 
 if TYPE_CHECKING:
@@ -67,73 +67,17 @@ OPTIONS = (
     Option("sentence_silence", float, "seconds of silence between sentences", 0.0, 10.0),
 )
 
-_RAW_PHONEMES = re.compile(r"\[\[(.*?)\]\]", re.S)
-_SENTENCE_STOP = re.compile(r"\s*([.!?])")
-_espeak_lock = threading.Lock()  # espeak-ng keeps global state (voice, buffers)
-_espeak: Any = None
-
-
-def phonemize(
-    espeak_voice: str, text: str, vowel_clusters: frozenset[tuple[str, ...]] | None
-) -> list[list[str]]:
-    """Phonemes per sentence, as Piper computes them (espeak-ng splits the sentences). As in
-    Piper, ``[[ … ]]`` holds phonemes taken as written, inside the sentence around it: SSML's
-    ``<phoneme>`` and a lexicon's IPA arrive so (``speakd.markup.plan``)."""
-    global _espeak
-    from piper.phonemize_espeak import EspeakPhonemizer
-
-    parts = _RAW_PHONEMES.split(text)  # text, phonemes, text, …
-    sentences: list[list[str]] = []
-    with _espeak_lock:
-        if _espeak is None:
-            _espeak = EspeakPhonemizer()
-        for i, part in enumerate(parts):
-            if i % 2 == 0:
-                stop = _SENTENCE_STOP.match(part) if i > 0 else None
-                if stop:  # raw phonemes end their sentence: "… [[ ɪt ]]. Next"
-                    sentences[-1].append(stop.group(1))
-                    part = part[stop.end() :]
-                said = _espeak.phonemize(espeak_voice, part, vowel_clusters=vowel_clusters)
-                if i > 0 and not stop and said:  # the text after goes on with their sentence
-                    sentences[-1].extend(said.pop(0))
-                sentences.extend(said)
-                continue
-            if not sentences:
-                sentences.append([])
-            before = " " if parts[i - 1].endswith(" ") and sentences[-1] else ""
-            after = " " if parts[i + 1].startswith(" ") else ""
-            sentences[-1].extend([*before, *part.strip(), *after])
-    return [sentence for sentence in sentences if sentence]
-
-
-def _speakable(phonemes: list[str]) -> bool:
-    """True when a sentence holds a sound, not only stress marks, pauses and punctuation."""
-    return any(unicodedata.category(p[0]) in ("Ll", "Lu", "Lo") for p in phonemes if p)
-
-
-def split_long(phonemes: list[str], limit: int) -> list[list[str]]:
-    """Cut a run-on sentence into pieces of at most ``limit`` phonemes.
-
-    VITS's attention grows with the square of the input, so one 3000-character sentence takes
-    minutes and gigabytes before its first sample. Cuts go after the last clause break
-    (``, ; :`` + space) in the second half of the window, else after the last word, else at the
-    limit.
-    """
-    pieces: list[list[str]] = []
-    while len(phonemes) > limit:
-        spaces = [i for i in range(limit - 1, 0, -1) if phonemes[i] == " "]
-        clause = [i for i in spaces if i >= limit // 2 and phonemes[i - 1] in ",;:"]
-        cut = (clause or spaces or [limit - 1])[0] + 1
-        pieces.append(phonemes[:cut])
-        phonemes = phonemes[cut:]
-    pieces.append(phonemes)
-    return pieces
-
 
 def derive_seed(*parts: Any) -> int:
     """A well-mixed non-negative int64 from any JSON-able parts (request hash, sentence index)."""
     digest = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).digest()
     return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+
+
+# How this code turns the params into samples, in every key (``audio_params``): raised whenever
+# the same request gives other samples, so no clip or pack made the old way is a hit beside the
+# new ones. 2: the first sentence starts without its leading silence; pitch by resampling.
+RENDER = 2
 
 
 @dataclass(frozen=True)
@@ -145,6 +89,7 @@ class VitsParams:
     noise_scale: float
     noise_w: float
     sentence_silence: float
+    render: int = RENDER
 
 
 # The embedded voice over speakd.request.loudness's calibration text, as ``speakd-tools loudness
@@ -399,12 +344,16 @@ class VitsEngine(VitsVoice):
 
     # -- the engine contract ---------------------------------------------------------------
 
+    shifts_pitch = True  # config.pitch up to RESAMPLED: spoken slower, read back faster
+
     def synthesize(
         self, text: str, config: SynthesisConfig, cancel: threading.Event | None = None
     ) -> Iterator[AudioChunk]:
         """Chunks as the decoder makes them (one per window of a sentence), and a chunk of
-        ``sentence_silence`` seconds after each sentence but the last. Each chunk carries the
-        words that start in it (``speakd.engines.vits_words``; none when the graph runs whole).
+        ``sentence_silence`` seconds after each sentence but the last. The first sentence starts
+        without its leading silence (``vits_split.lead_frames``): what a listener waits for.
+        Each chunk carries the words that start in it (``speakd.engines.vits_words``; none when
+        the graph runs whole).
 
         Sentences longer than ``max_phonemes`` are split and their pieces count as sentences.
         A ``speakd.request.stream.Cancel`` (it has ``add_hook``) stops the running window between
@@ -413,7 +362,20 @@ class VitsEngine(VitsVoice):
         Sentence ``i`` uses the seed ``derive_seed(seed, i)``, where ``seed`` is
         ``config.seed`` or, when that is None, a hash of the normalised text and the resolved
         params, so the same request always gives the same audio.
+
+        ``config.pitch`` (semitones, up to ``pitch.RESAMPLED``) is spoken slower and resampled
+        back to its length (``speakd.audio.pitch.resampled``): no shifter holds the first chunk
+        back. The resolver shifts larger pitches with Rubber Band.
         """
+        if not by_resampling(self, config.pitch):
+            return self._sentences(text, config, cancel, 1.0)
+        semitones: float = config.pitch  # type: ignore[assignment]
+        chunks = self._sentences(text, config, cancel, slower(semitones))
+        return resampled(chunks, ratio(semitones))
+
+    def _sentences(
+        self, text: str, config: SynthesisConfig, cancel: threading.Event | None, slower: float
+    ) -> Iterator[AudioChunk]:
         params = self._resolve(config)
         normalized = self.normalize_text(text)
         if not normalized:
@@ -424,11 +386,16 @@ class VitsEngine(VitsVoice):
                 self.config.espeak_voice, normalized, self.config.vowel_clusters
             )
             for piece in split_long(sentence, self.max_phonemes)
-            if _speakable(piece)
+            if speakable(piece)
         ]
         if not sentences:
             raise EngineError(f"nothing to say: no speakable sounds in {normalized[:60]!r}")
         seed = config.seed if config.seed is not None else derive_seed(normalized, asdict(params))
+        params = replace(
+            params,
+            length_scale=params.length_scale * slower,
+            sentence_silence=params.sentence_silence * slower,
+        )
         aligner = WordAligner(normalized, self._alone)
         silence = np.zeros(round(params.sentence_silence * self.sample_rate), np.float32)
         run = ort.RunOptions()
@@ -446,20 +413,21 @@ class VitsEngine(VitsVoice):
         try:
             for i, phonemes in enumerate(sentences):
                 feeds = self._feeds(phonemes, params, derive_seed(seed, i))
-                windows = self.graphs.render(feeds, run)
+                windows = self.graphs.render(feeds, run, trim=i == 0)
                 words: list[Word] = []
-                made = total = 0  # samples of the sentence yielded so far, and in all
+                made = total = 0  # samples of the sentence made so far, and in all
                 while (window := self._next(windows, cancel)) is not None:
                     if made == 0 and window.id_samples is not None:
                         words = timings(aligner.spans(phonemes), window.id_samples)
                         total = int(window.id_samples.sum())
+                        made = window.skipped  # the first sentence's leading silence
                     made += window.audio.size
                     here = [w for w in words if w.start < made or made >= total]
                     words = words[len(here) :]
                     yield AudioChunk.from_float(
                         window.audio,
                         self.sample_rate,
-                        tuple(w.shifted(window.audio.size - made) for w in here),
+                        tuple(_at_least_0(w.shifted(window.audio.size - made)) for w in here),
                     )
                 if cancel is not None and cancel.is_set():
                     log.debug("cancelled in sentence %d of %d", i + 1, len(sentences))
@@ -497,7 +465,7 @@ class VitsEngine(VitsVoice):
     def _alone(self, token: str) -> list[list[str]]:
         """One token of the text phonemized alone (word timings: ``vits_words.word_spans``),
         remembered: most tokens are common words said again and again."""
-        return _phonemize_cached(self.config.espeak_voice, token, self.config.vowel_clusters)
+        return phonemize_cached(self.config.espeak_voice, token, self.config.vowel_clusters)
 
     def _next(self, windows: Iterator[Window], cancel: threading.Event | None) -> Window | None:
         """The next window; None at the sentence's end or once ``cancel`` is set."""
@@ -511,11 +479,9 @@ class VitsEngine(VitsVoice):
             raise EngineError(f"vits {self.bundle_id}: inference failed: {e}") from e
 
 
-@functools.lru_cache(maxsize=4096)
-def _phonemize_cached(
-    espeak_voice: str, text: str, vowel_clusters: frozenset[tuple[str, ...]] | None
-) -> list[list[str]]:
-    return phonemize(espeak_voice, text, vowel_clusters)
+def _at_least_0(word: Word) -> Word:
+    """A word that starts in the skipped leading silence starts with the audio."""
+    return word if word.start >= 0 else Word(word.text, 0, max(0, word.end), word.kind)
 
 
 def _number(name: str, value: Any, positive: bool = False) -> float:

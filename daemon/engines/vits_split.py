@@ -147,7 +147,7 @@ class WindowPlan:
     times the last, up to ``largest``. Larger windows recompute less overlap but grow the
     decoder's arena further (docs/vits-engine.md has the figures)."""
 
-    first: int = 32
+    first: int = 12  # 139 ms of audio: its decoder run is a third of 32 frames' (issue 45)
     growth: int = 2
     largest: int = 256
 
@@ -156,11 +156,11 @@ class WindowPlan:
         """One window over the whole sentence: the unsplit graph's computation."""
         return cls(first=sys.maxsize, growth=1, largest=sys.maxsize)
 
-    def windows(self, frames: int) -> Iterator[tuple[int, int]]:
-        """[start, end) per window; a remainder shorter than ``first`` joins the window before
-        it (each window costs the decoder's overlap again, and a sentence under ``2·first``
-        frames is one window)."""
-        start, size = 0, self.first
+    def windows(self, frames: int, start: int = 0) -> Iterator[tuple[int, int]]:
+        """[start, end) per window from frame ``start``; a remainder shorter than ``first``
+        joins the window before it (each window costs the decoder's overlap again, and a
+        sentence under ``2·first`` frames is one window)."""
+        size = self.first
         while start < frames:
             end = min(frames, start + size)
             if frames - end < self.first:
@@ -180,10 +180,20 @@ class Latents:
 @dataclass(frozen=True)
 class Window:
     """A window of a sentence's audio, and the samples of each of the sentence's phoneme ids
-    (None when the graph runs whole: it does not say)."""
+    (None when the graph runs whole: it does not say); ``skipped``: the sentence's samples
+    before the first window (its leading silence, ``lead_frames``)."""
 
     audio: np.ndarray
     id_samples: np.ndarray | None
+    skipped: int = 0
+
+
+def lead_frames(durations: np.ndarray) -> int:
+    """The frames a sentence may start later: all of Piper's start-of-sentence id ``^`` (its
+    first id) but the last frame, where the first sound begins to rise (the decoder spreads a
+    frame's sound into the one before). Before it Piper's voice is at its floor, near −85 dBFS:
+    40–80 ms of silence ahead of every line, and the skipped frames are never decoded."""
+    return max(0, int(durations[0]) - 1) if durations.size else 0
 
 
 @dataclass(frozen=True)
@@ -269,7 +279,10 @@ class WholeVoice:
         self.entry = session  # the session fed with the voice's own inputs
         self._output = session.get_outputs()[0].name
 
-    def render(self, feeds: dict[str, np.ndarray], run: ort.RunOptions) -> Iterator[Window]:
+    def render(
+        self, feeds: dict[str, np.ndarray], run: ort.RunOptions, trim: bool = False
+    ) -> Iterator[Window]:
+        """The sentence in one run; ``trim`` is ignored (the whole graph gives no durations)."""
         yield Window(self.entry.run([self._output], feeds, run)[0].reshape(-1), None)
 
 
@@ -296,28 +309,38 @@ class SplitVoice:
         ``speakd.engines.rknn_session.RknnSession``): same input ``z``, same output."""
         self._decoder = session
 
-    def render(self, feeds: dict[str, np.ndarray], run: ort.RunOptions) -> Iterator[Window]:
+    def render(
+        self, feeds: dict[str, np.ndarray], run: ort.RunOptions, trim: bool = False
+    ) -> Iterator[Window]:
+        """The sentence window by window; ``trim``: without its leading silence
+        (``lead_frames``), which the first window's ``skipped`` counts."""
         latents = self.prior(feeds, run)
         speaker = {k: v for k, v in feeds.items() if k == SPEAKER_INPUT}
         id_samples = latents.durations.astype(np.int64) * self.decoder_reach.hop
-        for audio in self.audio(latents, speaker, run):
-            yield Window(audio, id_samples)
+        skip = lead_frames(latents.durations) if trim else 0
+        for audio in self.audio(latents, speaker, run, skip):
+            yield Window(audio, id_samples, skip * self.decoder_reach.hop)
 
     def prior(self, feeds: dict[str, np.ndarray], run: ort.RunOptions) -> Latents:
         z_p, durations = self.entry.run([self.joints.z_p, self.joints.durations], feeds, run)
         return Latents(z_p, durations.reshape(-1))
 
     def audio(
-        self, latents: Latents, speaker: dict[str, np.ndarray], run: ort.RunOptions
+        self,
+        latents: Latents,
+        speaker: dict[str, np.ndarray],
+        run: ort.RunOptions,
+        skip: int = 0,
     ) -> Iterator[np.ndarray]:
-        """The samples of each window of ``plan``; z is made by the flow just ahead of need and
-        kept, so no frame goes through the flow twice except in its overlap."""
+        """The samples of each window of ``plan`` from frame ``skip`` on; z is made by the flow
+        just ahead of need and kept, so no frame goes through the flow twice except in its
+        overlap."""
         z_p = latents.z_p
         frames = z_p.shape[2]
         z = np.empty_like(z_p)
-        made = 0  # z is final on frames [0, made)
         dec, hop = self.decoder_reach, self.decoder_reach.hop
-        for start, end in self.plan.windows(frames):
+        made = max(0, skip - dec.left)  # z is final on frames [first needed, made)
+        for start, end in self.plan.windows(frames, min(skip, frames)):
             lo, hi = max(0, start - dec.left), min(frames, end + dec.right)
             if made < hi:
                 z[:, :, made:hi] = self._run_flow(z_p, made, hi, speaker, run)

@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from speakd.audio import AudioChunk, join_chunks, scale_volume
-from speakd.audio.pitch import shifted
+from speakd.audio.pitch import by_resampling, shifted
 from speakd.cache.shipped import ShippedPack
 from speakd.cache.store import CacheError, CacheStore, Clip
 from speakd.config import CacheConfig
@@ -379,7 +379,10 @@ class Resolver:
                     admitted, t0 = True, time.monotonic()
                     stream.begin()
                     chunks = engine.synthesize(prepared.text, prepared.config, stream.cancel)
-                    for chunk in shifted(chunks, prepared.params.get("pitch")):
+                    pitch = prepared.params.get("pitch")
+                    if not by_resampling(engine, pitch):  # else the engine made it
+                        chunks = shifted(chunks, pitch)
+                    for chunk in chunks:
                         stream.put(scale_volume(chunk, gain))  # normalised before it is stored
                         if stream.cancel.is_set():
                             break

@@ -31,6 +31,7 @@ BENCHMARKS = {
     "cancel": "SSIP CANCEL → 703 CANCELED p50/p99 on the realtime null and WAV sinks",
     "pitch": "pitch shifting (Rubber Band): first-chunk cost and ms per audio second, 3 texts",
     "screenreader": "Orca's SSIP traffic on speakd and Speech Dispatcher: key echo, cancel, marks",
+    "wer": "Whisper tiny.en WER of the embedded voice on the English corpus, at given pitches",
 }
 
 

@@ -37,6 +37,17 @@ from typing import IO, Any
 from .cache import serve
 from .machine import describe
 from .machine import line as machine_line
+from .screenreader_nav import (
+    PACE_S,
+    FirstAudio,
+    Monitor,
+    NavTrial,
+    Spoken,
+    Texts,
+    WavOffsets,
+    fresh,
+)
+from .screenreader_nav import samples as nav_samples
 from .ssip_session import SsipSession
 from .stats import loadavg, summary
 
@@ -69,6 +80,15 @@ SENTENCES = (
 class Options:
     quick: bool = False
     only: str = ""
+    phase: str = "all"  # all, keys (typing, arrows, say-all, durations) or nav (new text)
+    seed: int = field(default_factory=lambda: int.from_bytes(os.urandom(4), "little"))
+    nav_rounds: int = 0  # the navigation phase's rounds (0: as many as the script's)
+    nav_pitch: int = ORCA_PITCH  # the navigation phase's SSIP PITCH
+
+    def texts(self) -> Texts:
+        """The navigation phase's new text, the same for every contender of the run."""
+        n, each = self.rounds, 3 if self.quick else 20
+        return fresh(self.seed, each * n, each * n, (1 if self.quick else 3) * n)
 
     @property
     def typed(self) -> str:
@@ -76,7 +96,7 @@ class Options:
 
     @property
     def rounds(self) -> int:
-        return 1 if self.quick else 3
+        return self.nav_rounds or (1 if self.quick else 3)
 
 
 @dataclass
@@ -92,6 +112,7 @@ class Trial:
     marks_before_begin: int = 0
     marked_messages: int = 0
     echoes: list[tuple[float, str]] = field(default_factory=list)  # (ms, which key), for the tail
+    nav: NavTrial = field(default_factory=NavTrial)
 
 
 def marked(text: str) -> str:
@@ -181,6 +202,19 @@ class Replay:
                 self.trial.marks_before_begin += msg.order.index("701") > 0
         self.playing = ""
 
+    def navigate(self, phase: str, texts: tuple[str, ...], pitch: int) -> None:
+        """Arrowing onto new lines or menu items, or say-all's first sentence: CANCEL self, the
+        voice, the marked text; each heard to its end (``screenreader_nav``)."""
+        for text in texts:
+            self.s.command("CANCEL self")
+            voice(self.s, pitch)
+            sent = time.monotonic()
+            msg_id = self.s.speak(marked(text))
+            _, begin = self.s.wait(msg_id, "701")
+            _, end = self.s.wait(msg_id, "702", "703", timeout=60)
+            self.trial.nav.spoken.append(Spoken(phase, text, msg_id, sent, begin, end))
+            time.sleep(PACE_S)
+
     def settle(self) -> None:
         """Let the last message end (or stop it) so the next phase starts on a quiet server."""
         if self.playing:
@@ -189,9 +223,11 @@ class Replay:
             self.playing = ""
 
 
-def replay(path: str, opts: Options) -> Trial:
-    """The whole script once on a fresh connection to the SSIP socket at ``path``."""
+def replay(path: str, audio: FirstAudio, opts: Options) -> Trial:
+    """The whole script once on a fresh connection to the SSIP socket at ``path``; ``audio``
+    finds each new text's first audio."""
     trial = Trial()
+    texts = opts.texts()
     s = SsipSession(path)
     try:
         for line in SETUP:
@@ -201,17 +237,28 @@ def replay(path: str, opts: Options) -> Trial:
         trial.marked_ms.clear()
         trial.unmarked_ms.clear()
         trial.marked_messages = trial.marks_before_begin = 0
-        for _ in range(opts.rounds):
-            r.typing(opts.typed, 0.7, trial.begin_700)
-            r.settle()
-            r.typing(opts.typed, 0.1, trial.begin_100)
-            r.settle()
-            r.arrows(ARROWS, 0.3)
-            r.settle()
-            for n in (2, 5):
-                r.say_all(n)
-            for text in SENTENCES[: 1 if opts.quick else None]:
-                r.durations(text)
+        for n in range(opts.rounds):
+            if opts.phase in ("all", "keys"):
+                r.typing(opts.typed, 0.7, trial.begin_700)
+                r.settle()
+                r.typing(opts.typed, 0.1, trial.begin_100)
+                r.settle()
+                r.arrows(ARROWS, 0.3)
+                r.settle()
+                for after in (2, 5):
+                    r.say_all(after)
+                for text in SENTENCES[: 1 if opts.quick else None]:
+                    r.durations(text)
+            if opts.phase in ("all", "nav"):
+                for phase, all_texts in (
+                    ("line", texts.lines),
+                    ("menu", texts.menu),
+                    ("say_all", texts.say_all),
+                ):
+                    share = len(all_texts) // opts.rounds
+                    r.navigate(phase, all_texts[n * share : (n + 1) * share], opts.nav_pitch)
+        for m in trial.nav.spoken:
+            trial.nav.first[m.msg_id] = audio.first_audio(m)
     finally:
         s.close()
     return trial
@@ -222,14 +269,19 @@ def results(trial: Trial) -> dict[str, Any]:
     for name in ("begin_700", "begin_100", "begin_char", "canceled"):
         samples = getattr(trial, name)
         out[name] = summary(samples) if samples else None
-    out["marked_ratio"] = round(sum(trial.marked_ms) / sum(trial.unmarked_ms), 3)
+    for name, phases, first, _ in NAV_ROWS:
+        samples = nav_samples(trial.nav, phases, first)
+        out[name] = summary(samples) if samples else None
+    out["nav_silent"] = sum(at is None for at in trial.nav.first.values())
+    if trial.unmarked_ms:
+        out["marked_ratio"] = round(sum(trial.marked_ms) / sum(trial.unmarked_ms), 3)
     out["marks_before_begin"] = [trial.marks_before_begin, trial.marked_messages]
     out["slowest"] = [[round(ms, 1), what] for ms, what in sorted(trial.echoes, reverse=True)[:5]]
     return out
 
 
 @contextmanager
-def speakd_ssip(work: Path) -> Iterator[str]:
+def speakd_ssip(work: Path) -> Iterator[tuple[str, FirstAudio]]:
     """speakd on the embedded voice, SSIP on, its WAV sink paced in real time, measured once its
     key-echo prewarm is done (what a board that has been up a minute gives a screen reader)."""
     from speakd.frontends.ssip_keys import DONE_LINE
@@ -246,7 +298,7 @@ def speakd_ssip(work: Path) -> Iterator[str]:
             raise RuntimeError(f"speakd's key-echo prewarm did not finish: {log}")
         time.sleep(0.5)
     try:
-        yield str(ssip)
+        yield str(ssip), WavOffsets(work / "wav")
     finally:
         proc.terminate()
         proc.wait(30)
@@ -261,7 +313,7 @@ DefaultLanguage "en"
 
 
 @contextmanager
-def speech_dispatcher(work: Path) -> Iterator[str]:
+def speech_dispatcher(work: Path) -> Iterator[tuple[str, FirstAudio]]:
     """Speech Dispatcher + espeak-ng into a private PulseAudio's null sink (real-time pacing)."""
     missing = [b for b in ("speech-dispatcher", "pulseaudio") if not shutil.which(b)]
     if missing:
@@ -292,7 +344,11 @@ def speech_dispatcher(work: Path) -> Iterator[str]:
             )
         )
         _wait_for(sock, procs[1], "speech-dispatcher")
-        yield str(sock)
+        monitor = Monitor(env, "bench.monitor")
+        try:
+            yield str(sock), monitor
+        finally:
+            monitor.close()
     finally:
         for p in reversed(procs):
             p.terminate()
@@ -330,6 +386,16 @@ def _wait_for(path: Path, proc: subprocess.Popen[bytes], what: str) -> None:
 
 
 CONTENDERS = {"speakd": speakd_ssip, "speechd": speech_dispatcher}
+NEW = ("line", "menu")
+NAV_ROWS = (  # key, phases, to first audio (else to 701), label
+    ("nav_begin", NEW, False, "new line or menu item: SPEAK → 701 BEGIN"),
+    ("nav_first", NEW, True, "new line or menu item: SPEAK → first audio"),
+    ("line_first", ("line",), True, "… new line alone: SPEAK → first audio"),
+    ("menu_first", ("menu",), True, "… menu item alone: SPEAK → first audio"),
+    ("say_all_begin", ("say_all",), False, "say-all's first sentence: SPEAK → 701 BEGIN"),
+    ("say_all_first", ("say_all",), True, "say-all's first sentence: SPEAK → first audio"),
+)
+NAV_LABELS = tuple((key, label) for key, _, _, label in NAV_ROWS)
 ROWS = (
     ("begin_700", "keypress → 701 BEGIN, 700 ms/key"),
     ("begin_100", "keypress → 701 BEGIN, 100 ms/key"),
@@ -345,8 +411,8 @@ def measure(opts: Options) -> dict[str, Any]:
             continue
         with tempfile.TemporaryDirectory(prefix=f"bench-sr-{name}-") as tmp:
             try:
-                with start(Path(tmp)) as path:
-                    out["contenders"][name] = results(replay(path, opts))
+                with start(Path(tmp)) as (path, audio):
+                    out["contenders"][name] = results(replay(path, audio, opts))
             except RuntimeError as e:
                 out["contenders"][name] = {"missing": str(e)}
     out["loadavg_end"] = loadavg()
@@ -365,42 +431,67 @@ def _ratio(a: Any, b: Any) -> str:
 def report(result: dict[str, Any]) -> str:
     c = result["contenders"]
     sd, sp = c.get("speakd", {}), c.get("speechd", {})
+    phase = result["options"]["phase"]
+    rows = [*(ROWS if phase != "nav" else ()), *(() if phase == "keys" else NAV_LABELS)]
     lines = [
         machine_line(result["machine"])
         + f" Load average {result['loadavg_start']} → {result['loadavg_end']} (shared machine).",
+        "New texts: seed {seed}, SSIP PITCH {nav_pitch}.".format(**result["options"]),
         "",
         "| ms, p50 / p99 | speakd | Speech Dispatcher + espeak-ng | speakd / SD (p50) |",
         "|---|---|---|---|",
     ]
-    for key, label in ROWS:
+    for key, label in rows:
         a, b = sd.get(key), sp.get(key)
         lines.append(
             f"| {label} | {_cell(a)} | {_cell(b)} | {_ratio(a and a['p50'], b and b['p50'])} |"
         )
-    ra, rb = sd.get("marked_ratio"), sp.get("marked_ratio")
-    lines.append(f"| marked / unmarked duration | {ra or '—'}× | {rb or '—'}× | {_ratio(ra, rb)} |")
-    mb = [x.get("marks_before_begin") for x in (sd, sp)]
-    lines.append(
-        "| marked messages with a 700 before 701 | "
-        + " | ".join(f"{m[0]} of {m[1]}" if m else "—" for m in mb)
-        + " | |"
-    )
+    if phase != "nav":
+        ra, rb = sd.get("marked_ratio"), sp.get("marked_ratio")
+        lines.append(
+            f"| marked / unmarked duration | {ra or '—'}× | {rb or '—'}× | {_ratio(ra, rb)} |"
+        )
+        mb = [x.get("marks_before_begin") for x in (sd, sp)]
+        lines.append(
+            "| marked messages with a 700 before 701 | "
+            + " | ".join(f"{m[0]} of {m[1]}" if m else "—" for m in mb)
+            + " | |"
+        )
     for name, r in c.items():
         if "missing" in r:
             lines.append(f"\n{name}: not measured: {r['missing']}")
-        else:
+        elif r["slowest"]:
             slow = ", ".join(f"{ms} ms {what}" for ms, what in r["slowest"])
             lines.append(f"\n{name}, slowest echoes: {slow}")
+    silent = {name: r.get("nav_silent") for name, r in c.items() if r.get("nav_silent")}
+    if silent:
+        lines.append(f"\nnew texts with no audio found (not counted): {silent}")
     return "\n".join(lines)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--quick", action="store_true", help="9 keys, one round: a smoke run")
+    p.add_argument(
+        "--quick", action="store_true", help="9 keys, 7 new texts, one round: a smoke run"
+    )
     p.add_argument("--only", choices=sorted(CONTENDERS), default="", help="one contender")
     p.add_argument("--json", action="store_true", help="print the numbers as JSON")
+    p.add_argument(
+        "--phase",
+        choices=("all", "keys", "nav"),
+        default="all",
+        help="keys: typing, arrows, say-all, durations; nav: new lines, menu items, say-all's "
+        "first sentence",
+    )
+    p.add_argument("--seed", type=int, help="the new texts' draw (default: fresh each run)")
+    p.add_argument("--rounds", type=int, default=0, help="rounds of the script (default 3)")
+    p.add_argument("--nav-pitch", type=int, default=ORCA_PITCH, help="SSIP PITCH of the new texts")
 
 
 def run(args: argparse.Namespace) -> int:
-    result = measure(Options(quick=args.quick, only=args.only))
+    opts = Options(quick=args.quick, only=args.only, phase=args.phase, nav_rounds=args.rounds)
+    opts.nav_pitch = args.nav_pitch
+    if args.seed is not None:
+        opts.seed = args.seed
+    result = measure(opts)
     print(json.dumps(result, indent=1) if args.json else report(result))
     return 0 if all("missing" not in r for r in result["contenders"].values()) else 1
