@@ -206,6 +206,39 @@ def weight_bytes(path: Path) -> tuple[int, int]:
     return nbytes, params
 
 
+def renders(bundles: dict[str, Path], threads: int, rounds: int, window: int = 36) -> dict:
+    """Decoder + Vocos ms for one ``window``-step window, and for 8 windows stacked in one run
+    vs one run each (what ``Vocoder.batched`` chooses between), per bundle; interleaved rounds.
+    ``invariant``: the graphs' own load-time probe (``Vocoder.batch_invariant``)."""
+    from speakd.engines.chattts.ortsession import make_session
+    from speakd.engines.chattts.vocoder import Vocoder
+
+    vocoders = {
+        n: Vocoder(
+            make_session(b / "decoder.onnx", threads), make_session(b / "vocos.onnx", threads)
+        )
+        for n, b in bundles.items()
+    }
+    rng = np.random.default_rng(0)
+    windows = [rng.normal(0, 1, (window, 768)).astype(np.float32) for _ in range(8)]
+    cases = {"1 window": (windows[:1], False), "8 one by one": (windows, False)}
+    cases["8 stacked"] = (windows, True)
+    times: dict[str, dict[str, list[float]]] = {n: {c: [] for c in cases} for n in vocoders}
+    for rnd in range(rounds):
+        for n in list(vocoders)[rnd % len(vocoders) :] + list(vocoders)[: rnd % len(vocoders)]:
+            for case, (ws, stacked) in cases.items():
+                vocoders[n].batched = stacked
+                vocoders[n].spectra_many(ws)  # warm
+                t0 = time.perf_counter()
+                vocoders[n].spectra_many(ws)
+                times[n][case].append((time.perf_counter() - t0) * 1e3)
+    return {
+        n: {"invariant": v.batch_invariant(768)}
+        | {c: round(statistics.median(times[n][c]), 2) for c in cases}
+        for n, v in vocoders.items()
+    }
+
+
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     import onnxruntime as ort
 
@@ -214,6 +247,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(args.work or tempfile.mkdtemp(prefix="speakd-step-"))
     work.mkdir(parents=True, exist_ok=True)
     paths: dict[str, Path] = {}
+    conv_nets = {"fp32": args.bundle}
     build_s: dict[str, float] = {}
     for v in [v for v in args.variants.split(",") if v]:
         t0 = time.perf_counter()
@@ -222,6 +256,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     for spec in args.bundles:
         name, _, path = spec.partition("=")
         paths[name] = Path(path) / "gpt.onnx"
+        conv_nets[name] = Path(path)
     machine = describe(threads=args.threads)
     graphs = {n: Graph(p, model, args.threads, args.ctx) for n, p in paths.items()}
     invariance = {n: g.invariance() for n, g in graphs.items()}
@@ -274,6 +309,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "loadavg_before": la0,
         "loadavg_after": loadavg(),
         "variants": variants,
+        "renders": renders(conv_nets, args.threads, args.rounds),
     }
 
 
@@ -300,6 +336,15 @@ def table(result: dict[str, Any]) -> str:
         out.append(
             f"| {n} | {v['kernel']} | {v['kv_dtype']} | {v['weight_mb']} |"
             f" {v['batch_invariant']} | {cells} | {ratio:.2f}× |"
+        )
+    out += [
+        "",
+        "Decoder + Vocos, 36-step windows (ms): | bundle | invariant | 1 window | 8 one by one |"
+        " 8 stacked |",
+    ]
+    for n, r in result.get("renders", {}).items():
+        out.append(
+            f"| {n} | {r['invariant']} | {r['1 window']} | {r['8 one by one']} | {r['8 stacked']} |"
         )
     return "\n".join(out)
 
