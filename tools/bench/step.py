@@ -53,8 +53,14 @@ def kernel_paths(flags: dict[str, bool]) -> dict[str, str]:
     return {"fp32": fp32, "int8": q8, "int4": f"SQNBitGemm CompInt8 {q4}"}
 
 
-def _kind(name: str) -> str:
-    return "int4" if name.startswith("int4") else "int8" if name.startswith("int8") else "fp32"
+def _kind(path: Path) -> str:
+    """The precision a gpt.onnx's weight MatMuls run at, from its op types."""
+    import onnx
+
+    ops = {n.op_type for n in onnx.load(str(path), load_external_data=False).graph.node}
+    if "MatMulNBits" in ops:
+        return "int4"
+    return "int8" if ops & {"MatMulInteger", "DynamicQuantizeMatMul"} else "fp32"
 
 
 def build(variant: str, src: Path, dst: Path) -> Path:
@@ -293,7 +299,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "weight_mb": round(nbytes / 1e6, 1),
             "params_m": round(params / 1e6, 1),
             "kv_dtype": "int8" if g.kv_item == 1 else "float32",
-            "kernel": kernels[_kind(n)],
+            "kernel": kernels[_kind(paths[n])],
             "batch_invariant": invariance[n],
             "build_s": build_s.get(n),
             "rows": cells,
