@@ -198,3 +198,14 @@ def test_bench_json_carries_the_machine_and_each_contenders_floor_and_step(
     text = table(result)
     assert "GPT step ÷ bandwidth floor (bytes one step reads ÷ 20.0 GB/s" in text
     assert "| int4 | 4.00 / 5.05 | 0.79× | 5.00 / 5.67 | 0.88× |" in text
+
+
+def test_kernel_paths_follow_mlas_dispatch_amx_serves_int8_only() -> None:
+    from speakd_tools.bench.step import kernel_paths
+
+    xeon = {"avx2": True, "avx512f": True, "avx512_vnni": True, "avx_vnni": True, "amx_int8": True}
+    paths = kernel_paths(xeon)
+    assert paths["int8"].startswith("AMX") and "AVX-512 VNNI" in paths["int4"]
+    zen3 = kernel_paths({"avx2": True})
+    assert "AVX2" in zen3["int8"] and "AVX2" in zen3["int4"] and zen3["fp32"].startswith("AVX2")
+    assert "udot" in kernel_paths({"asimddp": True})["int4"]

@@ -549,7 +549,11 @@ def test_equal_windows_share_one_decoder_and_vocos_run_with_the_same_spectra(
         rng.normal(0, 1, (n, single.spec.hidden_size)).astype(np.float32) for n in (20, 33, 20, 20)
     ]
     got = batched.spectra_many(windows)
-    assert sorted(runs) == [1, 3]  # the three 20-step windows in one run, the 33-step one alone
+    # the three 20-step windows in one run (checked once against the first alone), 33 alone
+    assert sorted(runs) == [1, 1, 3] and batched.stackable == {20: True}
+    runs.clear()
+    batched.spectra_many(windows)
+    assert sorted(runs) == [1, 3]  # a length checked once stacks without the check
     for window, (real, imag) in zip(windows, got, strict=True):
         ref_real, ref_imag = voc.spectra(window)
         assert np.array_equal(real, ref_real) and np.array_equal(imag, ref_imag)
@@ -568,6 +572,14 @@ def test_conv_nets_whose_rows_see_each_other_are_not_batched(single: ChatTTSEngi
 
     voc = Vocoder(_SharedScale(single.vocoder.decoder), single.vocoder.vocos)  # type: ignore[arg-type]
     assert not voc.batch_invariant(single.spec.hidden_size)
+    # stacked anyway, a length that rounds differently is found and rendered one by one
+    voc.batched = True
+    rng = np.random.default_rng(4)
+    windows = [rng.normal(0, s, (14, single.spec.hidden_size)).astype(np.float32) for s in (1, 9)]
+    got = voc.spectra_many(windows)
+    assert voc.stackable == {14: False}
+    for window, (real, _imag) in zip(windows, got, strict=True):
+        assert np.array_equal(real, voc.spectra_many([window])[0][0])
 
 
 class _SlowSession:

@@ -9,7 +9,8 @@ max_new_token``; random weights would stop anywhere), the audio is streamed with
 schedule exactly as ``synthesize`` does (vocoder included), timings are wall clock:
 
 * throughput: n one-sentence requests of ``--steps`` steps at once → audio seconds / wall second
-  and RTF (wall / audio), for each n in ``--rows``;
+  and RTF (wall / audio), for each n in ``--rows``; ``identical``: the first request (the same
+  text and seed at every n) gave the same PCM bytes as at the first n;
 * long text: ``--sentences`` sentences (lengths 0.6–1.4 × ``--steps``) as one request, batched
   with pacing (the daemon's default: the sentence being played steps alone when its listener
   would catch up), batched without pacing (every row steps every time), and one sentence after
@@ -29,6 +30,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from .machine import describe, line
 
 LENGTH_FACTORS = (0.6, 1.4, 1.0, 0.8, 1.2, 1.0, 0.9, 1.1)
 TEXT = (
@@ -57,6 +60,7 @@ class _Run:
         self.sentence_end: dict[int, float] = {}
         self.samples = 0
         self.arrivals: list[tuple[float, float]] = []  # (s after t0, audio s) in playing order
+        self.audio: list[Any] = []
 
     def consume(self, stream: Any) -> _Run:
         for index, audio in stream:
@@ -65,6 +69,7 @@ class _Run:
                 self.first_audio = now
             self.sentence_end[index] = now
             self.samples += len(audio)
+            self.audio.append(audio)
             self.arrivals.append((now, len(audio) / RATE))
         return self
 
@@ -87,8 +92,9 @@ def _sentences(engine: Any, lengths: list[int], seed: int) -> list[Any]:
     return out
 
 
-def throughput(engine: Any, rows: int, steps: int) -> dict[str, float]:
-    """``rows`` one-sentence requests at once, each ``steps`` long."""
+def throughput(engine: Any, rows: int, steps: int) -> tuple[dict[str, float], bytes]:
+    """``rows`` one-sentence requests at once, each ``steps`` long; and the first request's PCM
+    (the same request at every width: its audio must not depend on what shares its steps)."""
     jobs = [_sentences(engine, [steps], seed=100 + r) for r in range(rows)]
     before = dict(engine.batch.counters)
     t0 = time.perf_counter()
@@ -104,6 +110,7 @@ def throughput(engine: Any, rows: int, steps: int) -> dict[str, float]:
     wall = time.perf_counter() - t0
     audio = sum(r.samples for r in runs) / RATE
     c = {k: v - before[k] for k, v in engine.batch.counters.items()}
+    first = b"".join(a.tobytes() for a in runs[0].audio)
     return {
         "ms_per_step": c["step_ms"] / max(c["steps"], 1),
         "ms_per_prompt_pass": c["prompt_ms"] / max(c["prompt_passes"], 1),
@@ -116,7 +123,7 @@ def throughput(engine: Any, rows: int, steps: int) -> dict[str, float]:
         "prompt_passes": c["prompt_passes"],
         "renders": c["renders"],
         "render_runs": c["render_runs"],
-    }
+    }, first
 
 
 LONG_TEXT_RUNS = ("batched", "unpaced", "sequential")
@@ -201,8 +208,13 @@ def run(args: argparse.Namespace) -> int:
         "steps": args.steps,
         "load_s": load_s,
         "loadavg_start": os.getloadavg()[0],
-        "throughput": [throughput(engine, r, args.steps) for r in rows],
+        "min_rows": engine.batch.decoder.min_rows,
+        "machine": describe(threads=args.threads),
     }
+    cells = [throughput(engine, r, args.steps) for r in rows]
+    for cell, pcm in cells:
+        cell["identical"] = pcm == cells[0][1]  # the first request's PCM, against the first width
+    result["throughput"] = [cell for cell, _ in cells]
     if args.sentences:
         result["long_text"] = long_text(engine, args.sentences, args.steps)
     result["loadavg_end"] = os.getloadavg()[0]
@@ -213,11 +225,12 @@ def run(args: argparse.Namespace) -> int:
         f" {result['vocoder_batch_invariant']}; batched prompt passes: {result['prompts_batched']},"
         f" batched renders: {result['vocoder_batched']}"
     )
+    print(line(result["machine"]))
     print(f"load average {result['loadavg_start']:.1f} → {result['loadavg_end']:.1f}")
     base = result["throughput"][0]
     print(
         f"{'rows':>4} {'wall s':>8} {'audio s':>8} {'audio s/s':>9} {'RTF':>6} {'× rows=1':>8}"
-        f" {'ms/step':>8} {'ms/prompt':>9} {'renders/run':>11}"
+        f" {'ms/step':>8} {'ms/prompt':>9} {'renders/run':>11} {'identical':>9}"
     )
     for r in result["throughput"]:
         gain = r["audio_s_per_s"] / base["audio_s_per_s"]
@@ -225,7 +238,7 @@ def run(args: argparse.Namespace) -> int:
             f"{r['rows']:>4} {r['wall_s']:>8.2f} {r['audio_s']:>8.2f} "
             f"{r['audio_s_per_s']:>9.3f} {r['rtf']:>6.3f} {gain:>8.2f}"
             f" {r['ms_per_step']:>8.1f} {r['ms_per_prompt_pass']:>9.1f}"
-            f" {r['renders'] / max(r['render_runs'], 1):>11.2f}"
+            f" {r['renders'] / max(r['render_runs'], 1):>11.2f} {r['identical']!s:>9}"
         )
     if args.sentences:
         lt = result["long_text"]

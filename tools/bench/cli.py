@@ -17,6 +17,8 @@ BENCHMARKS = {
     "chattts": "ChatTTS torch vs speakd fp32/int8/int4: GPT step, RTF, peak RSS, start-up, cache",
     "engine": "speakd's ChatTTS engine vs ChatTTS's torch pipeline, one bundle, same steps",
     "batch": "batched ChatTTS decoding: throughput at B rows, a long text batched vs sequential",
+    "streams": "the daemon under N concurrent Wyoming/HTTP/socket streams: first audio, gaps, RSS",
+    "step": "the GPT decode step at 1/2/4/8 rows per precision: floor, FLOPs, kernel, invariance",
     "cache": "precompute throughput, and a cached say → first sample at the sink (real daemon)",
     "fleet": "a signed pack to N simulated boards on one mosquitto: time to 50/99/100 %, broker",
     "mqtt": "MQTT say → first sample at the sink (needs a running broker)",

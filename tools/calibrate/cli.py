@@ -23,7 +23,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--recipe", help="recipe TOML (default: calibration/recipes/<engine>.toml)")
     c.add_argument(
         "--mode",
-        help="a mode of the recipe (chattts: static|dynamic|int4; vits: static|static_all|"
+        help="a mode of the recipe (chattts: static|dynamic|int4|rows; vits: static|static_all|"
         "dynamic|weight_only|weight_only_tail), or 'auto' = build all, keep the fastest "
         "within bounds (default: the recipe's default_mode)",
     )

@@ -3,6 +3,8 @@
 * ``dynamic``: ``quantize_dynamic`` with ``DefaultTensorType FLOAT`` (graphs with com.microsoft
   ops have no type info for their outputs; docs/chattts.md, "Export traps") and
   ``MatMulConstBOnly`` so attention's activation × activation MatMuls stay float.
+* ``rows``: int8 MatMuls with a scale per activation row (``rowquant``): batch-invariant, so
+  stacked rows (batched steps, padded prompts, stacked vocoder windows) round as each alone.
 * ``static``: ``quantize_static`` in QDQ format with a ``CalibrationDataReader`` fed by the real
   pipeline; MinMax / Entropy / Percentile ranges.
 * ``int4``: ``MatMulNBitsQuantizer`` (4-bit weight-only, block-wise scales).
@@ -34,6 +36,7 @@ from onnxruntime.quantization import (
 
 from .errors import CalibrationError
 from .recipe import GraphScheme
+from .rowquant import quantize_file
 
 log = logging.getLogger(__name__)
 
@@ -158,6 +161,8 @@ def quantize_graph(
             _int8(typed, dst, scheme, excluded, where, method, feeds, feed_count, info)
     elif scheme.scheme == "int4":
         _int4(src, dst, scheme, excluded)
+    elif scheme.scheme == "rows":
+        quantize_file(src, dst, set(excluded))
     elif scheme.scheme == "weight_only":
         _weight_only(src, dst, scheme, excluded)
     info["nodes_quantized"] = count_quantized(dst)

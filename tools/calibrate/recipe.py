@@ -14,7 +14,7 @@ from typing import Any
 from .errors import CalibrationError
 
 REPO_RECIPES = Path(__file__).resolve().parents[2] / "calibration" / "recipes"
-SCHEMES = ("float", "dynamic", "static", "int4", "weight_only")
+SCHEMES = ("float", "dynamic", "rows", "static", "int4", "weight_only")
 METHODS = ("minmax", "entropy", "percentile")
 INT_TYPES = ("int8", "uint8")
 
@@ -54,6 +54,11 @@ class GraphScheme:
             return (
                 f"4-bit weight-only MatMulNBits, block {self.block_size}, {sym}, "
                 f"accuracy_level {self.accuracy_level}"
+            )
+        if self.scheme == "rows":
+            return (
+                "int8 MatMul, per-channel weights, a scale per activation row (exact int32 sums:"
+                " a row's result does not depend on the rows beside it)"
             )
         chan = "per-channel" if self.per_channel else "per-tensor"
         ops = "/".join(self.op_types)
