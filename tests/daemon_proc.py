@@ -54,6 +54,9 @@ dir = "{tmp_path / "voices"}"
 
 [cache]
 path = "{tmp_path / "cache.db"}"
+
+[state]
+dir = "{tmp_path / "state"}"
 {extra}
 """
     )

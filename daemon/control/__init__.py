@@ -83,6 +83,7 @@ class Control:
     )
     observer: Observer | None = None
     lexicon: Lexicon = field(default_factory=Lexicon)  # [lexicon] files; a reload replaces it
+    mqtt_journal: Callable[[], dict[str, Any]] | None = None  # its status, when MQTT is on
     _turns: collections.deque[asyncio.Future[None]] = field(default_factory=collections.deque)
 
     def build_request(self, fields: dict[str, Any], *, origin: str, **kw: Any) -> SpeakRequest:
@@ -214,6 +215,16 @@ class Control:
         if self.observer is not None:
             self.observer.said(request)
         self.scheduler.submit(request)
+
+    def restore(self, request: SpeakRequest) -> None:
+        """A request accepted before a restart: queued past every limit (Scheduler.restore)."""
+        if self.observer is not None:
+            self.observer.said(request)
+        self.scheduler.restore(request)
+
+    def knows(self, request_id: str) -> bool:
+        """Is a request with this id queued or playing?"""
+        return self.scheduler.knows(request_id)
 
     def stop(self) -> int:
         return self.scheduler.stop()
@@ -409,6 +420,7 @@ class Control:
                 lex.lang: {"file": lex.path, "digest": lex.digest[:16]}
                 for lex in self.lexicon.languages
             },
+            **({"mqtt_journal": self.mqtt_journal()} if self.mqtt_journal else {}),
         }
 
 

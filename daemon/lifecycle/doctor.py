@@ -189,6 +189,12 @@ def _check_socket(config: Config, socket_path: str | None) -> Check:
     audio = status.get("audio") or {}
     if audio.get("available") is False:  # the daemon's own view: its device, its user
         return False, f"daemon at {path} cannot play: {audio.get('error') or 'no audio device'}"
+    journal = status.get("mqtt_journal") or {}
+    if journal.get("error"):  # MQTT says are refused (journal_unavailable) until it works
+        return False, (
+            f"daemon at {path} refuses MQTT says: its journal {journal['error']} "
+            f"({journal.get('failures')} failures); check [state] dir's space and permissions"
+        )
     return True, f"daemon at {path}: {status.get('state')}, queue {status.get('queue_length')}"
 
 

@@ -6,9 +6,10 @@ session, ``speakd doctor`` and ``speakd_tools.fleet`` connect exactly alike.
 ``Connection`` is the daemon's session: MQTT 5 with the last will (``offline`` on the
 availability topic), a persistent session (``clean_start=False`` + Session Expiry) that keeps QoS 1
 commands the broker received while we were away, subscriptions renewed on every connect, and
-reconnects with backoff. Incoming QoS 1 messages are acknowledged by the owner (``ack``), not on
-arrival: a say is PUBACKed once it is journaled (``mqtt/journal.py``), so one the daemon did not
-keep is redelivered by the broker on the next connection. Publishes made while the broker is away
+reconnects with backoff. Incoming QoS 1 messages are acknowledged when the owner releases them
+(``hold``), not on arrival, and in the order they came: a say is PUBACKed once it is journaled
+(``mqtt/journal.py``), so one the daemon did not keep is redelivered by the broker on the next
+connection. Publishes made while the broker is away
 are queued (up to ``MAX_QUEUED``) for the next connection.
 
 Threads: paho's network loop runs on its own thread (``loop_start``); ``on_connected`` and
@@ -22,6 +23,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -98,6 +100,7 @@ class Connection:
         self._refused = ""  # the last CONNACK refusal logged
         self._closing = False
         self._connection = 0  # counts connects (see Incoming.connection)
+        self._acks: deque[list[Any]] = deque()  # [message, released] in arrival order (hold)
         self._sub_lock = threading.Lock()
         self._sub_topics: dict[int, list[str]] = {}  # SUBSCRIBE message id → its topics
         self._password = config.password() if config.username else None  # see credentials_changed
@@ -249,9 +252,23 @@ class Connection:
             if rc == MQTTErrorCode.MQTT_ERR_SUCCESS and mid is not None:
                 self._sub_topics[mid] = [topic for topic, _ in subscriptions]
 
-    def ack(self, incoming: Incoming) -> None:
+    def hold(self, incoming: Incoming) -> Callable[[], None]:
+        """Take ``incoming``'s place in the PUBACK order: its PUBACK goes out once the returned
+        function is called and every earlier message's has gone (MQTT acknowledges in the order
+        of the PUBLISHes). Call both from one thread (the front-end's event loop)."""
+        slot = [incoming, False]
+        self._acks.append(slot)
+
+        def release() -> None:
+            slot[1] = True
+            while self._acks and self._acks[0][1]:
+                self._ack(self._acks.popleft()[0])
+
+        return release
+
+    def _ack(self, incoming: Incoming) -> None:
         """PUBACK a QoS 1 message. One from an earlier connection is not acked: the broker
-        redelivers it (with the same id, which the journal recognises)."""
+        redelivers it (with its DUP flag and packet identifier, which the journal knows)."""
         if incoming.qos and incoming.connection == self._connection:
             self._client.ack(incoming.mid, incoming.qos)
 

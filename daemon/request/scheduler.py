@@ -167,6 +167,21 @@ class Scheduler:
         )
         self._wakeup.set()
 
+    def restore(self, request: SpeakRequest) -> None:
+        """Queue a request accepted before a restart (the MQTT journal's): promised, so no limit,
+        replace, discard or interrupt applies; it keeps its priority and waits its turn."""
+        if self._closing:
+            message = "speakd is shutting down"
+            self._emit(request, EventType.ERROR, {"code": "shutting_down", "message": message})
+            return
+        job = Job(request, self._seq)
+        self._seq += 1
+        self._pending.append(job)
+        self.counters["accepted"] += 1
+        self._emit(request, EventType.QUEUED, {"position": self._position(job)})
+        log.info("request %s restored: priority=%s", request.id, request.priority.name.lower())
+        self._wakeup.set()
+
     def stop(self) -> int:
         """Silence now: stop the current utterance and drop everything queued."""
         jobs = [*self._pending, *([self._current] if self._current else [])]

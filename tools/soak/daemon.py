@@ -49,6 +49,7 @@ class Layout:
     socket = property(lambda self: str(self.work / "speakd.sock"))
     ssip = property(lambda self: str(self.work / "ssip.sock"))
     cache = property(lambda self: self.work / "cache.db")
+    state = property(lambda self: self.work / "state")
     config = property(lambda self: self.work / "speakd.toml")
     log = property(lambda self: self.work / "speakd.log")
     fifo = property(lambda self: self.work / "dev" / "pcm.fifo")
@@ -80,6 +81,9 @@ dir = "{layout.work / "voices"}"
 [cache]
 path = "{layout.cache}"
 ttl_s = {604800 + variant}
+
+[state]
+dir = "{layout.state}"
 
 [limits]
 max_text_chars = {2000 + variant % 2}
