@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import sqlite3
 import subprocess
@@ -25,10 +24,10 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-import speakd
 from speakd.config import load_config
 from speakd.lifecycle.doctor import _check_socket
 from speakd.mqtt.journal import Journal, digest
+from speakd_tools.soak.daemon import install_copy, upgrade
 from tests.daemon_proc import DaemonProc, start_daemon, write_config
 from tests.mosquitto import Mosquitto, Watcher
 from tests.test_mqtt import finished, mqtt_toml, start_mqtt_daemon, wav_dir
@@ -109,35 +108,13 @@ def test_replay_larger_than_the_queue_after_sigkill(
     assert pending(d) == []
 
 
-def installed_copy(lib: Path) -> dict[str, str]:
-    """speakd's files under ``lib`` (as a package installs them); the environment that runs
-    the daemon from there."""
-    shutil.copytree(Path(speakd.__file__).parent, lib / "speakd")
-    return {"PYTHONPATH": str(lib)}
-
-
-def upgrade(lib: Path) -> int:
-    """What dpkg does under a running daemon: every file replaced by a new one (unpacked
-    beside it, renamed over it), so the running process's modules are gone from disk."""
-    new = lib.parent / "new"
-    shutil.copytree(lib / "speakd", new)
-    replaced = 0
-    for path in sorted(new.rglob("*")):
-        if path.is_file():
-            target = lib / "speakd" / path.relative_to(new)
-            path.rename(target.with_name(target.name + ".dpkg-new"))
-            target.with_name(target.name + ".dpkg-new").rename(target)
-            replaced += 1
-    return replaced
-
-
 def test_sigterm_of_an_upgrade_keeps_unspoken_says(
     tmp_path: Path, broker: Mosquitto, watcher: Watcher
 ) -> None:
     """The package's upgrade: files replaced under the running daemon, then SIGTERM and a
     start. The says the stop cut short are neither reported nor forgotten: spoken after the
     start (the one cut mid-playback from its start), one sayFinished each."""
-    env = installed_copy(tmp_path / "lib")
+    env = install_copy(tmp_path / "lib")
     where = subprocess.run(
         [sys.executable, "-c", "import speakd; print(speakd.__file__)"],
         capture_output=True, text=True, env={**os.environ, **env}, check=True,

@@ -1,5 +1,7 @@
-"""The daemon under soak: its config, its process (started, reloaded, SIGKILLed and restarted
-like a supervisor would), its log, and what ``/proc`` says about it.
+"""The daemon under soak: its config, its process (started, reloaded, SIGKILLed, stopped and
+restarted like a supervisor would, upgraded like a package), its log, and what ``/proc`` says
+about it. It runs from a copy of speakd's files, as a package installs them, so an upgrade can
+replace them under it.
 
 The process runs through ``speakd_tools.soak.faulty`` (engines that crash and hang on cue). Its
 output comes through a pipe, not a file, so a file-size limit set on it (the full-disk fault)
@@ -12,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -28,6 +31,7 @@ from .device import asoundrc
 from .mosquitto import free_port
 
 SITE = "soak"
+MAX_QUEUE = 8  # small, so the kill's burst of MQTT says is a replay larger than the queue
 TOKEN = "soak-token-0123456789"
 FINISHED = re.compile(r"request (\S+) finished: ([\d.]+) s audio")
 TRACEBACK = "Traceback (most recent call last):"
@@ -50,6 +54,7 @@ class Layout:
     ssip = property(lambda self: str(self.work / "ssip.sock"))
     cache = property(lambda self: self.work / "cache.db")
     state = property(lambda self: self.work / "state")
+    lib = property(lambda self: self.work / "lib")  # the installed copy of speakd
     config = property(lambda self: self.work / "speakd.toml")
     log = property(lambda self: self.work / "speakd.log")
     fifo = property(lambda self: self.work / "dev" / "pcm.fifo")
@@ -87,6 +92,7 @@ dir = "{layout.state}"
 
 [limits]
 max_text_chars = {2000 + variant % 2}
+max_queue = {MAX_QUEUE}
 
 [mqtt]
 enabled = true
@@ -271,6 +277,33 @@ class Supervised:
             self.proc.wait()
         if self._pump is not None:
             self._pump.join(10)
+
+
+def install_copy(lib: Path) -> dict[str, str]:
+    """speakd's files under ``lib``, as a package installs them; the environment that runs
+    the daemon from there (before the editable checkout on the path)."""
+    import speakd
+
+    shutil.copytree(Path(speakd.__file__).parent, lib / "speakd")
+    return {"PYTHONPATH": str(lib)}
+
+
+def upgrade(lib: Path) -> int:
+    """What dpkg does under a running daemon: each file unpacked beside the old one and renamed
+    over it, so the running process's modules are gone from disk. Returns the files replaced."""
+    new = lib.parent / f"{lib.name}.new"
+    shutil.rmtree(new, ignore_errors=True)
+    shutil.copytree(lib / "speakd", new)
+    replaced = 0
+    for path in sorted(new.rglob("*")):
+        if path.is_file():
+            target = lib / "speakd" / path.relative_to(new)
+            unpacked = target.with_name(target.name + ".dpkg-new")
+            path.rename(unpacked)
+            unpacked.rename(target)
+            replaced += 1
+    shutil.rmtree(new)
+    return replaced
 
 
 def cache_check(path: Path, pinned: set[str]) -> dict[str, Any]:

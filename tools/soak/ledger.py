@@ -28,6 +28,7 @@ class Request:
     abandoned: bool = False  # the client left on purpose: no terminal event is owed
     survives_kill: bool = False  # owed a terminal event after a SIGKILL too (MQTT QoS 1 says)
     note: str = ""
+    info: Any = None  # an MQTT say's publish (its PUBACK)
 
 
 class Ledger:

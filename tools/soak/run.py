@@ -30,6 +30,7 @@ from .daemon import (
     cache_check,
     config_text,
     fd_kinds,
+    install_copy,
     proc_sample,
 )
 from .device import FifoDevice
@@ -235,7 +236,7 @@ def _run(opts: Options, work: Path, log: Any) -> dict[str, Any]:
     layout.config.write_text(config(0))
     device = FifoDevice(layout.fifo)
     device.plug()
-    daemon = Supervised(layout, {}, ready_timeout=600)
+    daemon = Supervised(layout, install_copy(layout.lib), ready_timeout=600)
     stop_sampling = threading.Event()
     mqtt: traffic.MqttDriver | None = None
     http: traffic.HttpDriver | None = None
@@ -289,7 +290,7 @@ def _run(opts: Options, work: Path, log: Any) -> dict[str, Any]:
         time.sleep(warmup / 2)
         soak.settle("baseline")
         faults = Faults(daemon, broker, device, ledger, config, pinned, voices, soak.settle,
-                        rewarm_s=warmup / 2)  # fmt: skip
+                        rewarm_s=warmup / 2, burst=mqtt.burst)  # fmt: skip
         # A cycle of faults takes about FAULTS_S itself, and a kill re-warms: in a short run
         # they come nearly back to back.
         room = ledger.deadline - time.monotonic() - warmup / 2 - 10 - FAULTS_S
@@ -326,6 +327,7 @@ def _run(opts: Options, work: Path, log: Any) -> dict[str, Any]:
             cache_checks=faults.cache_checks,
             tracebacks=daemon.log.tracebacks,
             tool_errors=ctx.errors,
+            redeliveries=mqtt.redeliveries,
             exit_code=exit_code,
             device_bytes=device.bytes_read,
             voices=voices,
@@ -351,6 +353,7 @@ def result_of(
     cache_checks: list[dict[str, Any]],
     tracebacks: list[str],
     tool_errors: list[str],
+    redeliveries: int,
     exit_code: int | None,
     device_bytes: int,
     voices: list[str],
@@ -377,8 +380,11 @@ def result_of(
             if i["baseline_fds_threads"] is not None
         ),
         "fds_and_threads_back_to_baseline": all(
-            i["fds_threads_back"] for i in incarnations if i["end_fds_threads"] is not None
+            i["fds_threads_back"]
+            for i in incarnations
+            if i["end_fds_threads"] is not None and i["baseline_fds_threads"] is not None
         ),
+        "no_mqtt_say_lost": frontends.get("mqtt", {}).get("missing", 1) == 0,
         "no_traceback_in_the_log": not tracebacks,
         "every_front_end_answered": all(
             frontends.get(name, {}).get("terminal", 0) > 0 for name in frontends_driven
@@ -403,6 +409,7 @@ def result_of(
         "samples": [s.__dict__ for s in soak.samples],
         "tracebacks": tracebacks,
         "tool_errors": tool_errors,
+        "mqtt_redeliveries_dropped": redeliveries,
         "device_bytes": device_bytes,
         "daemon_exit": exit_code,
         "targets": targets,
