@@ -282,7 +282,7 @@ def test_malformed_payloads_publish_errors_and_the_daemon_lives(
 
 
 def test_a_reused_id_is_a_new_say(kitchen: DaemonProc, watcher: Watcher) -> None:
-    """"Door open" twice is two says, even while the first is still queued: only a broker's
+    """ "Door open" twice is two says, even while the first is still queued: only a broker's
     redelivery is a duplicate (tests/test_mqtt_journal.py)."""
     since = watcher.mark()
     say = json.dumps({"text": "Door open.", "id": "dup1"})

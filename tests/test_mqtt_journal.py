@@ -292,3 +292,29 @@ def test_journal_migrates_moves_in_and_remembers_redeliveries(tmp_path: Path) ->
     again.add("t", b"w", None, None, 10, lambda e: ok.set() if e is None else None)
     assert ok.wait(10) and again.status()["error"] is None
     again.close()
+
+
+def test_pubacks_leave_in_the_order_the_publishes_came() -> None:
+    """A say's PUBACK waits for its commit; a later message's (a stop, or a say whose commit
+    returned first) waits behind it: MQTT acknowledges in the order of the PUBLISHes."""
+    from speakd.config import MqttConfig
+    from speakd.mqtt.client import Connection, Incoming
+    from speakd.mqtt.messages import Availability
+    from speakd.mqtt.topics import SiteTopics
+
+    config = MqttConfig(enabled=True)
+    will = Availability(SiteTopics(config.prefix, config.site_id), online=False)
+    conn = Connection(config, "order", will, list, lambda: None, lambda _m: None)
+    sent: list[int] = []
+    conn._client.ack = lambda mid, qos: sent.append(mid)  # type: ignore[method-assign]
+    say, stop, say2 = (Incoming("t", b"", None, None, mid, 1) for mid in (1, 2, 3))
+    qos0 = Incoming("t", b"", None, None, 0, 0)
+    releases = [conn.hold(m) for m in (say, stop, say2, qos0)]
+    releases[1]()  # the stop is handled at once
+    releases[2]()  # the second say's commit returned first
+    assert sent == []
+    releases[0]()
+    assert sent == [1, 2, 3]
+    releases[3]()  # QoS 0: nothing to acknowledge
+    releases[0]()  # twice: harmless
+    assert sent == [1, 2, 3]

@@ -139,7 +139,10 @@ class Faults:
         return self._restart("upgrade")
 
     def _restart(self, how: str, burst: int = 0) -> tuple[bool, str]:
-        self.settle("end")
+        """The first stop of a cycle ends a process with a baseline: its idle end is sampled;
+        the later ones (no baseline taken) stop mid-traffic at once."""
+        if how == "term":
+            self.settle("end")
         self.ledger.open()
         time.sleep(2.0)  # traffic in flight when the signal lands
         sent = self.burst(burst, f"Burst number {self.count}.") if burst else 0

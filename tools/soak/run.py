@@ -49,7 +49,7 @@ RSS_GROWTH_MAX = 0.10
 # asyncio's default executor starts its workers on demand, up to this many, and keeps them: a
 # thread count above the baseline by at most this is a pool that grew, not a leak.
 POOL_THREADS = min(32, (os.cpu_count() or 1) + 4)
-FAULTS_S = 45.0  # what one cycle of faults takes itself (hang, full disk, kill and restart)
+FAULTS_S = 65.0  # what one cycle of faults takes itself (hang, full disk, the three restarts)
 
 
 @dataclass
