@@ -27,6 +27,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+@pytest.mark.timeout(900)  # 2.5 min of traffic, then the drain and the checks: minutes more
 def test_two_minute_soak_meets_every_target(tmp_path: Path) -> None:
     out = tmp_path / "soak.json"
     soak = ["soak", "--minutes", "2.5", "--think", "1.0", "--work", str(tmp_path / "work")]

@@ -86,7 +86,7 @@ class Says:
         self,
         control: Control,
         max_payload_bytes: int,
-        sites: tuple[str, ...] | list[str],
+        sites: list[str],
         prefix: str,
         connection: Connection,
         journal: Journal,
@@ -106,11 +106,11 @@ class Says:
 
     def take(self, msg: Incoming, site: str | None, release: Callable[[], None]) -> None:
         """A say on our own topic (``site``) or on Hermes' (site from the payload)."""
-        say = Say(origin_of(msg, None, site or self.sites[0], None), release)
         try:
             obj = decode_object(msg.payload, self.max_payload_bytes)
         except RequestError as e:
             self.control.refused(f"mqtt:{msg.topic}", e.code)
+            say = Say(origin_of(msg, None, site or self.sites[0], None), release)
             self._failed(say, None, e)  # unreadable: reported under our own site
             return
         site_id = site or optional_str(obj, "siteId") or "default"
@@ -118,8 +118,8 @@ class Says:
             log.debug("MQTT: say for site %r is not ours", site_id)
             release()
             return
-        hermes_id = optional_str(obj, "id")
-        say.origin = origin_of(msg, hermes_id, site_id, optional_str(obj, "sessionId"))
+        hermes_id, session_id = optional_str(obj, "id"), optional_str(obj, "sessionId")
+        say = Say(origin_of(msg, hermes_id, site_id, session_id), release)
         identity = (msg.mid, digest(msg.topic, msg.payload))
         if msg.qos and msg.dup and self.journal.redelivery(identity):
             self._duplicate(say)
@@ -188,7 +188,8 @@ class Says:
                 obj = decode_object(entry.payload, self.max_payload_bytes)
                 site_id = (parsed[0] if parsed else None) or optional_str(obj, "siteId")
                 site_id = site_id or "default"
-                say.origin = origin_of(msg, optional_str(obj, "id"), site_id, None)
+                hermes_id, session_id = optional_str(obj, "id"), optional_str(obj, "sessionId")
+                say.origin = origin_of(msg, hermes_id, site_id, session_id)
                 if site_id not in self.sites:
                     raise RequestError("bad_site", f"site {site_id!r} is no longer this board's")
                 say.request = self._build(say, obj, entry.topic, site_id)
