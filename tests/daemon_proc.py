@@ -52,11 +52,11 @@ prewarm_keys = {"true" if prewarm_keys else "false"}
 dir = "{tmp_path / "voices"}"
 {voices}
 
-[cache]
-path = "{tmp_path / "cache.db"}"
-
 [state]
 dir = "{tmp_path / "state"}"
+
+[cache]
+path = "{tmp_path / "cache.db"}"
 {extra}
 """
     )
