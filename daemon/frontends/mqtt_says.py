@@ -5,9 +5,10 @@ A say's way: decoded and validated on the loop (a refusal is answered and acknow
 never journaled); handed to the journal's writer thread; when its commit returns (a callback
 handed back to the loop) it is queued and its PUBACK released, in the order the PUBLISHes came
 (``Connection.hold``). A stop, or a cancel naming it, that arrives while its commit runs applies
-to it too: it ends ``stopped``/``cancelled`` when the commit returns. Its final outcome marks
-its row done, and only once that mark is committed is the outcome published (``sayFinished``
-exactly once: a crash before the mark replays the say and reports it then).
+to it too: it ends ``stopped``/``cancelled`` when the commit returns. Its final outcome is
+published, and once the broker has acknowledged it the row is marked done: a crash before that
+replays the say and reports it then, so no outcome is lost (one in the moment between the
+broker's acknowledgement and the mark is reported twice).
 
 A clean stop (``hold``) leaves the says it cuts short in the journal, unreported: a say stopped
 by the shutdown, or refused because the daemon is shutting down, is replayed whole at the next
@@ -213,23 +214,22 @@ class Says:
     # ---- out -------------------------------------------------------------------------------
 
     def _event(self, say: Say, event: Event) -> None:
-        if not event.terminal:
-            self._report(say, event)
-            return
-        if say.seq is None:  # never journaled
+        if not event.terminal or say.seq is None:  # on the way, or never journaled
             self._report(say, event)
             return
         if self._holding and _cut_by_shutdown(event):
             log.info("MQTT: say %s kept for the next start (%s)", event.request_id, _what(event))
             return
         seq, say.seq = say.seq, None
-        self.journal.finish(seq, lambda _error: self._call_on_loop(self._report, say, event))
+        mark = functools.partial(self._call_on_loop, self.journal.finish, seq)
+        self._report(say, event, mark)
 
-    def _report(self, say: Say, event: Event) -> None:
+    def _report(self, say: Say, event: Event, then: Callable[[], None] | None = None) -> None:
+        """``then``: once the broker has the outcome (its last publish: PUBACKs come in order)."""
         if self._closing:  # our client is gone: the live front-end reports it
             if self._successor is not None:
-                self._successor._report(say, event)
-            elif event.terminal:
+                self._successor._report(say, event, then)
+            elif event.terminal:  # not marked done: spoken and reported after the next start
                 log.info(
                     "MQTT: outcome of say %s (%s) not published: the MQTT front-end was closed",
                     event.request_id,
@@ -242,23 +242,33 @@ class Says:
         elif event.type in (EventType.MARK, EventType.WARNING):  # a <mark>; a part skipped
             self.reply(origin, rid, event.type.value, event.data)
         elif event.type == EventType.FINISHED:
-            self.connection.publish(
-                SayFinished(origin.hermes_id, origin.site_id, origin.session_id)
-            )
-            self.reply(origin, rid, event.data["status"])
+            self._finished(origin, then)
+            self.reply(origin, rid, event.data["status"], then=then)
         elif event.type == EventType.ERROR:
-            self._failed(say, rid, RequestError(event.data["code"], event.data["message"]))
+            self._failed(say, rid, RequestError(event.data["code"], event.data["message"]), then)
 
-    def _failed(self, say: Say, request_id: str | None, e: RequestError) -> None:
+    def _finished(self, origin: SayOrigin, then: Callable[[], None] | None) -> None:
+        """``sayFinished``; ``then`` goes with it when no reply follows it."""
+        last = then if origin.response_topic is None else None
+        finished = SayFinished(origin.hermes_id, origin.site_id, origin.session_id)
+        self.connection.publish(finished, on_acked=last)
+
+    def _failed(
+        self,
+        say: Say,
+        request_id: str | None,
+        e: RequestError,
+        then: Callable[[], None] | None = None,
+    ) -> None:
         """A say's error on every reply path (with its sayFinished), then its PUBACK."""
         origin = say.origin
         log.info("MQTT: say %s failed: %s: %s", request_id or origin.hermes_id, e.code, e)
         self.connection.publish(
             TtsError(f"{e.code}: {e}", origin.site_id, origin.hermes_id, origin.session_id)
         )
-        self.connection.publish(SayFinished(origin.hermes_id, origin.site_id, origin.session_id))
+        self._finished(origin, then)
         detail = {"code": e.code, "message": str(e)}
-        self.reply(origin, request_id or origin.hermes_id, "error", detail)
+        self.reply(origin, request_id or origin.hermes_id, "error", detail, then)
         say.release()
 
     def _duplicate(self, say: Say) -> None:
@@ -279,6 +289,7 @@ class Says:
         request_id: str | None,
         status: str,
         detail: dict[str, Any] | None = None,
+        then: Callable[[], None] | None = None,
     ) -> None:
         """On the MQTT 5 response topic, when the message had one."""
         if origin.response_topic is None:
@@ -286,9 +297,8 @@ class Says:
         props = Properties(PacketTypes.PUBLISH)
         if origin.correlation is not None:
             props.CorrelationData = origin.correlation
-        self.connection.publish(
-            Reply(origin.response_topic, request_id, status, detail or {}), props
-        )
+        message = Reply(origin.response_topic, request_id, status, detail or {})
+        self.connection.publish(message, props, on_acked=then)
 
     # ---- lifecycle -------------------------------------------------------------------------
 

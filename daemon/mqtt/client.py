@@ -40,6 +40,7 @@ from speakd.mqtt.messages import Message
 log = logging.getLogger(__name__)
 
 MAX_QUEUED = 1000  # publishes kept while the broker is away; beyond that they are dropped
+ACKED_WAIT_S = 3.0  # at close: how long the broker gets to acknowledge what waits for it
 
 Subscriptions = list[tuple[str, SubscribeOptions]]
 
@@ -102,6 +103,9 @@ class Connection:
         self._connection = 0  # counts connects (see Incoming.connection)
         self._acks: deque[list[Any]] = deque()  # [message, released] in arrival order (hold)
         self._sub_lock = threading.Lock()
+        self._pub_lock = threading.Lock()
+        self._on_acked: dict[int, Callable[[], None]] = {}  # publish mid → when the broker has it
+        self._all_acked = threading.Condition(self._pub_lock)
         self._sub_topics: dict[int, list[str]] = {}  # SUBSCRIBE message id → its topics
         self._password = config.password() if config.username else None  # see credentials_changed
         client = new_client(config, client_id, manual_ack=True)
@@ -115,6 +119,7 @@ class Connection:
         client.on_disconnect = self._on_disconnect
         client.on_subscribe = self._on_subscribe
         client.on_message = self._on_message
+        client.on_publish = self._on_publish
         self._client = client
 
     @property
@@ -148,10 +153,14 @@ class Connection:
             ", ".join(c.sites),
         )
 
-    def close(self, farewell: Message | None = None) -> None:
-        """Publish ``farewell`` (a clean DISCONNECT suppresses the will), then disconnect.
-        Blocks until paho's thread has stopped."""
+    def close(self, farewell: Message | None = None, wait_s: float = ACKED_WAIT_S) -> None:
+        """Publish ``farewell`` (a clean DISCONNECT suppresses the will), then disconnect, once
+        the broker has what waits for its acknowledgement (``on_acked``: a say's outcome) or
+        ``wait_s`` passed. Blocks until paho's thread has stopped."""
         self._closing = True
+        if self._connected:
+            with self._all_acked:
+                self._all_acked.wait_for(lambda: not self._on_acked, wait_s)
         if self._connected and farewell is not None:
             info = self.publish(farewell)
             try:
@@ -275,16 +284,40 @@ class Connection:
     def unsubscribe(self, topics: list[str]) -> None:
         self._client.unsubscribe(topics)
 
-    def publish(self, message: Message, properties: Properties | None = None) -> Any:
-        """Queue a QoS 1 publish; kept for the next connection when the broker is away."""
-        info = self._client.publish(
-            message.topic(), message.payload(), qos=1, retain=message.retain, properties=properties
-        )
-        if info.rc not in (MQTTErrorCode.MQTT_ERR_SUCCESS, MQTTErrorCode.MQTT_ERR_NO_CONN):
+    def publish(
+        self,
+        message: Message,
+        properties: Properties | None = None,
+        on_acked: Callable[[], None] | None = None,
+    ) -> Any:
+        """Queue a QoS 1 publish; kept for the next connection when the broker is away.
+        ``on_acked`` runs (on paho's thread) once the broker acknowledged it."""
+        with self._pub_lock:  # registered before paho's thread can see its PUBACK
+            info = self._client.publish(
+                message.topic(),
+                message.payload(),
+                qos=1,
+                retain=message.retain,
+                properties=properties,
+            )
+            queued = info.rc in (MQTTErrorCode.MQTT_ERR_SUCCESS, MQTTErrorCode.MQTT_ERR_NO_CONN)
+            if on_acked is not None and queued:
+                self._on_acked[info.mid] = on_acked
+        if not queued:
             log.warning(
                 "MQTT: cannot publish to %s: %s", message.topic(), mqtt.error_string(info.rc)
             )
+            if on_acked is not None:
+                on_acked()
         return info
+
+    def _on_publish(self, _c: Any, _u: Any, mid: int, _reason: Any, _props: Any) -> None:
+        with self._all_acked:
+            done = self._on_acked.pop(mid, None)
+            if not self._on_acked:
+                self._all_acked.notify_all()
+        if done is not None:
+            done()
 
     def publish_live(self, message: Message) -> bool:
         """Publish only while connected (status and audio are stale by the next connection)."""

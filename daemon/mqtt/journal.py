@@ -1,12 +1,12 @@
 """The MQTT say journal: every say taken from the broker and not yet finished, on disk.
 
-The promise (docs/reliability.md, "MQTT says across a crash"): a say the daemon acknowledged
-(PUBACK) is spoken, once, whatever happens to the process — SIGKILL, SIGTERM, an upgrade's
-restart. So a say is acknowledged only after its row is committed here; the daemon queues the
-``pending`` rows again when it starts (in their order, past every queue limit); a clean stop
-leaves the rows of says it did not finish, so they are spoken after the next start; a row turns
-``done`` at the say's final outcome, and that outcome (``sayFinished``) is published only once
-the mark is committed, so a crash never reports a say twice.
+The promise (docs/reliability.md, "MQTT says across a crash, a stop and an upgrade"): a say the
+daemon acknowledged (PUBACK) is spoken, once, whatever happens to the process — SIGKILL,
+SIGTERM, an upgrade's restart. So a say is acknowledged only after its row is committed here;
+the daemon queues the ``pending`` rows again when it starts (in their order, past every queue
+limit); a clean stop leaves the rows of says it did not finish, so they are spoken after the
+next start; a row turns ``done`` once the broker has acknowledged the say's final outcome
+(``sayFinished``), so a crash never loses an outcome.
 
 A say that cannot be journaled (the file cannot be opened or written) is refused with the
 retryable ``journal_unavailable`` on every reply path, then acknowledged: the client hears that
@@ -187,10 +187,9 @@ class Journal:
         self._queue.put(_Op("add", entry, done=done))
         return seq
 
-    def finish(self, seq: int, done: Done | None = None) -> None:
-        """The say reached its final outcome (or could not be journaled): remember it for
-        ``window_s``, drop its payload. ``done`` runs once the mark is committed (or failed:
-        it is retried with the next commit)."""
+    def finish(self, seq: int) -> None:
+        """The say's final outcome is out: remember it for ``window_s``, drop its payload (a
+        mark that fails is retried with the next commit)."""
         identity = self._pending.pop(seq, None)
         now = time.time()
         if identity is not None:
@@ -200,7 +199,7 @@ class Journal:
             self._done.move_to_end(identity)
             while len(self._done) > self.max_done:
                 self._done.popitem(last=False)
-        self._queue.put(_Op("finish", seq=seq, at=now, done=done))
+        self._queue.put(_Op("finish", seq=seq, at=now))
 
     def forget(self, seq: int) -> None:
         """A say whose commit failed: it was never journaled (its redelivery is a new say)."""
