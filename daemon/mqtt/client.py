@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 
 MAX_QUEUED = 1000  # publishes kept while the broker is away; beyond that they are dropped
 ACKED_WAIT_S = 3.0  # at close: how long the broker gets to acknowledge what waits for it
+RECENT_ACKS = 256  # mids remembered (65535 publishes before one comes again)
 
 Subscriptions = list[tuple[str, SubscribeOptions]]
 
@@ -105,6 +106,7 @@ class Connection:
         self._sub_lock = threading.Lock()
         self._pub_lock = threading.Lock()
         self._on_acked: dict[int, Callable[[], None]] = {}  # publish mid → when the broker has it
+        self._recent_acks: OrderedDict[int, bool] = OrderedDict()  # acked, nobody waiting (yet)
         self._all_acked = threading.Condition(self._pub_lock)
         self._sub_topics: dict[int, list[str]] = {}  # SUBSCRIBE message id → its topics
         self._password = config.password() if config.username else None  # see credentials_changed
@@ -292,28 +294,30 @@ class Connection:
     ) -> Any:
         """Queue a QoS 1 publish; kept for the next connection when the broker is away.
         ``on_acked`` runs (on paho's thread) once the broker acknowledged it."""
-        with self._pub_lock:  # registered before paho's thread can see its PUBACK
-            info = self._client.publish(
-                message.topic(),
-                message.payload(),
-                qos=1,
-                retain=message.retain,
-                properties=properties,
-            )
-            queued = info.rc in (MQTTErrorCode.MQTT_ERR_SUCCESS, MQTTErrorCode.MQTT_ERR_NO_CONN)
-            if on_acked is not None and queued:
-                self._on_acked[info.mid] = on_acked
+        info = self._client.publish(
+            message.topic(), message.payload(), qos=1, retain=message.retain, properties=properties
+        )
+        queued = info.rc in (MQTTErrorCode.MQTT_ERR_SUCCESS, MQTTErrorCode.MQTT_ERR_NO_CONN)
         if not queued:
             log.warning(
                 "MQTT: cannot publish to %s: %s", message.topic(), mqtt.error_string(info.rc)
             )
-            if on_acked is not None:
+        if on_acked is not None:
+            with self._pub_lock:  # never held while calling paho: its thread takes it in turn
+                acked = not queued or self._recent_acks.pop(info.mid, False)
+                if not acked:
+                    self._on_acked[info.mid] = on_acked
+            if acked:
                 on_acked()
         return info
 
     def _on_publish(self, _c: Any, _u: Any, mid: int, _reason: Any, _props: Any) -> None:
         with self._all_acked:
             done = self._on_acked.pop(mid, None)
+            if done is None:  # perhaps acknowledged before ``publish`` could register it
+                self._recent_acks[mid] = True
+                while len(self._recent_acks) > RECENT_ACKS:
+                    self._recent_acks.popitem(last=False)
             if not self._on_acked:
                 self._all_acked.notify_all()
         if done is not None:
