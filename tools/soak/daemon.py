@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from speakd.library.client import Client, ClientError
+from speakd.library.client import Client
 
 from .device import asoundrc
 from .mosquitto import free_port
@@ -34,6 +34,7 @@ SITE = "soak"
 MAX_QUEUE = 8  # small, so the kill's burst of MQTT says is a replay larger than the queue
 TOKEN = "soak-token-0123456789"
 FINISHED = re.compile(r"request (\S+) finished: ([\d.]+) s audio")
+READY = "speakd ready: "  # logged once every listener (JSON, SSIP, MQTT, Wyoming, HTTP) is up
 TRACEBACK = "Traceback (most recent call last):"
 
 
@@ -157,6 +158,7 @@ class LogWatch:
         self.tracebacks: list[str] = []
         self.played_s: dict[str, float] = {}
         self.lock = threading.Lock()
+        self.ready = threading.Event()  # this process logged READY (cleared at each start)
 
     def pump(self, stream: Any) -> threading.Thread:
         thread = threading.Thread(target=self._pump, args=(stream,), name="log-pump", daemon=True)
@@ -176,6 +178,8 @@ class LogWatch:
                         with self.lock:
                             self.tracebacks.append("\n".join(pending))
                         pending = None
+                if READY in line:
+                    self.ready.set()
                 if TRACEBACK in line:
                     pending = [line.rstrip()]
                 elif (m := FINISHED.search(line)) is not None:
@@ -211,8 +215,9 @@ class Supervised:
             return c.request({"op": "status"})
 
     def start(self) -> float:
-        """Start and wait until the socket answers; returns the seconds that took."""
+        """Start and wait until every listener is up (READY); returns the seconds that took."""
         t0 = time.monotonic()
+        self.log.ready.clear()
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -234,11 +239,9 @@ class Supervised:
                 raise RuntimeError(
                     f"speakd exited with {self.proc.returncode}; see {self.log.path}"
                 )
-            try:
+            if self.log.ready.wait(0.1):
                 self.status()
                 return time.monotonic() - t0
-            except (ClientError, OSError):
-                time.sleep(0.1)
         self.kill()
         raise RuntimeError(f"speakd did not answer within {self.ready_timeout} s")
 

@@ -157,6 +157,8 @@ class Faults:
         check = cache_check(self.daemon.layout.cache, self.pinned)
         self.cache_checks.append({"after": f"{how} {len(self.ledger.kills)}", **check})
         start_s = self.daemon.start()
+        if burst:  # live requests are refused while the replay holds more than the queue
+            self._drained()
         self.ledger.kills[-1] = (down, time.monotonic())
         self.ledger.open()
         if how == "kill":  # the last fault of a cycle: the new process's baseline
@@ -169,6 +171,13 @@ class Faults:
         detail += f", {sent} MQTT says acknowledged just before" if burst else ""
         detail += f", {replaced} files replaced" if replaced else ""
         return ok, detail + ("" if how == "kill" else f", exit {code}")
+
+    def _drained(self, timeout: float = 300.0) -> None:
+        """Until the replay fits the queue again (``spd-say`` cannot tell a refusal from a
+        failure, so the traffic waits for it)."""
+        deadline = time.monotonic() + timeout
+        while self.daemon.status()["queue_length"] >= MAX_QUEUE and time.monotonic() < deadline:
+            time.sleep(0.2)
 
 
 def _outcomes(outcomes: list[str | None]) -> str:
