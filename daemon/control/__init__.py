@@ -211,10 +211,16 @@ class Control:
 
     # ---- playing on the board ---------------------------------------------------------------
 
-    def say(self, request: SpeakRequest) -> None:
+    def say(self, request: SpeakRequest, bounded: bool = True) -> None:
+        """Not ``bounded``: past the queue limit (a say promised already: an MQTT say the
+        journal holds, whose room ``queue_room`` checked before)."""
         if self.observer is not None:
             self.observer.said(request)
-        self.scheduler.submit(request)
+        self.scheduler.submit(request, bounded)
+
+    def queue_room(self) -> int:
+        """Places left in the queue."""
+        return self.scheduler.room()
 
     def restore(self, request: SpeakRequest) -> None:
         """A request accepted before a restart: queued past every limit (Scheduler.restore)."""

@@ -127,8 +127,8 @@ class Says:
             return
         try:
             say.request = self._build(say, obj, msg.topic, site_id)
-            if self.journal.full:
-                raise RequestError("queue_full", f"{self.journal.pending} MQTT says are waiting")
+            if self.journal.full or self.control.queue_room() <= len(self._committing):
+                raise RequestError("queue_full", "the queue is full; try again later")
         except RequestError as e:  # refused: answered and acknowledged, never journaled
             self._failed(say, None, e)
             return
@@ -162,8 +162,8 @@ class Says:
             return
         if say.stopped is not None:
             self._event(say, Event(EventType.FINISHED, say.request.id, {"status": say.stopped}))
-        else:
-            self._queue(say.request, self.control.say)
+        else:  # promised now: past the queue limit (its room was checked before the journal)
+            self._queue(say.request, functools.partial(self.control.say, bounded=False))
         say.release()
 
     def _queue(self, request: SpeakRequest, submit: Callable[[SpeakRequest], None]) -> None:
