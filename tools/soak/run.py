@@ -77,7 +77,9 @@ class Incarnation:
         """RSS is judged where fds and threads are, idle at the baseline and at the end: what
         the process kept. Its peaks are reported too, but a peak is what happened to be in
         flight (three long syntheses at once, or one), not growth."""
-        growth = self.peak_rss_mb / self.warm_rss_mb - 1 if self.warm_rss_mb else None
+        # (a process stopped before its baseline, by a SIGTERM or an upgrade, has no "after")
+        after = self.warm_rss_mb and self.baseline is not None
+        growth = self.peak_rss_mb / self.warm_rss_mb - 1 if after else None
         base, end = self.baseline, self.end
         idle = None if base is None or end is None else [base.rss_mb, end.rss_mb]
         back = (
