@@ -49,7 +49,8 @@ def table(result: dict[str, Any]) -> str:
     )
     mqtt = result["frontends"].get("mqtt", {})
     lines.append(
-        f"MQTT lost: {mqtt.get('missing', 'n/a')}; twice: {mqtt.get('duplicate', 'n/a')}; "
+        f"MQTT lost: {mqtt.get('missing', 'n/a')}; twice: {mqtt.get('duplicate', 'n/a')}, "
+        f"across a stop (the documented window): {mqtt.get('twice_by_kill', 'n/a')}; "
         f"broker redeliveries answered duplicate: {result['mqtt_redeliveries_dropped']}"
     )
     lines.append(f"tracebacks in the log: {len(result['tracebacks'])}")
