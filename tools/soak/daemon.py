@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from speakd.library.client import Client
+from speakd.library.client import Client, ClientError
 
 from .device import asoundrc
 from .mosquitto import free_port
@@ -34,6 +34,7 @@ SITE = "soak"
 MAX_QUEUE = 8  # small, so the kill's burst of MQTT says is a replay larger than the queue
 TOKEN = "soak-token-0123456789"
 FINISHED = re.compile(r"request (\S+) finished: ([\d.]+) s audio")
+READY_AFTER_SOCKET_S = 60.0  # the listeners after the JSON socket (MQTT, Wyoming, HTTP)
 READY = "speakd ready: "  # logged once every listener (JSON, SSIP, MQTT, Wyoming, HTTP) is up
 TRACEBACK = "Traceback (most recent call last):"
 
@@ -234,6 +235,7 @@ class Supervised:
         assert self.proc.stdout is not None
         self._pump = self.log.pump(self.proc.stdout)
         self.epoch += 1
+        answered: float | None = None  # when the JSON socket first answered
         while time.monotonic() - t0 < self.ready_timeout:
             if self.proc.poll() is not None:
                 raise RuntimeError(
@@ -242,6 +244,15 @@ class Supervised:
             if self.log.ready.wait(0.1):
                 self.status()
                 return time.monotonic() - t0
+            if answered is None:
+                with contextlib.suppress(ClientError, OSError):
+                    self.status()
+                    answered = time.monotonic()
+            elif time.monotonic() - answered > READY_AFTER_SOCKET_S:  # a failure, not a hang
+                raise RuntimeError(
+                    f"speakd answers on its socket but logged no READY {READY_AFTER_SOCKET_S:.0f}"
+                    " s later: a listener did not come up"
+                )
         self.kill()
         raise RuntimeError(f"speakd did not answer within {self.ready_timeout} s")
 
