@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -34,8 +35,6 @@ SITE = "soak"
 MAX_QUEUE = 8  # small, so the kill's burst of MQTT says is a replay larger than the queue
 TOKEN = "soak-token-0123456789"
 FINISHED = re.compile(r"request (\S+) finished: ([\d.]+) s audio")
-READY_AFTER_SOCKET_S = 60.0  # the listeners after the JSON socket (MQTT, Wyoming, HTTP)
-READY = "speakd ready: "  # logged once every listener (JSON, SSIP, MQTT, Wyoming, HTTP) is up
 TRACEBACK = "Traceback (most recent call last):"
 
 
@@ -159,7 +158,6 @@ class LogWatch:
         self.tracebacks: list[str] = []
         self.played_s: dict[str, float] = {}
         self.lock = threading.Lock()
-        self.ready = threading.Event()  # this process logged READY (cleared at each start)
 
     def pump(self, stream: Any) -> threading.Thread:
         thread = threading.Thread(target=self._pump, args=(stream,), name="log-pump", daemon=True)
@@ -179,8 +177,6 @@ class LogWatch:
                         with self.lock:
                             self.tracebacks.append("\n".join(pending))
                         pending = None
-                if READY in line:
-                    self.ready.set()
                 if TRACEBACK in line:
                     pending = [line.rstrip()]
                 elif (m := FINISHED.search(line)) is not None:
@@ -216,9 +212,8 @@ class Supervised:
             return c.request({"op": "status"})
 
     def start(self) -> float:
-        """Start and wait until every listener is up (READY); returns the seconds that took."""
+        """Start and wait until every listener is up; returns the seconds that took."""
         t0 = time.monotonic()
-        self.log.ready.clear()
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -235,26 +230,26 @@ class Supervised:
         assert self.proc.stdout is not None
         self._pump = self.log.pump(self.proc.stdout)
         self.epoch += 1
-        answered: float | None = None  # when the JSON socket first answered
         while time.monotonic() - t0 < self.ready_timeout:
             if self.proc.poll() is not None:
                 raise RuntimeError(
                     f"speakd exited with {self.proc.returncode}; see {self.log.path}"
                 )
-            if self.log.ready.wait(0.1):
-                self.status()
+            if self._serving():
                 return time.monotonic() - t0
-            if answered is None:
-                with contextlib.suppress(ClientError, OSError):
-                    self.status()
-                    answered = time.monotonic()
-            elif time.monotonic() - answered > READY_AFTER_SOCKET_S:  # a failure, not a hang
-                raise RuntimeError(
-                    f"speakd answers on its socket but logged no READY {READY_AFTER_SOCKET_S:.0f}"
-                    " s later: a listener did not come up"
-                )
+            time.sleep(0.1)
         self.kill()
         raise RuntimeError(f"speakd did not answer within {self.ready_timeout} s")
+
+    def _serving(self) -> bool:
+        """The JSON socket answers and the listeners started after it (Wyoming, HTTP) accept."""
+        try:
+            self.status()
+            for port in (self.layout.wyoming_port, self.layout.http_port):
+                socket.create_connection(("127.0.0.1", port), timeout=1.0).close()
+        except (ClientError, OSError):
+            return False
+        return True
 
     def reload(self, timeout: float = 120) -> bool:
         """SIGHUP, then wait for the reload count to move (False: it did not in time)."""
