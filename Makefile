@@ -3,6 +3,8 @@
 #   make test   install the test dependencies and run the whole test suite (what .ci/run calls)
 # Both install the Debian packages they need (as root, or through sudo) and a venv in .venv.
 #   make rknn-env   the RK3588 NPU toolkit's own venv in .venv-rknn (speakd-tools rknn convert)
+#   make soak       the long soak (docs/reliability.md, "Soak"): every front-end and every fault,
+#                   SIGKILL, SIGTERM and a package upgrade among them; SOAK_MINUTES=30
 #   make deb        dist/speakd_<version>_{amd64,arm64}.deb for boards (docs/systemd.md); for
 #                   Ubuntu 24.04 `make deb DEB_PYTHON=3.12`, for Debian 13 trixie DEB_PYTHON=3.13
 #   make image      localhost/speakd:<version>, the amd64 container image (root; podman, no
@@ -21,7 +23,9 @@ IMAGE_APT := podman debootstrap
 RKNN_VENV := .venv-rknn
 RKNN_TOOLKIT := rknn-toolkit2==2.5.0
 
-.PHONY: run test apt-run apt-test apt-image venv lint rknn-env deb image image-test
+SOAK_MINUTES ?= 30
+
+.PHONY: run test apt-run apt-test apt-image venv lint rknn-env deb image image-test soak
 
 apt-run:
 	@dpkg -s $(RUN_APT) >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq --no-install-recommends $(RUN_APT); }
@@ -41,6 +45,10 @@ test: apt-test $(VENV)/bin/python
 	$(VENV)/bin/pip install -q -e ".[dev,host]"
 	$(VENV)/bin/ruff check daemon tools tests
 	$(VENV)/bin/python -m pytest -q -p no:cacheprovider
+
+soak: apt-test $(VENV)/bin/python
+	$(VENV)/bin/pip install -q -e ".[dev,host]"
+	$(VENV)/bin/speakd-tools soak --minutes $(SOAK_MINUTES) --json-out soak.json
 
 # Rockchip's host toolkit pins old torch/numpy/onnx, so it lives in its own venv, which
 # `speakd-tools rknn convert` runs (docs/boards.md, "The NPU").

@@ -1,9 +1,10 @@
-"""``speakd-tools soak --minutes 2``: every front-end at once against a real daemon (a real
+"""``speakd-tools soak --minutes 2.5``: every front-end at once against a real daemon (a real
 mosquitto, ``spd-say``, the ``wyoming`` and ``openai`` clients, a FIFO for a speaker) while every
 fault arrives once: a reload, an engine crash and hang, a broker restart, a lost device, a full
-disk under the cache, a SIGKILL and restart. The tool's targets must be met (memory growth is
-left to the long run), and the report must show that each front-end and each fault was really
-exercised (a soak that sent nothing would pass its targets too)."""
+disk under the cache, a SIGTERM and start, a package upgrade, a SIGKILL (after a burst of MQTT
+says larger than the queue) and restart; no MQTT say is lost. The tool's targets must be met
+(memory growth is left to the long run), and the report must show that each front-end and each
+fault was really exercised (a soak that sent nothing would pass its targets too)."""
 
 from __future__ import annotations
 
@@ -26,9 +27,10 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+@pytest.mark.timeout(900)  # 2.5 min of traffic, then the drain and the checks: minutes more
 def test_two_minute_soak_meets_every_target(tmp_path: Path) -> None:
     out = tmp_path / "soak.json"
-    soak = ["soak", "--minutes", "2", "--think", "1.0", "--work", str(tmp_path / "work")]
+    soak = ["soak", "--minutes", "2.5", "--think", "1.0", "--work", str(tmp_path / "work")]
     r = subprocess.run(
         [sys.executable, "-m", "speakd_tools.cli", *soak, "--json-out", str(out)],
         capture_output=True,
@@ -43,10 +45,11 @@ def test_two_minute_soak_meets_every_target(tmp_path: Path) -> None:
     # run in docs/reliability.md judges that. It is measured all the same.
     missed = [name for name, ok in result["targets"].items() if not ok]
     assert set(missed) <= {"rss_growth_at_most_10_percent"}, r.stdout[-5000:]
-    assert all(
-        i["rss_growth"] is not None and i["idle_rss_growth"] is not None
-        for i in result["incarnations"]
-    ), result["incarnations"]
+    judged = [i for i in result["incarnations"] if i["baseline_fds_threads"] is not None]
+    assert len(judged) >= 2, result["incarnations"]  # the first process, and the one after the kill
+    assert all(i["rss_growth"] is not None and i["idle_rss_growth"] is not None for i in judged), (
+        result["incarnations"]
+    )
     rows = result["frontends"]
     for name in ("json", "ssip", "mqtt", "wyoming", "http"):
         assert rows[name]["terminal"] > 0, (name, rows.get(name))
@@ -54,7 +57,10 @@ def test_two_minute_soak_meets_every_target(tmp_path: Path) -> None:
     assert rows["json"]["abandoned"] > 0  # clients that left mid-stream
     assert {f["fault"] for f in result["faults"]} == set(ORDER), result["faults"]
     assert [c["after"] for c in result["cache_checks"]][-1] == "the run"
-    assert len(result["cache_checks"]) >= 2  # after the kill, and at the end
+    assert len(result["cache_checks"]) >= 4  # after the stop, the upgrade, the kill, the end
+    assert rows["mqtt"]["missing"] == 0 and "MQTT lost: 0;" in r.stdout
+    kill = next(f for f in result["faults"] if f["fault"] == "kill")
+    assert "12 MQTT says acknowledged just before" in kill["detail"], kill
     assert "| json |" in r.stdout and "[ OK ] no traceback in the log" in r.stdout
 
 

@@ -83,6 +83,7 @@ class Control:
     )
     observer: Observer | None = None
     lexicon: Lexicon = field(default_factory=Lexicon)  # [lexicon] files; a reload replaces it
+    mqtt_journal: Callable[[], dict[str, Any]] | None = None  # its status, when MQTT is on
     _turns: collections.deque[asyncio.Future[None]] = field(default_factory=collections.deque)
 
     def build_request(self, fields: dict[str, Any], *, origin: str, **kw: Any) -> SpeakRequest:
@@ -209,10 +210,26 @@ class Control:
 
     # ---- playing on the board ---------------------------------------------------------------
 
-    def say(self, request: SpeakRequest) -> None:
+    def say(self, request: SpeakRequest, bounded: bool = True) -> None:
+        """Not ``bounded``: past the queue limit (a say promised already: an MQTT say the
+        journal holds, whose room ``queue_room`` checked before)."""
         if self.observer is not None:
             self.observer.said(request)
-        self.scheduler.submit(request)
+        self.scheduler.submit(request, bounded)
+
+    def queue_room(self) -> int:
+        """Places left in the queue."""
+        return self.scheduler.room()
+
+    def restore(self, request: SpeakRequest) -> None:
+        """A request accepted before a restart: queued past every limit (Scheduler.restore)."""
+        if self.observer is not None:
+            self.observer.said(request)
+        self.scheduler.restore(request)
+
+    def knows(self, request_id: str) -> bool:
+        """Is a request with this id queued or playing?"""
+        return self.scheduler.knows(request_id)
 
     def stop(self) -> int:
         return self.scheduler.stop()
@@ -416,6 +433,7 @@ class Control:
                 lex.lang: {"file": lex.path, "digest": lex.digest[:16]}
                 for lex in self.lexicon.languages
             },
+            **({"mqtt_journal": self.mqtt_journal()} if self.mqtt_journal else {}),
         }
 
 

@@ -11,7 +11,7 @@ Out:
   ``hermes/tts/sayFinished``  ``{"id", "siteId", "sessionId"}`` after every say, failed ones too
   ``hermes/error/tts``        ``{"error": "<code>: <message>", "siteId", "context": <say id>, …}``
   ``<prefix>/<site>/status``  retained ``Control.status()`` + version, last_error; re-published
-                              on every state change
+                              on state changes, at most every 0.25 s (the last state always)
   ``<prefix>/<site>/availability``  retained ``online``; ``offline`` as will and on shutdown
   ``<prefix>/<site>/pack``    retained progress of prompt packs (``mqtt/packs.py``, which also
                               follows ``<prefix>/<site>/pack/manifest`` for every site of ours)
@@ -23,11 +23,10 @@ that keeps QoS 1 commands while we are away) are the ``speakd.mqtt`` package's; 
 translates between those messages and Control. Commands are subscribed to with retained messages
 never delivered (a retained command would replay forever).
 
-At-least-once, spoken once: a QoS 1 say is acknowledged (PUBACK) only after it is written to the
-journal (``mqtt/journal.py``), and leaves it at its outcome; the daemon replays what is left when
-it starts (``start(replay=True)``). Its ``id`` (else its correlation data) stays in the journal
-for a while after, so a QoS 1 re-delivery, across a restart too, is spoken once. Every other
-message is acknowledged once handled; a refused say is acknowledged and not journaled.
+At-least-once, spoken once: says go through ``frontends/mqtt_says.py`` — journaled before their
+PUBACK, replayed at start past every queue limit, kept across a clean stop, a broker's redelivery
+recognised (``mqtt/journal.py``). Every other message is acknowledged once handled, in its turn:
+PUBACKs leave in the order the PUBLISHes came (``Connection.hold``).
 
 Threads: every incoming message arrives on paho's network thread and is handed to the asyncio loop
 with ``call_soon_threadsafe``, so Control is only touched from the loop, as with the socket
@@ -38,16 +37,11 @@ network.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import random
 import time
-import uuid
-from dataclasses import dataclass
 from typing import Any
 
-from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from speakd import __version__
@@ -55,19 +49,17 @@ from speakd.audio.sinks.mqtt_speaker import RemoteSpeakerSink
 from speakd.cache.versions import PackVersions
 from speakd.config import FleetConfig, LimitsConfig, MqttConfig
 from speakd.control import Control
+from speakd.frontends.mqtt_says import Says, origin_of
 from speakd.mqtt.client import Connection, Incoming, Subscriptions
-from speakd.mqtt.journal import Journal, JournalFull
+from speakd.mqtt.journal import Journal
 from speakd.mqtt.messages import (
     Availability,
-    Reply,
-    SayFinished,
     Status,
     TtsError,
     Voices,
     decode_object,
     discovery_messages,
     optional_str,
-    say_fields,
 )
 from speakd.mqtt.packs import PackReceiver
 from speakd.mqtt.topics import (
@@ -83,22 +75,7 @@ from speakd.request.messages import Event, EventType, RequestError
 
 log = logging.getLogger(__name__)
 
-RETRYABLE = frozenset({"queue_full", "shutting_down"})
-
-
-def _hex(correlation: bytes | None) -> str | None:
-    return correlation.hex() if correlation else None
-
-
-@dataclass(frozen=True)
-class SayOrigin:
-    """What a say's outcome is reported against: Hermes ids and the MQTT 5 reply address."""
-
-    hermes_id: str | None
-    site_id: str
-    session_id: str | None
-    response_topic: str | None
-    correlation: bytes | None
+STATUS_MIN_S = 0.25  # between two status publishes
 
 
 class MqttFrontend:
@@ -112,8 +89,8 @@ class MqttFrontend:
         versions: PackVersions | None = None,
     ) -> None:
         """``journal``: the daemon's, shared by a reload's successor; without one, says are
-        kept in memory only (not across a crash). ``versions``: the signed pack versions in the
-        state directory (``speakd.cache.versions``); without it, in memory."""
+        journaled in memory only (not across a restart). ``versions``: the signed pack versions
+        in the state directory (``speakd.cache.versions``); without it, in memory."""
         self.control = control
         self.config = config
         self.topics = SiteTopics(config.prefix, config.site_id)
@@ -132,9 +109,17 @@ class MqttFrontend:
         )
         self._loop: asyncio.AbstractEventLoop | None = None
         self.journal = journal or Journal(":memory:")
-        self._closing = False
-        self._successor: MqttFrontend | None = None  # a reload's replacement (see close)
+        self.says = Says(
+            control,
+            config.max_payload_bytes,
+            config.sites,
+            config.prefix,
+            self.connection,
+            self.journal,
+            self._call_on_loop,
+        )
         self._status_pending = False
+        self._status_at = float("-inf")  # when the status was last published (loop time)
         self._discovery_timer: asyncio.TimerHandle | None = None
         self._last_error: dict[str, Any] | None = None  # in the retained status (fleet status)
         self.packs = PackReceiver(
@@ -172,28 +157,23 @@ class MqttFrontend:
         self._loop = asyncio.get_running_loop()
         self.control.listen(self._on_any_event)
         if replay:
-            self._replay()
+            self.says.replay()
         self.connection.start()
 
-    def _replay(self) -> None:
-        entries = self.journal.pending()
-        if entries:
-            log.info("MQTT: replaying %d says accepted before the last exit", len(entries))
-        for entry in entries:
-            parsed = parse_command_topic(self.config.prefix, entry.topic)
-            site = parsed[0] if parsed else None
-            msg = Incoming(entry.topic, entry.payload, entry.response_topic, entry.correlation)
-            self._dispatch(msg, lambda m, e=entry, s=site: self._say(m, s, e.key))
+    def hold(self) -> None:
+        """The daemon is stopping: says it cuts short stay journaled for the next start."""
+        self.says.hold()
 
     async def close(self, successor: MqttFrontend | None = None) -> None:
         """Publish ``offline`` (a clean DISCONNECT suppresses the will), then disconnect.
 
-        Says accepted here may still be queued or playing (a reload replaces the front-end
-        mid-utterance): their sayFinished and errors go out through ``successor`` from now on,
-        queued by its client until it has connected.
+        Says whose commit is under way are queued and acknowledged first. Says accepted here
+        may still be queued or playing (a reload replaces the front-end mid-utterance): their
+        sayFinished and errors go out through ``successor`` from now on, queued by its client
+        until it has connected.
         """
-        self._successor = successor
-        self._closing = True
+        await self.says.flush()
+        self.says.close(successor.says if successor is not None else None)
         self.control.unlisten(self._on_any_event)
         if self._discovery_timer is not None:
             self._discovery_timer.cancel()
@@ -231,22 +211,27 @@ class MqttFrontend:
 
     # ---- dispatch (loop thread) -------------------------------------------------------------
 
-    def _dispatch(self, incoming: Incoming, handle: Any = None) -> None:
-        """Handle, then acknowledge: a say is journaled by then (or refused)."""
+    def _dispatch(self, incoming: Incoming) -> None:
+        """Handle, then acknowledge in turn; a say acknowledges itself once journaled."""
+        release = self.connection.hold(incoming)
+        taken = False
         try:
-            (handle or self._handle)(incoming)
+            taken = self._handle(incoming, release)
         except Exception:  # a bug here must never take the daemon down
             log.exception("MQTT: handling a message on %s failed", incoming.topic)
         finally:
-            self.connection.ack(incoming)
+            if not taken:
+                release()
 
-    def _handle(self, msg: Incoming) -> None:
+    def _handle(self, msg: Incoming, release: Any) -> bool:
+        """True when a say took over the message's PUBACK."""
         c = self.config
         if self.packs.receive(msg.topic, msg.payload):
-            return
+            return False
         if msg.topic == HERMES_SAY:
-            self._say(msg, None)
-        elif msg.topic == RHASSPY_GET_VOICES:
+            self.says.take(msg, None, release)
+            return True
+        if msg.topic == RHASSPY_GET_VOICES:
             self._get_voices(msg)
         elif c.discovery and msg.topic == f"{c.discovery_prefix}/{HA_STATUS}":
             self._ha_status(msg)
@@ -255,8 +240,9 @@ class MqttFrontend:
         elif (parsed := parse_command_topic(c.prefix, msg.topic)) and parsed[0] in c.sites:
             site, command = parsed
             if command == "say":
-                self._say(msg, site)
-            elif command == "stop":
+                self.says.take(msg, site, release)
+                return True
+            if command == "stop":
                 self._stop(msg, site)
             elif command == "voice":
                 self._set_voice(msg, site)
@@ -264,110 +250,7 @@ class MqttFrontend:
                 self._cancel(msg, site)
         else:
             log.debug("MQTT: ignoring a message on %s", msg.topic)
-
-    def _say(self, msg: Incoming, site: str | None, replayed: str | None = None) -> None:
-        """A say on our own topic (``site``) or on Hermes' (site from the payload); ``replayed``:
-        its key, when it comes from the journal."""
-        if replayed is not None:  # whatever happens now is its outcome
-            self.journal.finish(replayed)
-        try:
-            obj = decode_object(msg.payload, self.config.max_payload_bytes)
-        except RequestError as e:
-            self.control.refused(f"mqtt:{msg.topic}", e.code)
-            # Unreadable, so we cannot tell whose it is: report it under our own site.
-            origin = self._origin(msg, None, site or self.config.site_id, None)
-            self._say_failed(origin, None, e)
-            return
-        site_id = site or optional_str(obj, "siteId") or "default"
-        if site_id not in self.config.sites:
-            log.debug("MQTT: say for site %r is not ours", site_id)
-            return
-        origin = self._origin(msg, optional_str(obj, "id"), site_id, optional_str(obj, "sessionId"))
-        key = replayed or origin.hermes_id or _hex(msg.correlation)
-        if replayed is None and key is not None and self.journal.seen(key):
-            log.info("MQTT: say %s on %s is a duplicate; ignored", key, msg.topic)
-            if not msg.dup:  # a retrying client hears why; the broker's re-send is not its own
-                self._reply(origin, origin.hermes_id, "duplicate")
-            return
-        key = key or f"anon:{uuid.uuid4().hex}"  # no redelivery can be matched to it
-        try:
-            request = self.control.build_request(
-                say_fields(obj),
-                origin=f"mqtt:{msg.topic}",
-                client=f"mqtt:{site_id}",
-                on_event=functools.partial(self._say_event, origin, key),
-            )
-            try:  # committed before _dispatch acknowledges it
-                self.journal.add(key, msg.topic, msg.payload, msg.response_topic, msg.correlation)
-            except JournalFull as e:
-                raise RequestError("queue_full", f"MQTT journal full: {e}") from e
-        except RequestError as e:  # refused: acknowledged, not journaled
-            self._say_failed(origin, None, e)
-            return
-        self.control.say(request)
-
-    def _origin(
-        self, msg: Incoming, hermes_id: str | None, site_id: str, session_id: str | None
-    ) -> SayOrigin:
-        response = msg.response_topic
-        if response is not None and (not response or "+" in response or "#" in response):
-            log.warning("MQTT: ignoring the invalid response topic %r", response)
-            response = None
-        return SayOrigin(hermes_id, site_id, session_id, response, msg.correlation)
-
-    def _say_event(self, origin: SayOrigin, key: str, event: Event) -> None:
-        if event.type == EventType.ERROR and event.data["code"] in RETRYABLE:
-            self.journal.forget(key)  # the client is told to retry: that is not a duplicate
-        elif event.terminal:
-            self.journal.finish(key)
-        if self._closing:  # our client is gone: the live front-end reports it
-            if self._successor is not None:
-                self._successor._say_event(origin, key, event)
-            elif event.terminal:
-                log.info(
-                    "MQTT: outcome of say %s (%s) not published: the MQTT front-end was closed",
-                    event.request_id,
-                    event.type.value,
-                )
-            return
-        if event.type == EventType.QUEUED:
-            self._reply(origin, event.request_id, "queued", {"position": event.data["position"]})
-        elif event.type in (EventType.MARK, EventType.WARNING):  # a <mark>; a part skipped
-            self._reply(origin, event.request_id, event.type.value, event.data)
-        elif event.type == EventType.FINISHED:
-            self.connection.publish(
-                SayFinished(origin.hermes_id, origin.site_id, origin.session_id)
-            )
-            self._reply(origin, event.request_id, event.data["status"])
-        elif event.type == EventType.ERROR:
-            error = RequestError(event.data["code"], event.data["message"])
-            self._say_failed(origin, event.request_id, error)
-
-    def _say_failed(self, origin: SayOrigin, request_id: str | None, e: RequestError) -> None:
-        log.info("MQTT: say %s failed: %s: %s", request_id or origin.hermes_id, e.code, e)
-        self.connection.publish(
-            TtsError(f"{e.code}: {e}", origin.site_id, origin.hermes_id, origin.session_id)
-        )
-        self.connection.publish(SayFinished(origin.hermes_id, origin.site_id, origin.session_id))
-        self._reply(
-            origin, request_id or origin.hermes_id, "error", {"code": e.code, "message": str(e)}
-        )
-
-    def _reply(
-        self,
-        origin: SayOrigin,
-        request_id: str | None,
-        status: str,
-        detail: dict[str, Any] | None = None,
-    ) -> None:
-        if origin.response_topic is None:
-            return
-        props = Properties(PacketTypes.PUBLISH)
-        if origin.correlation is not None:
-            props.CorrelationData = origin.correlation
-        self.connection.publish(
-            Reply(origin.response_topic, request_id, status, detail or {}), props
-        )
+        return False
 
     def _get_voices(self, msg: Incoming) -> None:
         try:
@@ -384,41 +267,43 @@ class MqttFrontend:
             self.connection.publish(Voices(voices, optional_str(obj, "id"), site_id))
 
     def _stop(self, msg: Incoming, site: str) -> None:
-        stopped = self.control.stop()
+        stopped = self.says.stop_committing() + self.control.stop()
         log.info("MQTT: stop on %s (%d requests)", msg.topic, stopped)
-        origin = self._origin(msg, None, site, None)
-        self._reply(origin, None, "stopped", {"stopped": stopped})
+        self.says.reply(origin_of(msg, None, site, None), None, "stopped", {"stopped": stopped})
 
     def _set_voice(self, msg: Incoming, site: str) -> None:
         """The default voice, as Home Assistant's voice ``select`` sends it (the bare name)."""
         name = msg.payload.decode("utf-8", "replace").strip()
-        origin = self._origin(msg, None, site, None)
+        origin = origin_of(msg, None, site, None)
         try:
             self.control.set_default_voice(name)
         except RequestError as e:  # in the retained status, as a failed say's error is
             log.warning("MQTT: %s: %s", msg.topic, e)
             self._last_error = {"id": None, "code": e.code, "message": str(e)}
             self._last_error["at"] = round(time.time(), 3)
-            self._reply(origin, None, "error", {"code": e.code, "message": str(e)})
+            self.says.reply(origin, None, "error", {"code": e.code, "message": str(e)})
         else:
             log.info("MQTT: default voice now %s (%s)", name, msg.topic)
-            self._reply(origin, None, "voice", {"voice": name})
+            self.says.reply(origin, None, "voice", {"voice": name})
         self._publish_status()
 
     def _cancel(self, msg: Incoming, site: str) -> None:
-        origin = self._origin(msg, None, site, None)
+        origin = origin_of(msg, None, site, None)
         try:
             obj = decode_object(msg.payload, self.config.max_payload_bytes, empty_ok=True)
         except RequestError as e:
             self.connection.publish(TtsError(f"{e.code}: {e}", site))
-            self._reply(origin, None, "error", {"code": e.code, "message": str(e)})
+            self.says.reply(origin, None, "error", {"code": e.code, "message": str(e)})
             return
         request_id = optional_str(obj, "id")
-        cancelled = self.control.cancel(request_id) if request_id else self.control.cancel()
+        if request_id:
+            cancelled = self.says.stop_committing(request_id) + self.control.cancel(request_id)
+        else:
+            cancelled = self.control.cancel()
         log.info(
             "MQTT: cancel %s on %s (%d requests)", request_id or "current", msg.topic, cancelled
         )
-        self._reply(origin, request_id, "cancelled", {"cancelled": cancelled})
+        self.says.reply(origin, request_id, "cancelled", {"cancelled": cancelled})
 
     def _play_finished(self, msg: Incoming) -> None:
         assert self.speaker is not None
@@ -451,10 +336,16 @@ class MqttFrontend:
             }
         if not self._status_pending and self._loop is not None:
             self._status_pending = True
-            self._loop.call_soon(self._publish_status)
+            wait = self._status_at + STATUS_MIN_S - self._loop.time()
+            self._loop.call_later(max(0.0, wait), self._publish_status)
 
     def _publish_status(self) -> None:
+        """At most every STATUS_MIN_S, the last state always: says flowing at 20 per second
+        would otherwise cost two status publishes each, which the loop (SSIP's CANCEL, key echo)
+        pays for in time."""
         self._status_pending = False
+        if self._loop is not None:
+            self._status_at = self._loop.time()
         status = {**self.control.status(), "version": __version__, "last_error": self._last_error}
         self.connection.publish_live(Status(self.topics, status))
 

@@ -136,7 +136,13 @@ def _guarded(handler: Handler, policy: AccessPolicy, refusal: bytes) -> Handler:
                 await asyncio.wait_for(reader.read(1 << 16), timeout=1.0)
             writer.close()
             return
-        await handler(reader, writer)
+        try:
+            await handler(reader, writer)
+        except asyncio.CancelledError:
+            # The daemon is stopping (asyncio.run cancels what is left): the connection goes
+            # with it. Not re-raised: Python 3.11's stream callback logs a cancelled handler as
+            # an "Exception in callback" traceback (a SIGTERM mid-traffic, the soak's stop).
+            writer.close()
 
     return guarded
 

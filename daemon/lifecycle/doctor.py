@@ -235,6 +235,12 @@ def _check_socket(config_path: Path | None, socket_path: str | None) -> Check:
     cache = (status.get("source") or {}).get("cache") or {}
     if cache.get("unavailable"):  # its own view, as its user
         return False, f"daemon at {path} runs without its cache: {cache['unavailable']}"
+    journal = status.get("mqtt_journal") or {}
+    if journal.get("error"):  # MQTT says are refused (journal_unavailable) until it works
+        return False, (
+            f"daemon at {path} refuses MQTT says: its journal {journal['error']} "
+            f"({journal.get('failures')} failures); check [state] dir's space and permissions"
+        )
     return True, f"daemon at {path}: {status.get('state')}, queue {status.get('queue_length')}"
 
 

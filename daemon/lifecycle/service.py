@@ -189,17 +189,25 @@ class Daemon:
         for name in inherited:
             log.warning("ignoring inherited socket %r (known names: json, ssip)", name)
         if self.config.mqtt.enabled:
+            await self._open_journal()
             await self._start_mqtt(self._mqtt_frontend(self.config), replay=True)
         await self._start_wyoming()
         if self.config.http.listen:
             self.http = HttpFrontend(self.control, self.config.http, self.metrics)
             await self.http.start()
 
-    def _mqtt_frontend(self, config: Config) -> MqttFrontend:
-        """The journal lives beside the cache and outlives reloads (mqtt/journal.py)."""
+    async def _open_journal(self) -> None:
+        """The MQTT journal is state ([state] dir) and outlives reloads (mqtt/journal.py); one
+        left beside the cache by an older version is moved in. Opened off the loop."""
         assert self.control is not None
         if self.journal is None:
-            self.journal = Journal.open(Path(self.config.cache.path).parent / "mqtt-journal.db")
+            path = Path(self.config.state.dir) / "mqtt-journal.db"
+            legacy = Path(self.config.cache.path).parent / "mqtt-journal.db"
+            self.journal = await asyncio.to_thread(Journal, path, legacy)
+            self.control.mqtt_journal = self.journal.status
+
+    def _mqtt_frontend(self, config: Config) -> MqttFrontend:
+        assert self.control is not None and self.journal is not None
         return MqttFrontend(
             self.control,
             config.mqtt,
@@ -352,6 +360,8 @@ class Daemon:
         mqtt: MqttFrontend | None = None
         if mqtt_changed:
             # Made before the old one closes: says in flight report through it (see close).
+            if new.mqtt.enabled:
+                await self._open_journal()
             mqtt = self._mqtt_frontend(new) if new.mqtt.enabled else None
             if self.mqtt is not None:
                 await self.mqtt.close(successor=mqtt)
@@ -397,6 +407,8 @@ class Daemon:
             await self.wyoming.close()
         if self.http is not None:
             await self.http.close()
+        if self.mqtt is not None:  # says the stop cuts short stay journaled for the next start
+            self.mqtt.hold()
         if self.control is not None:
             await self.control.scheduler.close()
             self.control.scheduler.sink.close()
@@ -404,7 +416,7 @@ class Daemon:
         if self.mqtt is not None:  # after the scheduler: its last sayFinished go out first
             await self.mqtt.close()
         if self.journal is not None:
-            self.journal.close()
+            await asyncio.to_thread(self.journal.close)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -6,9 +6,10 @@ session, ``speakd doctor`` and ``speakd_tools.fleet`` connect exactly alike.
 ``Connection`` is the daemon's session: MQTT 5 with the last will (``offline`` on the
 availability topic), a persistent session (``clean_start=False`` + Session Expiry) that keeps QoS 1
 commands the broker received while we were away, subscriptions renewed on every connect, and
-reconnects with backoff. Incoming QoS 1 messages are acknowledged by the owner (``ack``), not on
-arrival: a say is PUBACKed once it is journaled (``mqtt/journal.py``), so one the daemon did not
-keep is redelivered by the broker on the next connection. Publishes made while the broker is away
+reconnects with backoff. Incoming QoS 1 messages are acknowledged when the owner releases them
+(``hold``), not on arrival, and in the order they came: a say is PUBACKed once it is journaled
+(``mqtt/journal.py``), so one the daemon did not keep is redelivered by the broker on the next
+connection. Publishes made while the broker is away
 are queued (up to ``MAX_QUEUED``) for the next connection.
 
 Threads: paho's network loop runs on its own thread (``loop_start``); ``on_connected`` and
@@ -22,6 +23,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +40,8 @@ from speakd.mqtt.messages import Message
 log = logging.getLogger(__name__)
 
 MAX_QUEUED = 1000  # publishes kept while the broker is away; beyond that they are dropped
+ACKED_WAIT_S = 3.0  # at close: how long the broker gets to acknowledge what waits for it
+RECENT_ACKS = 256  # mids remembered (65535 publishes before one comes again)
 
 Subscriptions = list[tuple[str, SubscribeOptions]]
 
@@ -98,7 +102,12 @@ class Connection:
         self._refused = ""  # the last CONNACK refusal logged
         self._closing = False
         self._connection = 0  # counts connects (see Incoming.connection)
+        self._acks: deque[list[Any]] = deque()  # [message, released] in arrival order (hold)
         self._sub_lock = threading.Lock()
+        self._pub_lock = threading.Lock()
+        self._on_acked: dict[int, Callable[[], None]] = {}  # publish mid → when the broker has it
+        self._recent_acks: OrderedDict[int, bool] = OrderedDict()  # acked, nobody waiting (yet)
+        self._all_acked = threading.Condition(self._pub_lock)
         self._sub_topics: dict[int, list[str]] = {}  # SUBSCRIBE message id → its topics
         self._password = config.password() if config.username else None  # see credentials_changed
         client = new_client(config, client_id, manual_ack=True)
@@ -112,6 +121,7 @@ class Connection:
         client.on_disconnect = self._on_disconnect
         client.on_subscribe = self._on_subscribe
         client.on_message = self._on_message
+        client.on_publish = self._on_publish
         self._client = client
 
     @property
@@ -145,10 +155,14 @@ class Connection:
             ", ".join(c.sites),
         )
 
-    def close(self, farewell: Message | None = None) -> None:
-        """Publish ``farewell`` (a clean DISCONNECT suppresses the will), then disconnect.
-        Blocks until paho's thread has stopped."""
+    def close(self, farewell: Message | None = None, wait_s: float = ACKED_WAIT_S) -> None:
+        """Publish ``farewell`` (a clean DISCONNECT suppresses the will), then disconnect, once
+        the broker has what waits for its acknowledgement (``on_acked``: a say's outcome) or
+        ``wait_s`` passed. Blocks until paho's thread has stopped."""
         self._closing = True
+        if self._connected:
+            with self._all_acked:
+                self._all_acked.wait_for(lambda: not self._on_acked, wait_s)
         if self._connected and farewell is not None:
             info = self.publish(farewell)
             try:
@@ -249,25 +263,65 @@ class Connection:
             if rc == MQTTErrorCode.MQTT_ERR_SUCCESS and mid is not None:
                 self._sub_topics[mid] = [topic for topic, _ in subscriptions]
 
-    def ack(self, incoming: Incoming) -> None:
+    def hold(self, incoming: Incoming) -> Callable[[], None]:
+        """Take ``incoming``'s place in the PUBACK order: its PUBACK goes out once the returned
+        function is called and every earlier message's has gone (MQTT acknowledges in the order
+        of the PUBLISHes). Call both from one thread (the front-end's event loop)."""
+        slot = [incoming, False]
+        self._acks.append(slot)
+
+        def release() -> None:
+            slot[1] = True
+            while self._acks and self._acks[0][1]:
+                self._ack(self._acks.popleft()[0])
+
+        return release
+
+    def _ack(self, incoming: Incoming) -> None:
         """PUBACK a QoS 1 message. One from an earlier connection is not acked: the broker
-        redelivers it (with the same id, which the journal recognises)."""
+        redelivers it (with its DUP flag and packet identifier, which the journal knows)."""
         if incoming.qos and incoming.connection == self._connection:
             self._client.ack(incoming.mid, incoming.qos)
 
     def unsubscribe(self, topics: list[str]) -> None:
         self._client.unsubscribe(topics)
 
-    def publish(self, message: Message, properties: Properties | None = None) -> Any:
-        """Queue a QoS 1 publish; kept for the next connection when the broker is away."""
+    def publish(
+        self,
+        message: Message,
+        properties: Properties | None = None,
+        on_acked: Callable[[], None] | None = None,
+    ) -> Any:
+        """Queue a QoS 1 publish; kept for the next connection when the broker is away.
+        ``on_acked`` runs (on paho's thread) once the broker acknowledged it."""
         info = self._client.publish(
             message.topic(), message.payload(), qos=1, retain=message.retain, properties=properties
         )
-        if info.rc not in (MQTTErrorCode.MQTT_ERR_SUCCESS, MQTTErrorCode.MQTT_ERR_NO_CONN):
+        queued = info.rc in (MQTTErrorCode.MQTT_ERR_SUCCESS, MQTTErrorCode.MQTT_ERR_NO_CONN)
+        if not queued:
             log.warning(
                 "MQTT: cannot publish to %s: %s", message.topic(), mqtt.error_string(info.rc)
             )
+        if on_acked is not None:
+            with self._pub_lock:  # never held while calling paho: its thread takes it in turn
+                acked = not queued or self._recent_acks.pop(info.mid, False)
+                if not acked:
+                    self._on_acked[info.mid] = on_acked
+            if acked:
+                on_acked()
         return info
+
+    def _on_publish(self, _c: Any, _u: Any, mid: int, _reason: Any, _props: Any) -> None:
+        with self._all_acked:
+            done = self._on_acked.pop(mid, None)
+            if done is None:  # perhaps acknowledged before ``publish`` could register it
+                self._recent_acks[mid] = True
+                while len(self._recent_acks) > RECENT_ACKS:
+                    self._recent_acks.popitem(last=False)
+            if not self._on_acked:
+                self._all_acked.notify_all()
+        if done is not None:
+            done()
 
     def publish_live(self, message: Message) -> bool:
         """Publish only while connected (status and audio are stale by the next connection)."""

@@ -1,165 +1,407 @@
-"""The MQTT say journal: QoS 1 says acknowledged to the broker but not yet spoken, on disk.
+"""The MQTT say journal: every say taken from the broker and not yet finished, on disk.
 
-A QoS 1 say is PUBACKed only once its row is committed here, so a crash between arrival and the
-end of playback loses nothing: the daemon replays the ``pending`` rows when it starts. A row turns
-``done`` on the say's terminal event and stays for ``window_s`` so that a redelivery of the same
-id (the broker re-sends a say whose PUBACK a crash cut off) is recognised as a duplicate even
-across a restart: one acknowledged say is spoken once.
+The promise (docs/reliability.md, "MQTT says across a crash, a stop and an upgrade"): a say the
+daemon acknowledged (PUBACK) is spoken, once, whatever happens to the process — SIGKILL,
+SIGTERM, an upgrade's restart. So a say is acknowledged only after its row is committed here;
+the daemon queues the ``pending`` rows again when it starts (in their order, past every queue
+limit); a clean stop leaves the rows of says it did not finish, so they are spoken after the
+next start; a row turns ``done`` once the broker has acknowledged the say's final outcome
+(``sayFinished``), so a crash never loses an outcome.
 
-Its own SQLite file beside the cache, not a table in ``cache.db``: every accepted say is a commit
-that must reach the disk before the PUBACK (``synchronous=FULL``, WAL), a cost the cache's bulk
-writes should not share, and the cache may be cleared, rebuilt or disabled without touching
-what was promised to MQTT clients.
+A say that cannot be journaled (the file cannot be opened or written) is refused with the
+retryable ``journal_unavailable`` on every reply path, then acknowledged: the client hears that
+it was not taken. Holding the PUBACK instead (for the broker to redeliver on a reconnect) would
+fill the broker's in-flight window (mosquitto's default is 20) while the disk stays full, and
+behind it stop and cancel would stall too.
 
-Bounded: at most ``max_pending`` says wait here (past it, a say is refused as ``queue_full``,
-which the client may retry) and at most ``max_done`` finished ids are remembered. A write that
-fails (a full disk) is logged and the say is spoken all the same, only not kept across a crash:
-speaking it now beats refusing it for the sake of a crash that may never come. A finished say
-whose mark fails is marked again at the next write (else a crash would replay it).
+Redeliveries: the broker re-sends a say whose PUBACK it did not get (a crash or a dropped
+connection between our commit and the PUBACK), with the DUP flag and its original packet
+identifier. Such a say is a redelivery when the journal holds, unfinished or finished within
+``window_s``, a say with the same packet identifier and the same topic and payload; it is then
+answered ``duplicate`` and not spoken. Anything else is a new say and is spoken, even one that
+reuses an ``id`` ("Door open" twice), and even a QoS 0 say (QoS 0 has no redelivery). QoS 0
+says are journaled too: they come in order with QoS 1 ones, and a restart should not drop a
+say the daemon took, whichever QoS it came with.
 
-Used only from the event loop's thread.
+Writes run on one writer thread, never on the event loop: everything queued while one commit
+runs goes into the next (group commit), and each caller's callback runs on the writer thread
+once its commit returned (callers hand it to their loop). ``synchronous=FULL`` with WAL: each
+commit fsyncs the WAL, so a committed say survives a power cut, not only a crash of the process
+(NORMAL would fsync only at checkpoints: an acknowledged say could vanish with the power). The
+fsync is the commit's whole cost (``speakd-tools bench journal``), paid once per group.
+
+Its own SQLite file in the state directory (``[state] dir``): the cache may be wiped, rebuilt or
+disabled without touching what was promised to MQTT clients. Schema version 2 (``user_version``)
+keys rows by arrival (``seq``): two unfinished says with one id are two rows. A version-1 file
+(rows keyed by id) is migrated in place, and a journal left at the old place beside the cache is
+moved in at the first start: its pending rows are copied in the same transaction that records
+the move, so a crash in between copies them once.
+
+Bounded: at most ``max_pending`` says wait here (past it a say is refused as ``queue_full``) and
+at most ``max_done`` finished ones are remembered for ``window_s``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import queue
 import sqlite3
+import threading
 import time
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
 MAX_PENDING = 1000  # says accepted but not yet finished
-MAX_DONE = 1024  # finished ids remembered for duplicate suppression
-WINDOW_S = 120.0  # longer than a reconnect: a say re-using an id later is spoken again
+MAX_DONE = 1024  # finished says remembered for redeliveries
+WINDOW_S = 120.0  # longer than a reconnect: the broker redelivers within it
+MAX_BATCH = 256  # operations in one commit
+SCHEMA_VERSION = 2
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS says (
-    key TEXT PRIMARY KEY,       -- the say's id, else its correlation data, else a random key
+    seq INTEGER PRIMARY KEY,    -- arrival order
     topic TEXT NOT NULL,
-    payload BLOB NOT NULL,
+    payload BLOB NOT NULL,      -- emptied once done
     response_topic TEXT,
     correlation BLOB,
-    done REAL                   -- when it finished (wall clock); NULL while pending
-)
+    packet INTEGER,             -- the broker's packet identifier (QoS 1), else NULL
+    digest BLOB NOT NULL,       -- of topic and payload: with packet, what a redelivery repeats
+    done REAL                   -- when it finished (wall clock), NULL while pending
+);
+CREATE TABLE IF NOT EXISTS moved (source TEXT PRIMARY KEY, at REAL NOT NULL);
 """
+
+Identity = tuple[int, bytes]  # (packet identifier, digest)
+Done = Callable[[BaseException | None], None]  # a commit's outcome, on the writer thread
+
+
+def digest(topic: str, payload: bytes) -> bytes:
+    return hashlib.sha256(topic.encode() + b"\0" + payload).digest()[:16]
 
 
 @dataclass(frozen=True)
 class Entry:
     """A journaled say, as it arrived (replayed through the same path as a live one)."""
 
-    key: str
+    seq: int
     topic: str
     payload: bytes
     response_topic: str | None
     correlation: bytes | None
+    packet: int | None = None
+
+    @property
+    def identity(self) -> Identity | None:
+        return None if self.packet is None else (self.packet, digest(self.topic, self.payload))
 
 
-class JournalFull(Exception):
+class JournalUnavailable(Exception):
     pass
 
 
+@dataclass
+class _Op:
+    kind: str  # "add" | "finish" | "barrier" | "stop"
+    entry: Entry | None = None
+    seq: int = 0
+    at: float = 0.0
+    done: Done | None = None
+
+
 class Journal:
+    """Loop side: the index (what is pending, what a redelivery would repeat) lives in memory
+    and is only touched by the caller's thread; the SQLite file only by the writer thread."""
+
     def __init__(
         self,
-        path: str,
+        path: Path | str,
+        legacy: Path | None = None,
         max_pending: int = MAX_PENDING,
         max_done: int = MAX_DONE,
         window_s: float = WINDOW_S,
     ) -> None:
-        self.path = path
+        """Open (migrate, move in ``legacy``) and read the file: blocking, so call it off the
+        loop. A file that cannot be opened leaves the journal refusing says until it can."""
+        self.path, self.legacy = str(path), legacy
         self.max_pending, self.max_done, self.window_s = max_pending, max_done, window_s
-        self._unmarked: set[str] = set()  # finished, but the mark did not reach the disk
-        self._db = sqlite3.connect(path, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")  # committed = on disk, before the PUBACK
-        self._db.execute("PRAGMA wal_autocheckpoint=64")  # a small WAL: rows are few and small
-        self._db.execute(SCHEMA)
-
-    @classmethod
-    def open(cls, path: Path) -> Journal:
-        """The journal at ``path``; in memory (at-most-once, as without it) when the file
-        cannot be opened, so MQTT keeps serving."""
+        self.error: str | None = None  # the last failure, until a commit succeeds
+        self.failures = 0  # commits (or opens) that failed
+        self.replay: list[Entry] = []  # pending at open, oldest first (the start replays them)
+        self._pending: dict[int, Identity | None] = {}
+        self._done: OrderedDict[Identity, float] = OrderedDict()  # finished, oldest first
+        self._unfinished: dict[Identity, int] = {}
+        self._next_seq = 1
+        self._db: sqlite3.Connection | None = None
+        self._unmarked: dict[int, float] = {}  # writer: finishes whose commit failed
+        self._queue: queue.SimpleQueue[_Op] = queue.SimpleQueue()
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            return cls(str(path))
+            self._db = self._connect()
+            self._load(self._db)
         except (OSError, sqlite3.Error) as e:
-            log.error("MQTT journal %s unusable (%s): says are not kept across a crash", path, e)
-            return cls(":memory:")
+            self._db = None
+            self._failed("cannot be opened", e)
+            # Rows the file may hold are replayed at the next start; the says taken meanwhile
+            # must not take their numbers when it opens later: start past any of them.
+            self._next_seq = time.time_ns() // 1000
+        self._thread = threading.Thread(target=self._run, name="mqtt-journal", daemon=True)
+        self._thread.start()
 
-    def seen(self, key: str) -> bool:
-        """Is ``key`` pending, or finished within the window?"""
-        try:
-            row = self._db.execute(
-                "SELECT 1 FROM says WHERE key = ? AND (done IS NULL OR done >= ?)",
-                (key, time.time() - self.window_s),
-            ).fetchone()
-        except sqlite3.Error as e:
-            log.warning("MQTT journal: cannot look up %s: %s", key, e)
-            return False
-        return row is not None
+    # ---- the loop's side -------------------------------------------------------------------
+
+    @property
+    def full(self) -> bool:
+        return len(self._pending) >= self.max_pending
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def redelivery(self, identity: Identity) -> bool:
+        """Does the journal hold the say this DUP-flagged one repeats (see the module doc)?"""
+        if identity in self._unfinished:
+            return True
+        at = self._done.get(identity)
+        return at is not None and time.time() - at <= self.window_s
 
     def add(
         self,
-        key: str,
         topic: str,
         payload: bytes,
         response_topic: str | None,
         correlation: bytes | None,
-    ) -> None:
-        """Record a say before it is acknowledged (``JournalFull`` past ``max_pending``)."""
-        if self._unmarked:
-            self._mark_finished()
-        try:
-            pending = self._db.execute("SELECT count(*) FROM says WHERE done IS NULL").fetchone()
-            if pending[0] >= self.max_pending:
-                raise JournalFull(f"{pending[0]} MQTT says are waiting to be spoken")
-            self._db.execute(
-                "INSERT OR REPLACE INTO says VALUES (?, ?, ?, ?, ?, NULL)",
-                (key, topic, payload, response_topic, correlation),
-            )
-        except sqlite3.Error as e:
-            log.warning("MQTT journal: say %s not kept across a crash: %s", key, e)
+        packet: int | None,
+        done: Done,
+    ) -> int:
+        """Journal a say; ``done`` hears how its commit went. Returns its ``seq``."""
+        seq, self._next_seq = self._next_seq, self._next_seq + 1
+        entry = Entry(seq, topic, payload, response_topic, correlation, packet)
+        self._pending[seq] = entry.identity
+        if entry.identity is not None:
+            self._unfinished[entry.identity] = seq
+        self._queue.put(_Op("add", entry, done=done))
+        return seq
 
-    def finish(self, key: str) -> None:
-        """The say reached its outcome: remember its id for the window, drop its payload."""
-        self._unmarked.add(key)
-        self._mark_finished()
+    def finish(self, seq: int) -> None:
+        """The say's final outcome is out: remember it for ``window_s``, drop its payload (a
+        mark that fails is retried with the next commit)."""
+        identity = self._pending.pop(seq, None)
+        now = time.time()
+        if identity is not None:
+            if self._unfinished.get(identity) == seq:
+                del self._unfinished[identity]
+            self._done[identity] = now
+            self._done.move_to_end(identity)
+            while len(self._done) > self.max_done:
+                self._done.popitem(last=False)
+        self._queue.put(_Op("finish", seq=seq, at=now))
 
-    def _mark_finished(self) -> None:
-        for key in list(self._unmarked):
-            if not self._write(
-                "UPDATE says SET done = ?, payload = x'' WHERE key = ?", (time.time(), key)
-            ):
-                return
-            self._unmarked.discard(key)
-        self._write(
-            "DELETE FROM says WHERE done IS NOT NULL AND (done < ? OR key NOT IN (SELECT key"
-            " FROM says WHERE done IS NOT NULL ORDER BY done DESC, rowid DESC LIMIT ?))",
-            (time.time() - self.window_s, self.max_done),
-        )
+    def forget(self, seq: int) -> None:
+        """A say whose commit failed: it was never journaled (its redelivery is a new say)."""
+        identity = self._pending.pop(seq, None)
+        if identity is not None and self._unfinished.get(identity) == seq:
+            del self._unfinished[identity]
 
-    def forget(self, key: str) -> None:
-        """A say refused for a passing reason (queue full): its retry must not count as a dup."""
-        self._write("DELETE FROM says WHERE key = ?", (key,))
+    def barrier(self, done: Done) -> None:
+        """``done`` runs after every operation queued before it."""
+        self._queue.put(_Op("barrier", done=done))
 
-    def _write(self, sql: str, args: tuple[object, ...]) -> bool:
-        try:
-            self._db.execute(sql, args)
-        except sqlite3.Error as e:
-            log.warning("MQTT journal: %s", e)
-            return False
-        return True
-
-    def pending(self) -> list[Entry]:
-        """The says accepted but not finished, oldest first (replayed at start)."""
-        rows = self._db.execute(
-            "SELECT key, topic, payload, response_topic, correlation FROM says"
-            " WHERE done IS NULL ORDER BY rowid"
-        ).fetchall()
-        return [Entry(k, t, bytes(p), r, c) for k, t, p, r, c in rows]
+    def status(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "pending": len(self._pending),
+            "failures": self.failures,
+            "error": self.error,
+        }
 
     def close(self) -> None:
-        self._db.close()
+        """Commit what is queued, then close (blocking: call it off the loop)."""
+        self._queue.put(_Op("stop"))
+        self._thread.join()
+
+    # ---- opening (the caller's thread, before the writer starts) ---------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=FULL")  # committed = on disk, before the PUBACK
+            db.execute("PRAGMA wal_autocheckpoint=64")  # a small WAL: rows are few and small
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                version = db.execute("PRAGMA user_version").fetchone()[0]
+                if version > SCHEMA_VERSION:
+                    raise sqlite3.DatabaseError(f"schema version {version} is newer than ours")
+                old = version < SCHEMA_VERSION and _has_table(db, "says")
+                rows = _version1_pending(db) if old else []
+                if old:
+                    db.execute("DROP TABLE says")
+                for statement in SCHEMA.split(";")[:-1]:  # not executescript: it would COMMIT
+                    db.execute(statement)
+                db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                _insert(db, rows)
+                if rows:
+                    log.info("MQTT journal: %d pending says kept from schema version 1", len(rows))
+                moved = self._move_in(db)
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+        except BaseException:
+            db.close()
+            raise
+        if moved is not None:  # only once the rows are committed here
+            for suffix in ("", "-wal", "-shm"):
+                Path(f"{moved}{suffix}").unlink(missing_ok=True)
+        return db
+
+    def _move_in(self, db: sqlite3.Connection) -> Path | None:
+        """The pending rows of the journal at its old place (beside the cache), once; returns
+        the old file, to be removed after the commit (a crash before that leaves it, and the
+        ``moved`` row keeps it from being copied twice)."""
+        legacy = self.legacy
+        if legacy is None or not legacy.exists() or legacy.resolve() == Path(self.path).resolve():
+            return None
+        source = str(legacy.resolve())
+        if db.execute("SELECT 1 FROM moved WHERE source = ?", (source,)).fetchone() is None:
+            old = sqlite3.connect(f"file:{legacy}?mode=ro", uri=True)
+            try:
+                v2 = old.execute("PRAGMA user_version").fetchone()[0] >= SCHEMA_VERSION
+                rows = _version2_pending(old) if v2 else _version1_pending(old)
+            finally:
+                old.close()
+            _insert(db, rows)
+            db.execute("INSERT INTO moved VALUES (?, ?)", (source, time.time()))
+            log.info("MQTT journal: %d pending says moved in from %s", len(rows), legacy)
+        return legacy
+
+    def _load(self, db: sqlite3.Connection) -> None:
+        self._next_seq = db.execute("SELECT coalesce(max(seq), 0) + 1 FROM says").fetchone()[0]
+        self.replay = _version2_pending(db)
+        for entry in self.replay:
+            self._pending[entry.seq] = entry.identity
+            if entry.identity is not None:
+                self._unfinished[entry.identity] = entry.seq
+        for packet, dig, at in db.execute(
+            "SELECT packet, digest, done FROM says WHERE done >= ? AND packet IS NOT NULL"
+            " ORDER BY done",
+            (time.time() - self.window_s,),
+        ):
+            self._done[(packet, bytes(dig))] = at
+
+    # ---- the writer thread -----------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            ops = [self._queue.get()]
+            while len(ops) < MAX_BATCH:
+                try:
+                    ops.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            error = self._commit(ops)
+            for op in ops:
+                if op.done is not None:
+                    try:
+                        op.done(error if op.kind in ("add", "finish") else None)
+                    except Exception:
+                        log.exception("MQTT journal: a commit's callback failed")
+            if any(op.kind == "stop" for op in ops):
+                if self._db is not None:
+                    self._db.close()
+                return
+
+    def _commit(self, ops: list[_Op]) -> BaseException | None:
+        adds = [op.entry for op in ops if op.kind == "add" and op.entry is not None]
+        for op in ops:
+            if op.kind == "finish":
+                self._unmarked[op.seq] = op.at
+        if not adds and not self._unmarked:
+            return None
+        if self._db is None:
+            try:
+                self._db = self._connect()
+            except (OSError, sqlite3.Error) as e:
+                self._failed("cannot be opened", e)
+                return JournalUnavailable(f"the MQTT journal {self.error}")
+        db = self._db
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                _insert(db, adds)
+                if self._unmarked:
+                    db.executemany(
+                        "UPDATE says SET done = ?, payload = x'' WHERE seq = ?",
+                        [(at, seq) for seq, at in self._unmarked.items()],
+                    )
+                    db.execute(
+                        "DELETE FROM says WHERE done IS NOT NULL AND (done < ? OR seq NOT IN"
+                        " (SELECT seq FROM says WHERE done IS NOT NULL ORDER BY done DESC,"
+                        " seq DESC LIMIT ?))",
+                        (time.time() - self.window_s, self.max_done),
+                    )
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+        except (OSError, sqlite3.Error) as e:
+            self._failed("cannot be written", e)
+            return JournalUnavailable(f"the MQTT journal {self.error}")
+        self._unmarked.clear()
+        if self.error is not None:
+            log.warning("MQTT journal %s works again", self.path)
+        self.error = None
+        return None
+
+    def _failed(self, what: str, e: BaseException) -> None:
+        if self.error is None:  # once per outage, not once per say
+            log.error(
+                "MQTT journal %s %s (%s): says are refused (journal_unavailable) until it works",
+                self.path,
+                what,
+                e,
+            )
+        self.failures += 1
+        self.error = f"{self.path} {what}: {e}"
+
+
+def _has_table(db: sqlite3.Connection, name: str) -> bool:
+    row = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,))
+    return row.fetchone() is not None
+
+
+def _version1_pending(db: sqlite3.Connection) -> list[Entry]:
+    """Schema 1 (rows keyed by the say's id): its pending says, in arrival order."""
+    rows = db.execute(
+        "SELECT topic, payload, response_topic, correlation FROM says WHERE done IS NULL"
+        " ORDER BY rowid"
+    ).fetchall()
+    return [Entry(0, t, bytes(p), r, c) for t, p, r, c in rows]
+
+
+def _version2_pending(db: sqlite3.Connection) -> list[Entry]:
+    rows = db.execute(
+        "SELECT seq, topic, payload, response_topic, correlation, packet FROM says"
+        " WHERE done IS NULL ORDER BY seq"
+    ).fetchall()
+    return [Entry(s, t, bytes(p), r, c, k) for s, t, p, r, c, k in rows]
+
+
+def _insert(db: sqlite3.Connection, entries: list[Entry]) -> None:
+    """Rows from another file come with seq 0: they take the next numbers, in order."""
+    db.executemany(
+        "INSERT INTO says (seq, topic, payload, response_topic, correlation, packet, digest)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?)",
+        [(e.seq or None, *_fields(e)) for e in entries],
+    )
+
+
+def _fields(e: Entry) -> tuple[Any, ...]:
+    return e.topic, e.payload, e.response_topic, e.correlation, e.packet, digest(e.topic, e.payload)

@@ -135,10 +135,11 @@ class Scheduler:
 
     # ---- front-end API (call on the loop thread) -------------------------------------------
 
-    def submit(self, request: SpeakRequest) -> None:
-        """Queue a request; its origin hears ``queued`` or a terminal ``error``/``finished``."""
+    def submit(self, request: SpeakRequest, bounded: bool = True) -> None:
+        """Queue a request; its origin hears ``queued`` or a terminal ``error``/``finished``.
+        Not ``bounded``: past the queue limit (promised already: an MQTT say journaled)."""
         job = Job(request, self._seq)
-        decision = policy.decide(self._state(), job.entry)
+        decision = policy.decide(self._state(bounded), job.entry)
         if decision.reject is not None:
             code, message = decision.reject
             self.counters["rejected"] += 1
@@ -154,6 +155,20 @@ class Scheduler:
         if decision.discard:  # a notification that arrived while something else plays
             self._finish(job, "discarded")
             return
+        self._enqueue(job)
+
+    def restore(self, request: SpeakRequest) -> None:
+        """Queue a request accepted before a restart (the MQTT journal's): promised, so no limit,
+        replace, discard or interrupt applies; it keeps its priority and waits its turn."""
+        if self._closing:
+            message = "speakd is shutting down"
+            self._emit(request, EventType.ERROR, {"code": "shutting_down", "message": message})
+            return
+        self._seq, job = self._seq + 1, Job(request, self._seq)
+        self._enqueue(job)
+
+    def _enqueue(self, job: Job) -> None:
+        request = job.request
         self._pending.append(job)
         self.counters["accepted"] += 1
         self._emit(request, EventType.QUEUED, {"position": self._position(job)})
@@ -166,6 +181,9 @@ class Scheduler:
             request.origin,
         )
         self._wakeup.set()
+
+    def room(self) -> int:  # places left in the queue (negative past the limit)
+        return self.max_queue - len(self._pending)
 
     def stop(self) -> int:
         """Silence now: stop the current utterance and drop everything queued."""
@@ -279,11 +297,11 @@ class Scheduler:
 
     # ---- policy -----------------------------------------------------------------------------
 
-    def _state(self) -> policy.QueueState:
+    def _state(self, bounded: bool = True) -> policy.QueueState:
         return policy.QueueState(
             [j.entry for j in self._pending],
             self._current.entry if self._current else None,
-            self.max_queue,
+            self.max_queue if bounded else len(self._pending) + 1,
             self._closing,
         )
 

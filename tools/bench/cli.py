@@ -31,6 +31,7 @@ BENCHMARKS = {
     "memory": "daemon RSS at READY, after a warm-up and after N mixed socket requests",
     "words": "Piper word timings against faster-whisper's word timestamps on the same audio",
     "cancel": "SSIP CANCEL → 703 CANCELED p50/p99 on the realtime null and WAV sinks",
+    "journal": "CANCEL → 703 with and without MQTT says journaled at 20/s; an fsync's cost",
     "pitch": "pitch shifting (Rubber Band): first-chunk cost and ms per audio second, 3 texts",
     "screenreader": "Orca's SSIP traffic on speakd and Speech Dispatcher: key echo, cancel, marks",
     "wer": "Whisper tiny.en WER of the embedded voice on the English corpus, at given pitches",

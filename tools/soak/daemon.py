@@ -1,5 +1,7 @@
-"""The daemon under soak: its config, its process (started, reloaded, SIGKILLed and restarted
-like a supervisor would), its log, and what ``/proc`` says about it.
+"""The daemon under soak: its config, its process (started, reloaded, SIGKILLed, stopped and
+restarted like a supervisor would, upgraded like a package), its log, and what ``/proc`` says
+about it. It runs from a copy of speakd's files, as a package installs them, so an upgrade can
+replace them under it.
 
 The process runs through ``speakd_tools.soak.faulty`` (engines that crash and hang on cue). Its
 output comes through a pipe, not a file, so a file-size limit set on it (the full-disk fault)
@@ -12,7 +14,9 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -28,6 +32,7 @@ from .device import asoundrc
 from .mosquitto import free_port
 
 SITE = "soak"
+MAX_QUEUE = 8  # small, so the kill's burst of MQTT says is a replay larger than the queue
 TOKEN = "soak-token-0123456789"
 FINISHED = re.compile(r"request (\S+) finished: ([\d.]+) s audio")
 TRACEBACK = "Traceback (most recent call last):"
@@ -49,6 +54,8 @@ class Layout:
     socket = property(lambda self: str(self.work / "speakd.sock"))
     ssip = property(lambda self: str(self.work / "ssip.sock"))
     cache = property(lambda self: self.work / "cache.db")
+    state = property(lambda self: self.work / "state")
+    lib = property(lambda self: self.work / "lib")  # the installed copy of speakd
     config = property(lambda self: self.work / "speakd.toml")
     log = property(lambda self: self.work / "speakd.log")
     fifo = property(lambda self: self.work / "dev" / "pcm.fifo")
@@ -81,8 +88,12 @@ dir = "{layout.work / "voices"}"
 path = "{layout.cache}"
 ttl_s = {604800 + variant}
 
+[state]
+dir = "{layout.state}"
+
 [limits]
 max_text_chars = {2000 + variant % 2}
+max_queue = {MAX_QUEUE}
 
 [mqtt]
 enabled = true
@@ -201,7 +212,7 @@ class Supervised:
             return c.request({"op": "status"})
 
     def start(self) -> float:
-        """Start and wait until the socket answers; returns the seconds that took."""
+        """Start and wait until every listener is up; returns the seconds that took."""
         t0 = time.monotonic()
         self.proc = subprocess.Popen(
             [
@@ -224,13 +235,21 @@ class Supervised:
                 raise RuntimeError(
                     f"speakd exited with {self.proc.returncode}; see {self.log.path}"
                 )
-            try:
-                self.status()
+            if self._serving():
                 return time.monotonic() - t0
-            except (ClientError, OSError):
-                time.sleep(0.1)
+            time.sleep(0.1)
         self.kill()
         raise RuntimeError(f"speakd did not answer within {self.ready_timeout} s")
+
+    def _serving(self) -> bool:
+        """The JSON socket answers and the listeners started after it (Wyoming, HTTP) accept."""
+        try:
+            self.status()
+            for port in (self.layout.wyoming_port, self.layout.http_port):
+                socket.create_connection(("127.0.0.1", port), timeout=1.0).close()
+        except (ClientError, OSError):
+            return False
+        return True
 
     def reload(self, timeout: float = 120) -> bool:
         """SIGHUP, then wait for the reload count to move (False: it did not in time)."""
@@ -267,6 +286,33 @@ class Supervised:
             self.proc.wait()
         if self._pump is not None:
             self._pump.join(10)
+
+
+def install_copy(lib: Path) -> dict[str, str]:
+    """speakd's files under ``lib``, as a package installs them; the environment that runs
+    the daemon from there (before the editable checkout on the path)."""
+    import speakd
+
+    shutil.copytree(Path(speakd.__file__).parent, lib / "speakd")
+    return {"PYTHONPATH": str(lib)}
+
+
+def upgrade(lib: Path) -> int:
+    """What dpkg does under a running daemon: each file unpacked beside the old one and renamed
+    over it, so the running process's modules are gone from disk. Returns the files replaced."""
+    new = lib.parent / f"{lib.name}.new"
+    shutil.rmtree(new, ignore_errors=True)
+    shutil.copytree(lib / "speakd", new)
+    replaced = 0
+    for path in sorted(new.rglob("*")):
+        if path.is_file():
+            target = lib / "speakd" / path.relative_to(new)
+            unpacked = target.with_name(target.name + ".dpkg-new")
+            path.rename(unpacked)
+            unpacked.rename(target)
+            replaced += 1
+    shutil.rmtree(new)
+    return replaced
 
 
 def cache_check(path: Path, pinned: set[str]) -> dict[str, Any]:

@@ -11,13 +11,13 @@ from typing import Any
 
 from speakd.library.client import Client
 
-from .daemon import Supervised, cache_check
+from .daemon import MAX_QUEUE, Supervised, cache_check, upgrade
 from .device import FifoDevice
 from .faulty import CRASH, HANG
 from .ledger import Ledger
 from .mosquitto import Mosquitto
 
-ORDER = ("reload", "crash", "broker", "device", "hang", "disk_full", "kill")
+ORDER = ("reload", "crash", "broker", "device", "hang", "disk_full", "term", "upgrade", "kill")
 DEVICE_GONE_S = 3.0
 BROKER_DOWN_S = 1.0
 DISK_FULL_S = 8.0
@@ -36,6 +36,7 @@ class Faults:
     voices: list[str]
     settle: Callable[[str], None]  # quiet point: "end" of an incarnation or its "baseline"
     rewarm_s: float
+    burst: Callable[[int, str], int]  # MQTT says at once, returns once each is acknowledged
     variant: int = 0
     count: int = 0
     cache_checks: list[dict[str, Any]] = field(default_factory=list)
@@ -123,27 +124,60 @@ class Faults:
         return ok, f"misses {ends}, cache write errors +{errors}"
 
     def fault_kill(self) -> tuple[bool, str]:
-        """SIGKILL mid-traffic; the cache checked while the daemon is down; restarted as a
-        supervisor would, then warmed up again before its baseline."""
-        self.settle("end")
+        """SIGKILL mid-traffic, just after a burst of MQTT says larger than the queue was
+        acknowledged (the replay must queue every one); the cache checked while the daemon is
+        down; restarted as a supervisor would, then warmed up again before its baseline."""
+        return self._restart("kill", burst=MAX_QUEUE + 4)
+
+    def fault_term(self) -> tuple[bool, str]:
+        """SIGTERM mid-traffic (``systemctl restart``): exit 0, and the MQTT says it cut short
+        are spoken after the start."""
+        return self._restart("term")
+
+    def fault_upgrade(self) -> tuple[bool, str]:
+        """A package upgrade: every file of the running daemon replaced, then the restart."""
+        return self._restart("upgrade")
+
+    def _restart(self, how: str, burst: int = 0) -> tuple[bool, str]:
+        """The first stop of a cycle ends a process with a baseline: its idle end is sampled;
+        the later ones (no baseline taken) stop mid-traffic at once."""
+        if how == "term":
+            self.settle("end")
         self.ledger.open()
-        time.sleep(2.0)  # traffic in flight when the kill lands
+        time.sleep(2.0)  # traffic in flight when the signal lands
+        sent = self.burst(burst, f"Burst number {self.count}.") if burst else 0
         self.ledger.close()
-        killed = time.monotonic()
-        self.ledger.kills.append((killed, float("inf")))
-        self.daemon.kill()
+        down = time.monotonic()
+        self.ledger.kills.append((down, float("inf")))
+        replaced, code = upgrade(self.daemon.layout.lib) if how == "upgrade" else 0, None
+        if how == "kill":
+            self.daemon.kill()
+        else:
+            code = self.daemon.terminate()
         check = cache_check(self.daemon.layout.cache, self.pinned)
-        self.cache_checks.append({"after": f"kill {len(self.ledger.kills)}", **check})
+        self.cache_checks.append({"after": f"{how} {len(self.ledger.kills)}", **check})
         start_s = self.daemon.start()
-        self.ledger.kills[-1] = (killed, time.monotonic())
+        if burst:  # live requests are refused while the replay holds more than the queue
+            self._drained()
+        self.ledger.kills[-1] = (down, time.monotonic())
         self.ledger.open()
-        time.sleep(self.rewarm_s)
-        self.settle("baseline")
+        if how == "kill":  # the last fault of a cycle: the new process's baseline
+            time.sleep(self.rewarm_s)
+            self.settle("baseline")
         ok = check["integrity"] == ["ok"] and not check["pinned_missing"]
-        return ok, (
-            f"integrity {check['integrity'][:3]}, {len(check['pinned_missing'])} pinned missing, "
-            f"serving again after {start_s:.1f} s"
-        )
+        ok &= how == "kill" or code == 0
+        detail = f"integrity {check['integrity'][:3]}, {len(check['pinned_missing'])} pinned "
+        detail += f"missing, serving again after {start_s:.1f} s"
+        detail += f", {sent} MQTT says acknowledged just before" if burst else ""
+        detail += f", {replaced} files replaced" if replaced else ""
+        return ok, detail + ("" if how == "kill" else f", exit {code}")
+
+    def _drained(self, timeout: float = 300.0) -> None:
+        """Until the replay fits the queue again (``spd-say`` cannot tell a refusal from a
+        failure, so the traffic waits for it)."""
+        deadline = time.monotonic() + timeout
+        while self.daemon.status()["queue_length"] >= MAX_QUEUE and time.monotonic() < deadline:
+            time.sleep(0.2)
 
 
 def _outcomes(outcomes: list[str | None]) -> str:

@@ -28,6 +28,7 @@ class Request:
     abandoned: bool = False  # the client left on purpose: no terminal event is owed
     survives_kill: bool = False  # owed a terminal event after a SIGKILL too (MQTT QoS 1 says)
     note: str = ""
+    info: Any = None  # an MQTT say's publish (its PUBACK)
 
 
 class Ledger:
@@ -118,6 +119,11 @@ class Ledger:
                 row["outcomes"][req.outcome] += 1
             elif self.hit_by_kill(req) and not req.survives_kill:
                 row["lost_to_kill"] += 1
+            elif req.terminals == 2 and req.survives_kill and self.hit_by_kill(req):
+                # docs/reliability.md's window: its outcome reached the broker, the kill came
+                # before its row was marked done, so the next process spoke it again
+                row["twice_by_kill"] += 1
+                row["problems"].append(f"{req.id} ({req.kind}): twice, across a kill")
             elif req.terminals > 1:
                 row["duplicate"] += 1
                 row["problems"].append(f"{req.id} ({req.kind}): {req.terminals} terminal events")
@@ -154,6 +160,7 @@ def _row() -> dict[str, Any]:
         "missing": 0,
         "duplicate": 0,
         "lost_to_kill": 0,
+        "twice_by_kill": 0,
         "abandoned": 0,
         "outcomes": Counter(),
         "audio_s": 0.0,

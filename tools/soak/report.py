@@ -47,6 +47,12 @@ def table(result: dict[str, Any]) -> str:
     lines.append(
         "faults: " + ", ".join(f"{name} {sum(oks)}/{len(oks)}" for name, oks in faults.items())
     )
+    mqtt = result["frontends"].get("mqtt", {})
+    lines.append(
+        f"MQTT lost: {mqtt.get('missing', 'n/a')}; twice: {mqtt.get('duplicate', 'n/a')}, "
+        f"across a stop (the documented window): {mqtt.get('twice_by_kill', 'n/a')}; "
+        f"broker redeliveries answered duplicate: {result['mqtt_redeliveries_dropped']}"
+    )
     lines.append(f"tracebacks in the log: {len(result['tracebacks'])}")
     if result["tool_errors"]:
         lines.append(f"the tool's own errors: {len(result['tool_errors'])}")

@@ -30,6 +30,7 @@ from .daemon import (
     cache_check,
     config_text,
     fd_kinds,
+    install_copy,
     proc_sample,
 )
 from .device import FifoDevice
@@ -48,7 +49,7 @@ RSS_GROWTH_MAX = 0.10
 # asyncio's default executor starts its workers on demand, up to this many, and keeps them: a
 # thread count above the baseline by at most this is a pool that grew, not a leak.
 POOL_THREADS = min(32, (os.cpu_count() or 1) + 4)
-FAULTS_S = 45.0  # what one cycle of faults takes itself (hang, full disk, kill and restart)
+FAULTS_S = 65.0  # what one cycle of faults takes itself (hang, full disk, the three restarts)
 
 
 @dataclass
@@ -76,7 +77,9 @@ class Incarnation:
         """RSS is judged where fds and threads are, idle at the baseline and at the end: what
         the process kept. Its peaks are reported too, but a peak is what happened to be in
         flight (three long syntheses at once, or one), not growth."""
-        growth = self.peak_rss_mb / self.warm_rss_mb - 1 if self.warm_rss_mb else None
+        # (a process stopped before its baseline, by a SIGTERM or an upgrade, has no "after")
+        after = self.warm_rss_mb and self.baseline is not None
+        growth = self.peak_rss_mb / self.warm_rss_mb - 1 if after else None
         base, end = self.baseline, self.end
         idle = None if base is None or end is None else [base.rss_mb, end.rss_mb]
         back = (
@@ -235,7 +238,7 @@ def _run(opts: Options, work: Path, log: Any) -> dict[str, Any]:
     layout.config.write_text(config(0))
     device = FifoDevice(layout.fifo)
     device.plug()
-    daemon = Supervised(layout, {}, ready_timeout=600)
+    daemon = Supervised(layout, install_copy(layout.lib), ready_timeout=600)
     stop_sampling = threading.Event()
     mqtt: traffic.MqttDriver | None = None
     http: traffic.HttpDriver | None = None
@@ -289,7 +292,7 @@ def _run(opts: Options, work: Path, log: Any) -> dict[str, Any]:
         time.sleep(warmup / 2)
         soak.settle("baseline")
         faults = Faults(daemon, broker, device, ledger, config, pinned, voices, soak.settle,
-                        rewarm_s=warmup / 2)  # fmt: skip
+                        rewarm_s=warmup / 2, burst=mqtt.burst)  # fmt: skip
         # A cycle of faults takes about FAULTS_S itself, and a kill re-warms: in a short run
         # they come nearly back to back.
         room = ledger.deadline - time.monotonic() - warmup / 2 - 10 - FAULTS_S
@@ -326,6 +329,7 @@ def _run(opts: Options, work: Path, log: Any) -> dict[str, Any]:
             cache_checks=faults.cache_checks,
             tracebacks=daemon.log.tracebacks,
             tool_errors=ctx.errors,
+            redeliveries=mqtt.redeliveries,
             exit_code=exit_code,
             device_bytes=device.bytes_read,
             voices=voices,
@@ -351,6 +355,7 @@ def result_of(
     cache_checks: list[dict[str, Any]],
     tracebacks: list[str],
     tool_errors: list[str],
+    redeliveries: int,
     exit_code: int | None,
     device_bytes: int,
     voices: list[str],
@@ -377,8 +382,11 @@ def result_of(
             if i["baseline_fds_threads"] is not None
         ),
         "fds_and_threads_back_to_baseline": all(
-            i["fds_threads_back"] for i in incarnations if i["end_fds_threads"] is not None
+            i["fds_threads_back"]
+            for i in incarnations
+            if i["end_fds_threads"] is not None and i["baseline_fds_threads"] is not None
         ),
+        "no_mqtt_say_lost": frontends.get("mqtt", {}).get("missing", 1) == 0,
         "no_traceback_in_the_log": not tracebacks,
         "every_front_end_answered": all(
             frontends.get(name, {}).get("terminal", 0) > 0 for name in frontends_driven
@@ -403,6 +411,7 @@ def result_of(
         "samples": [s.__dict__ for s in soak.samples],
         "tracebacks": tracebacks,
         "tool_errors": tool_errors,
+        "mqtt_redeliveries_dropped": redeliveries,
         "device_bytes": device_bytes,
         "daemon_exit": exit_code,
         "targets": targets,

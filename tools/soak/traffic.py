@@ -270,6 +270,7 @@ class MqttDriver:
         self.ctx = ctx
         self.reply_topic = f"soak/replies/{os.getpid()}"
         self.heard: dict[str, list[str]] = {}  # id → terminal outcomes, in arrival order
+        self.redeliveries = 0  # answered "duplicate": the broker's, dropped by the daemon
         self.cond = threading.Condition()
         self._props = lambda: Properties(PacketTypes.PUBLISH)
         connect = Properties(PacketTypes.CONNECT)
@@ -288,6 +289,8 @@ class MqttDriver:
                           (self.reply_topic, 1)])  # fmt: skip
 
     def _on_message(self, _c: Any, _u: Any, msg: Any) -> None:
+        """A broker's redelivery the daemon drops is answered ``duplicate`` (on the error topic
+        and the reply topic alike): counted apart, it is no outcome of the say."""
         try:
             data = json.loads(msg.payload)
         except ValueError:
@@ -297,7 +300,12 @@ class MqttDriver:
                 self.heard.setdefault(data["id"], []).append("sayFinished")
             elif msg.topic == "hermes/error/tts" and isinstance(data.get("context"), str):
                 code = str(data.get("error", "")).split(":")[0]
-                self.heard.setdefault(data["context"] + "#error", []).append(code)
+                if code == "duplicate":
+                    self.redeliveries += 1
+                else:
+                    self.heard.setdefault(data["context"] + "#error", []).append(code)
+            elif msg.topic == self.reply_topic and data.get("status") == "duplicate":
+                self.redeliveries += 1
             elif msg.topic == self.reply_topic and data.get("status") not in (None, "queued"):
                 status = data["status"]
                 outcome = data.get("code", "error") if status == "error" else status
@@ -305,26 +313,30 @@ class MqttDriver:
             self.cond.notify_all()
 
     def step(self, ctx: Context, rng: random.Random) -> None:
-        hermes = rng.random() < 0.5
-        voice = rng.choice(ctx.voices)
-        text = _pick(ctx, rng, "mqtt")
-        req = ctx.ledger.begin("mqtt", "hermes-say" if hermes else "speakd-say",
-                               expect=[(voice, text)])  # fmt: skip
+        voice, text = rng.choice(ctx.voices), _pick(ctx, rng, "mqtt")
+        self._end(self._send(rng.random() < 0.5, voice, text))
+
+    def _send(self, hermes: bool, voice: str, text: str, **fields: Any) -> Request:
+        req = self.ctx.ledger.begin("mqtt", "hermes-say" if hermes else "speakd-say",
+                                    expect=[(voice, text)])  # fmt: skip
         req.tolerance_s = 0.02
         req.survives_kill = True  # journaled before its PUBACK: spoken after the restart
-        payload = {"text": text, "voice": voice}
+        payload = {"text": text, "voice": voice, **fields}
         if hermes:
             req.id += "-h"
             topic = "hermes/tts/say"
-            payload.update(siteId=ctx.ep.site, id=req.id)
+            payload.update(siteId=self.ctx.ep.site, id=req.id)
             props = None
         else:
-            topic = f"speakd/{ctx.ep.site}/say"
+            topic = f"speakd/{self.ctx.ep.site}/say"
             payload["id"] = req.id
             props = self._props()
             props.ResponseTopic = self.reply_topic
             props.CorrelationData = req.id.encode()
-        self.client.publish(topic, json.dumps(payload), qos=1, properties=props)
+        req.info = self.client.publish(topic, json.dumps(payload), qos=1, properties=props)
+        return req
+
+    def _end(self, req: Request) -> None:
         deadline = time.monotonic() + TIMEOUT_S
         with self.cond:
             while not (got := req.id in self.heard) and time.monotonic() < deadline:
@@ -333,10 +345,20 @@ class MqttDriver:
             errors = self.heard.get(req.id + "#error", [])
         if not got:
             req.note = "no sayFinished / reply"
-            ctx.ledger.end(req, None)
+            self.ctx.ledger.end(req, None)
             return
-        outcome = (errors[0] if errors else "done") if hermes else outcomes[0]
-        ctx.ledger.end(req, outcome, terminals=len(outcomes))
+        outcome = (errors[0] if errors else "done") if req.id.endswith("-h") else outcomes[0]
+        self.ctx.ledger.end(req, outcome, terminals=len(outcomes))
+
+    def burst(self, n: int, text: str) -> int:
+        """``n`` says at once, more than the queue holds (a fault's: the kill lands while they
+        wait); returns when the daemon has acknowledged each (PUBACK). Their outcomes are
+        awaited on a thread of their own."""
+        reqs = [self._send(i % 2 == 0, self.ctx.voices[0], text) for i in range(n)]
+        for req in reqs:
+            req.info.wait_for_publish(30)
+        threading.Thread(target=lambda: [self._end(r) for r in reqs], daemon=True).start()
+        return len(reqs)
 
     def recount(self) -> None:
         """After the run: terminal events that came late, or twice."""
