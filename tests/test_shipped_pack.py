@@ -1,6 +1,7 @@
-"""The shipped key-echo pack (speakd.cache.shipped, speakd.cache.keyecho): a read-only cache file
-the resolver consults after the writable cache, made by the daemon's own prewarm; and a prewarm
-that still runs skips what the pack holds and never competes with a live synthesis.
+"""The shipped key-echo pack (speakd.cache.shipped, made by speakd.lifecycle.keyecho): a read-only
+cache file the resolver consults after the writable cache, made by the daemon's own prewarm;
+and a prewarm that still runs skips what the pack holds and never competes with a live
+synthesis.
 
 On the tone engine (tests/tone_engine.py): the real voice's pack is made by the package build
 (tests/test_deb.py checks the installed one) and served by a real daemon in tests/test_key_echo.py.

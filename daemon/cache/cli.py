@@ -100,12 +100,6 @@ def _run(args: argparse.Namespace) -> int:
     from speakd.cache.versions import PackVersions
 
     command = args.cache_command
-    if command == "key-echo":
-        from speakd.cache.keyecho import build
-
-        done = build(load_config(args.config), args.out)
-        print(f"key-echo pack {args.out}: {done.made + done.found} clips")
-        return 0
     with _open(args, create=command == "import") as store:
         if command == "import":
             config = load_config(args.config)

@@ -8,14 +8,16 @@ routes answer 404 ``not_found`` with ``cache.enabled`` in the message.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from speakd.audio import wav_bytes
-from speakd.cache.store import CacheStore
 from speakd.frontends.http_base import ok, read_json, state
 from speakd.request.messages import RequestError
+
+if TYPE_CHECKING:  # the store Control hands out (Control.cache_store), as mqtt/packs.py takes it
+    from speakd.cache.store import CacheStore
 
 MAX_LISTED = 200  # clips one listing returns, most recently used first
 LISTED = ("key", "text", "voice", "params", "duration", "pinned", "hits", "bytes", "last_used")

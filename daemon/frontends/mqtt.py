@@ -40,13 +40,12 @@ import asyncio
 import logging
 import random
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from speakd import __version__
 from speakd.audio.sinks.mqtt_speaker import RemoteSpeakerSink
-from speakd.cache.versions import PackVersions
 from speakd.config import FleetConfig, LimitsConfig, MqttConfig
 from speakd.control import Control
 from speakd.frontends.mqtt_says import Says, origin_of
@@ -72,6 +71,9 @@ from speakd.mqtt.topics import (
     play_finished_topic,
 )
 from speakd.request.messages import Event, EventType, RequestError
+
+if TYPE_CHECKING:  # passed through to the pack receiver (mqtt/packs.py), never used here
+    from speakd.cache.versions import PackVersions
 
 log = logging.getLogger(__name__)
 

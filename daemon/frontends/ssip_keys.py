@@ -6,7 +6,7 @@ of a key name are cache hits from the first keypress on.
 Each one is built as the SSIP front-end builds a message (``ssip_settings.request_fields`` under
 speechd's default settings with that RATE and PITCH) and read through ``Control.stream``, the
 path an HTTP caller takes: a key already in the cache, or in the shipped pack the package
-installs (``speakd.cache.shipped``, made by this same prewarm: ``speakd.cache.keyecho``), costs
+installs (``speakd.cache.shipped``, made by this same prewarm: ``speakd.lifecycle.keyecho``), costs
 one lookup, so a later start only fills what was evicted, and a daemon whose voice and settings
 the shipped pack was made for synthesizes nothing. The prewarm starts a synthesis only while none
 is in flight, so it never competes with speech someone is waiting for. The clips are ordinary

@@ -180,8 +180,8 @@ def _check_pitch() -> Check:
 def _check_key_echo(config: Config) -> Check:
     """Whether the shipped key-echo pack answers this config's key echo (``speakd.cache.shipped``):
     its clips are looked up by key, so a pack made for another voice or settings matches none."""
-    from speakd.cache.keyecho import made_for, matching
     from speakd.cache.shipped import ShippedPack
+    from speakd.lifecycle.keyecho import made_for, matching
 
     path = config.cache.shipped_pack
     pack = ShippedPack.open(path) if config.cache.enabled else None

@@ -88,7 +88,7 @@ packs=$(dirname "$wheels")/key-echo
 mkdir -p "$packs" "$work/host"
 "$PYTHON" -m pip --disable-pip-version-check install -q --no-deps --no-compile \
     --target "$work/host" "$work"/wheel/speakd-*.whl
-pack=$packs/$(PYTHONPATH=$work/host "$PYTHON" -m speakd.cache.keyecho "$repo/systemd/speakd.toml")
+pack=$packs/$(PYTHONPATH=$work/host "$PYTHON" -m speakd.lifecycle.keyecho "$repo/systemd/speakd.toml")
 if [ ! -f "$pack" ]; then
     say "making the key-echo pack $pack"
     PYTHONPATH=$work/host "$PYTHON" -m speakd cache --config "$repo/systemd/speakd.toml" \

@@ -23,7 +23,6 @@ import tempfile
 import threading
 from pathlib import Path
 
-from speakd import __version__
 from speakd.audio.pitch import unavailable
 from speakd.audio.sinks import NullSink
 from speakd.cache.schema import CacheError
@@ -79,7 +78,7 @@ def build(config: Config, out: Path) -> Prewarmed:
 def _made_for(config: Config, control: Control) -> dict[str, object]:
     library = control.library
     return {
-        "speakd": __version__,
+        "speakd": importlib.metadata.version("speakd"),
         "bundles": sorted(library.by_bundle),
         "default_voice": library.default,
         "rates": config.ssip.prewarm_rates,
