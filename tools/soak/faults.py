@@ -145,8 +145,8 @@ class Faults:
             self.settle("end")
         self.ledger.open()
         time.sleep(2.0)  # traffic in flight when the signal lands
+        self.ledger.close()  # the burst fills the queue: no new spd-say meets it (see _drained)
         sent = self.burst(burst, f"Burst number {self.count}.") if burst else 0
-        self.ledger.close()
         down = time.monotonic()
         self.ledger.kills.append((down, float("inf")))
         replaced, code = upgrade(self.daemon.layout.lib) if how == "upgrade" else 0, None
@@ -173,10 +173,10 @@ class Faults:
         return ok, detail + ("" if how == "kill" else f", exit {code}")
 
     def _drained(self, timeout: float = 300.0) -> None:
-        """Until the replay fits the queue again (``spd-say`` cannot tell a refusal from a
-        failure, so the traffic waits for it)."""
+        """Until the replay has played out (``spd-say`` cannot tell a refusal from a failure,
+        so the traffic waits rather than meet a queue the replay holds full)."""
         deadline = time.monotonic() + timeout
-        while self.daemon.status()["queue_length"] >= MAX_QUEUE and time.monotonic() < deadline:
+        while self.daemon.status()["queue_length"] and time.monotonic() < deadline:
             time.sleep(0.2)
 
 
