@@ -11,7 +11,7 @@ Out:
   ``hermes/tts/sayFinished``  ``{"id", "siteId", "sessionId"}`` after every say, failed ones too
   ``hermes/error/tts``        ``{"error": "<code>: <message>", "siteId", "context": <say id>, …}``
   ``<prefix>/<site>/status``  retained ``Control.status()`` + version, last_error; re-published
-                              on state changes, at most every 0.25 s (the last state always)
+                              on every state change
   ``<prefix>/<site>/availability``  retained ``online``; ``offline`` as will and on shutdown
   ``<prefix>/<site>/pack``    retained progress of prompt packs (``mqtt/packs.py``, which also
                               follows ``<prefix>/<site>/pack/manifest`` for every site of ours)
@@ -77,8 +77,6 @@ if TYPE_CHECKING:  # passed through to the pack receiver (mqtt/packs.py), never 
 
 log = logging.getLogger(__name__)
 
-STATUS_MIN_S = 0.25  # between two status publishes
-
 
 class MqttFrontend:
     def __init__(
@@ -121,7 +119,6 @@ class MqttFrontend:
             self._call_on_loop,
         )
         self._status_pending = False
-        self._status_at = float("-inf")  # when the status was last published (loop time)
         self._discovery_timer: asyncio.TimerHandle | None = None
         self._last_error: dict[str, Any] | None = None  # in the retained status (fleet status)
         self.packs = PackReceiver(
@@ -338,16 +335,10 @@ class MqttFrontend:
             }
         if not self._status_pending and self._loop is not None:
             self._status_pending = True
-            wait = self._status_at + STATUS_MIN_S - self._loop.time()
-            self._loop.call_later(max(0.0, wait), self._publish_status)
+            self._loop.call_soon(self._publish_status)
 
     def _publish_status(self) -> None:
-        """At most every STATUS_MIN_S, the last state always: says flowing at 20 per second
-        would otherwise cost two status publishes each, which the loop (SSIP's CANCEL, key echo)
-        pays for in time."""
         self._status_pending = False
-        if self._loop is not None:
-            self._status_at = self._loop.time()
         status = {**self.control.status(), "version": __version__, "last_error": self._last_error}
         self.connection.publish_live(Status(self.topics, status))
 

@@ -244,7 +244,8 @@ class Journal:
                     db.execute("DROP TABLE says")
                 for statement in SCHEMA.split(";")[:-1]:  # not executescript: it would COMMIT
                     db.execute(statement)
-                db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                # = SCHEMA_VERSION, literal: PRAGMA takes no parameters
+                db.execute("PRAGMA user_version = 2")
                 _insert(db, rows)
                 if rows:
                     log.info("MQTT journal: %d pending says kept from schema version 1", len(rows))
