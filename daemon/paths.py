@@ -48,28 +48,23 @@ def runtime_dir() -> Path:
     return Path(xdg) / "speakd" if xdg else Path(f"/tmp/speakd-{os.geteuid()}")
 
 
+def _chosen(systemd: str, system: str, xdg: str, home: str) -> Path:
+    """systemd's directory for the service, else the FHS one (root, user speakd), else XDG's."""
+    if given := _systemd_dir(systemd):
+        return given
+    return Path(system) if _system() else _xdg(xdg, home)
+
+
 def state_dir() -> Path:
     """State that must outlive the cache: /var/lib/speakd, else $XDG_STATE_HOME/speakd."""
-    if systemd := _systemd_dir("STATE_DIRECTORY"):
-        return systemd
-    if _system():
-        return Path("/var/lib/speakd")
-    return _xdg("XDG_STATE_HOME", ".local/state")
+    return _chosen("STATE_DIRECTORY", "/var/lib/speakd", "XDG_STATE_HOME", ".local/state")
 
 
 def data_dir() -> Path:
     """Files a user adds (voices): /var/lib/speakd, else $XDG_DATA_HOME/speakd."""
-    if systemd := _systemd_dir("STATE_DIRECTORY"):
-        return systemd
-    if _system():
-        return Path("/var/lib/speakd")
-    return _xdg("XDG_DATA_HOME", ".local/share")
+    return _chosen("STATE_DIRECTORY", "/var/lib/speakd", "XDG_DATA_HOME", ".local/share")
 
 
 def cache_dir() -> Path:
     """Rebuildable clips: /var/cache/speakd, else $XDG_CACHE_HOME/speakd."""
-    if systemd := _systemd_dir("CACHE_DIRECTORY"):
-        return systemd
-    if _system():
-        return Path("/var/cache/speakd")
-    return _xdg("XDG_CACHE_HOME", ".cache")
+    return _chosen("CACHE_DIRECTORY", "/var/cache/speakd", "XDG_CACHE_HOME", ".cache")
