@@ -8,6 +8,7 @@ routes answer 404 ``not_found`` with ``cache.enabled`` in the message.
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -54,13 +55,17 @@ async def clips(request: web.Request) -> web.Response:
     pinned = request.query.get("pinned") in ("1", "true")
     found: list[dict[str, Any]] = []
     total = 0
-    for row in store.listing(pinned_only=pinned):
+    # the whole cache's rows and its stats: read off the event loop (CANCEL, key echo wait on it)
+    rows, stats = await asyncio.to_thread(
+        lambda: (store.listing(pinned_only=pinned), store.stats())
+    )
+    for row in rows:
         if query and query not in row["text"].casefold():
             continue
         total += 1
         if len(found) < MAX_LISTED:
             found.append({k: row[k] for k in LISTED} | {"pinned": bool(row["pinned"])})
-    return ok({"clips": found, "matching": total, "stats": store.stats()})
+    return ok({"clips": found, "matching": total, "stats": stats})
 
 
 async def clip_audio(request: web.Request) -> web.Response:
