@@ -122,6 +122,7 @@ def test_rows_admitted_together_share_prompt_passes_and_renders(
     # sentence 1 alone (later sentences wait for its first audio), then 2-4 in one pass
     assert c["prompt_passes"] == 2 and c["admitted"] == 4
     assert c["render_runs"] <= c["renders"] / 2  # sentences 2-4's chunks three to a run
+    assert c["render_ms"] > 0 and c["sample_ms"] > 0  # bench batch's time per iteration by part
     for i, ref in enumerate(alone):
         assert np.array_equal(np.concatenate(audio[i]), ref), f"row {i}"
 

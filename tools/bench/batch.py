@@ -111,8 +111,14 @@ def throughput(engine: Any, rows: int, steps: int) -> tuple[dict[str, float], by
     audio = sum(r.samples for r in runs) / RATE
     c = {k: v - before[k] for k, v in engine.batch.counters.items()}
     first = b"".join(a.tobytes() for a in runs[0].audio)
+    steps = max(c["steps"], 1)
+    parts = {k: c[f"{k}_ms"] / steps for k in ("step", "sample", "render", "prompt")}
     return {
-        "ms_per_step": c["step_ms"] / max(c["steps"], 1),
+        "ms_per_step": parts["step"],
+        # the wall time of one iteration (one batched step), by part; "other": the Python
+        # around them (pacing, slots, queues, threads) and the callers' threads
+        "iteration_ms": {"wall": wall * 1e3 / steps, **parts}
+        | {"other": wall * 1e3 / steps - sum(parts.values())},
         "ms_per_prompt_pass": c["prompt_ms"] / max(c["prompt_passes"], 1),
         "rows": rows,
         "wall_s": wall,
@@ -240,6 +246,10 @@ def run(args: argparse.Namespace) -> int:
             f" {r['ms_per_step']:>8.1f} {r['ms_per_prompt_pass']:>9.1f}"
             f" {r['renders'] / max(r['render_runs'], 1):>11.2f} {r['identical']!s:>9}"
         )
+    print("ms per iteration (one batched step):")
+    for r in result["throughput"]:
+        parts = ", ".join(f"{k} {v:.2f}" for k, v in r["iteration_ms"].items())
+        print(f"  {r['rows']} rows: {parts}")
     if args.sentences:
         lt = result["long_text"]
         print(f"{lt['sentences']}-sentence text, {lt['audio_s']:.1f} s audio, steps {lt['steps']}:")

@@ -154,6 +154,8 @@ class BatchScheduler:
                 "steps",
                 "row_steps",
                 "step_ms",
+                "sample_ms",
+                "render_ms",
                 "prompt_passes",
                 "prompt_ms",
                 "admitted",
@@ -296,9 +298,10 @@ class BatchScheduler:
             if j.row.logits is not None and (window is None or j.row.slot in window)
         ]
         stepping = []
-        for job, going_on in zip(
-            drawing, self.decoder.sample([j.row for j in drawing]), strict=True
-        ):
+        t0 = self._clock()
+        drawn = self.decoder.sample([j.row for j in drawing])
+        self.counters["sample_ms"] += (self._clock() - t0) * 1e3
+        for job, going_on in zip(drawing, drawn, strict=True):
             if going_on:
                 stepping.append(job.row)
             else:
@@ -418,6 +421,7 @@ class BatchScheduler:
             seconds = self._clock() - t0
             self._render_s += seconds
             self._rendered += seconds
+            self.counters["render_ms"] += seconds * 1e3
             self._rendered_steps += sum(len(r.hiddens) for _, r in due)
             self.counters["renders"] += len(due)
             self.counters["render_runs"] += len({len(r.hiddens) for _, r in due})
