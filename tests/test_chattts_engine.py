@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -132,6 +133,30 @@ def test_seed_none_is_derived_from_the_request(engine: ChatTTSEngine) -> None:
     first = join_chunks(engine.synthesize("你好。", cfg))
     again = join_chunks(engine.synthesize("你好。", cfg))
     assert first is not None and again is not None and first.pcm == again.pcm
+
+
+def test_no_session_keeps_spinning_after_its_run(tiny_bundle: Path) -> None:
+    """The GPT, Decoder and Vocos pools spin while they run but not after: a pool still spinning
+    takes a core from the next session and the Python between runs (docs/benchmarks.md,
+    "Batched decoding"). Without ``session.force_spinning_stop`` a spinning 2-thread pool burns
+    20-40 ms of CPU in the 0.2 s after its run."""
+    engine = ChatTTSEngine.load(tiny_bundle, threads=2)
+    rng = np.random.default_rng(0)
+    hidden = rng.normal(0, 1, (1, engine.spec.hidden_size, 24)).astype(np.float32)
+    (mel,) = engine.vocoder.decoder.run(["mel"], {"hidden": hidden})
+    runs = {
+        "gpt": lambda: engine.gpt.prompt(rng.normal(0, 0.5, (1, 12, hidden.shape[1])).astype("f4")),
+        "decoder": lambda: engine.vocoder.decoder.run(["mel"], {"hidden": hidden}),
+        "vocos": lambda: engine.vocoder.vocos.run(None, {"mel": mel}),
+    }
+    for name, run in runs.items():
+        burnt = []
+        for _ in range(3):
+            run()
+            cpu = time.process_time()
+            time.sleep(0.2)
+            burnt.append(time.process_time() - cpu)
+        assert min(burnt) < 0.005, f"{name}: {burnt} s of CPU after its run"
 
 
 def test_receptive_field_is_read_from_the_graphs(tiny_bundle: Path) -> None:

@@ -6,6 +6,8 @@ speakd-tools bench profile loop BUNDLE [--steps 150]  # cProfile of the decode l
 speakd-tools bench profile threads BUNDLE           # threads × spinning, interleaved
 speakd-tools bench profile machine BUNDLE           # ISA, DRAM read GB/s, MatMulNBits kernel,
                                                     # and this box's step floor
+speakd-tools bench profile batch BUNDLE [--rows 1,8] [--steps 300]  # bench batch's iterations by
+                                                    # part, the GPT step by op type and by scope
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ import cProfile
 import json
 import os
 import pstats
+import re
 import statistics
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import onnxruntime as ort
@@ -84,6 +88,96 @@ def ort_profile(bundle: Path, ctx: int, steps: int) -> None:
     print(f"{bundle} ctx {ctx}, {steps} steps, load {os.getloadavg()[0]:.1f}")
     for op, us in total.most_common():
         print(f"  {op:34s} {100 * us / all_us:5.1f} %  {us / count[op]:8.1f} µs/node")
+
+
+GEMMS = ("MatMulNBits", "MatMulInteger", "DynamicQuantizeMatMul", "MatMul")
+
+
+def scope(node: str, op: str) -> str:
+    """What a GPT node is for, from the names ``speakd_tools.chattts.gpt_graph`` (and the
+    calibrators, which keep the MatMul's name as a prefix) give: the weight GEMMs by layer part
+    (qkv, o, gate/up, down, logits), attention, the per-row activation quantization around an
+    int8 GEMM (``rowquant``), and the rest (norms, activations, splits)."""
+    if op == "GroupQueryAttention":
+        return "attention (GQA)"
+    part = re.search(r"MatMul/(qkv|o|gu|d|logits)_", node)
+    if part and op in GEMMS:
+        return f"GEMM {part.group(1)}"
+    if part:
+        return "row quantization (rowq)"
+    return "norms, activations, splits"
+
+
+def _step_runs(events: list[dict]) -> dict[int, list[list[dict]]]:
+    """The profile's decode-step runs (one new token per row), by rows, each as its node
+    events; prompt passes (more than one token) are left out."""
+    runs = sorted((e for e in events if e.get("name") == "model_run"), key=lambda e: e["ts"])
+    nodes = sorted(
+        (e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")),
+        key=lambda e: e["ts"],
+    )
+    out: dict[int, list[list[dict]]] = collections.defaultdict(list)
+    i = 0
+    for run in runs:
+        mine = []
+        while i < len(nodes) and nodes[i]["ts"] <= run["ts"] + run["dur"]:
+            if nodes[i]["ts"] >= run["ts"]:
+                mine.append(nodes[i])
+            i += 1
+        gqa = next((n for n in mine if n["args"]["op_name"] == "GroupQueryAttention"), None)
+        if gqa is None:
+            continue
+        rows, tokens = next(iter(gqa["args"]["input_type_shape"][0].values()))[:2]
+        if tokens == 1:
+            out[rows].append([run, *mine])
+    return out
+
+
+def batch_profile(bundle: Path, rows: list[int], steps: int) -> None:
+    """``bench batch``'s throughput at each of ``rows`` (forced ``steps``-step sentences, the
+    daemon's exact batching) with the GPT session under ORT's profiler: each iteration's wall
+    time by part, then the decode step's ORT run and kernels by op type and by scope (ms per
+    step; the profiler's own cost is in these, not in ``bench batch``'s)."""
+    from speakd.engines.chattts import engine as chattts_engine
+
+    from .batch import throughput
+
+    def profiled(path: Path, threads: int, spinning: bool = True) -> ort.InferenceSession:
+        opts = session_options(threads, spinning)
+        if Path(path).name == "gpt.onnx":
+            opts.enable_profiling = True
+            opts.profile_file_prefix = str(Path(tempfile.gettempdir()) / "speakd-batchprof")
+        return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+
+    with mock.patch.object(chattts_engine, "make_session", profiled):
+        eng = chattts_engine.ChatTTSEngine.load(bundle, threads=2, batch_size=max(rows))
+    throughput(eng, min(2, max(rows)), 8)  # first-run allocations out of the numbers
+    cells = {r: throughput(eng, r, steps)[0] for r in rows}
+    path = eng.gpt.session.end_profiling()
+    events = json.loads(Path(path).read_text())
+    os.remove(path)
+    by_rows = _step_runs(events)
+    print(f"{bundle} ({eng.precision}), {steps}-step sentences, load {os.getloadavg()[0]:.1f}")
+    for r in rows:
+        it = cells[r]["iteration_ms"]
+        print(f"{r} row(s), ms per iteration: " + ", ".join(f"{k} {v:.2f}" for k, v in it.items()))
+        runs = by_rows.get(max(r, eng.batch.decoder.min_rows), [])
+        if not runs:
+            continue
+        n = len(runs)
+        by_op: collections.Counter[str] = collections.Counter()
+        by_scope: collections.Counter[str] = collections.Counter()
+        for run in runs:
+            for e in run[1:]:
+                by_op[e["args"]["op_name"]] += e["dur"]
+                by_scope[scope(e["name"], e["args"]["op_name"])] += e["dur"]
+        run_ms = sum(run[0]["dur"] for run in runs) / n / 1e3
+        kernel_ms = sum(by_op.values()) / n / 1e3
+        print(f"  GPT step ({n} runs): ORT run {run_ms:.2f} ms, kernels {kernel_ms:.2f} ms")
+        for label, counter in (("op", by_op), ("scope", by_scope)):
+            for k, us in counter.most_common():
+                ms = us / n / 1e3
+                print(f"    {label} {k:34s} {ms:7.3f} ms  {100 * ms / run_ms:5.1f} %")
 
 
 def loop(bundle: Path, steps: int) -> None:
@@ -201,11 +295,12 @@ def machine(bundle: Path) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("what", choices=["nodes", "ort", "loop", "threads", "machine"])
+    p.add_argument("what", choices=["nodes", "ort", "loop", "threads", "machine", "batch"])
     p.add_argument("bundles", nargs="+", type=Path)
     p.add_argument("--ctx", type=int, default=500)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--rows", default="1,8", help="batch: rows to profile (default 1,8)")
 
 
 def run(a: argparse.Namespace) -> int:
@@ -217,6 +312,8 @@ def run(a: argparse.Namespace) -> int:
         loop(a.bundles[0], a.steps)
     elif a.what == "machine":
         machine(a.bundles[0])
+    elif a.what == "batch":
+        batch_profile(a.bundles[0], [int(r) for r in a.rows.split(",")], a.steps)
     else:
         threads(a.bundles[0], a.rounds)
     return 0

@@ -236,8 +236,8 @@ class ChatTTSEngine(ChatTTSVoice):
         )
         self.gpt = GptRunner(make_session(bundle.file("gpt.onnx"), threads), self.spec, emb_code)
         self.vocoder = Vocoder(
-            make_session(bundle.file("decoder.onnx"), threads, spinning=False),
-            make_session(bundle.file("vocos.onnx"), threads, spinning=False),
+            make_session(bundle.file("decoder.onnx"), threads),
+            make_session(bundle.file("vocos.onnx"), threads),
         )
         self._lock = threading.Lock()  # one KV cache: one utterance at a time
         self.paced = paced  # a live listener: hold the first audio until it can play through
