@@ -5,7 +5,7 @@ while its run lasts (a sleeping pool pays a wake-up at each of its hundreds of n
 spinning when the run ends (``session.force_spinning_stop``), so it never takes cycles from the
 next session's threads or the Python between runs (sampling, overlap-add). Measured in
 docs/benchmarks.md ("Batched decoding"): against the GPT spinning on and the Decoder/Vocos not at
-all, 1.20× the audio per second at one row and 1.03× at eight. A process-wide ORT pool would
+all, 1.18× the audio per second at one row and 1.02–1.10× at eight. A process-wide ORT pool would
 share one pool, but ORT then refuses every session with its own pool in the process (the VITS
 fallback voice, tools).
 """
