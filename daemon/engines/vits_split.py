@@ -196,6 +196,22 @@ def lead_frames(durations: np.ndarray) -> int:
     return max(0, int(durations[0]) - 1) if durations.size else 0
 
 
+# A sentence's first sound: its first sample at ONSET_LEVEL (−60 dBFS; Piper's voice floor is near
+# −85) within the first ONSET_SEARCH samples after the skipped frames, less ONSET_MARGIN samples.
+# The search stays inside the shortest first window (``WindowPlan.first`` frames), so streamed and
+# one-shot runs cut at the same sample.
+ONSET_LEVEL = 0.001
+ONSET_SEARCH = 2048
+ONSET_MARGIN = 48
+
+
+def onset(audio: np.ndarray) -> int:
+    """Samples of near-silence ahead of the first sound (0 when none is found in the search):
+    the rest of the leading silence ``lead_frames`` leaves, 0–50 ms of a line (issue 45)."""
+    loud = np.flatnonzero(np.abs(audio[:ONSET_SEARCH]) >= ONSET_LEVEL)
+    return max(0, int(loud[0]) - ONSET_MARGIN) if loud.size else 0
+
+
 @dataclass(frozen=True)
 class Joints:
     """The tensors where the three graphs meet."""
@@ -312,14 +328,18 @@ class SplitVoice:
     def render(
         self, feeds: dict[str, np.ndarray], run: ort.RunOptions, trim: bool = False
     ) -> Iterator[Window]:
-        """The sentence window by window; ``trim``: without its leading silence
-        (``lead_frames``), which the first window's ``skipped`` counts."""
+        """The sentence window by window; ``trim``: without its leading silence (``lead_frames``,
+        then ``onset``), which ``skipped`` counts."""
         latents = self.prior(feeds, run)
         speaker = {k: v for k, v in feeds.items() if k == SPEAKER_INPUT}
         id_samples = latents.durations.astype(np.int64) * self.decoder_reach.hop
         skip = lead_frames(latents.durations) if trim else 0
+        skipped = skip * self.decoder_reach.hop
         for audio in self.audio(latents, speaker, run, skip):
-            yield Window(audio, id_samples, skip * self.decoder_reach.hop)
+            if trim:  # the first window: from its first sound on
+                quiet, trim = onset(audio), False
+                audio, skipped = audio[quiet:], skipped + quiet
+            yield Window(audio, id_samples, skipped)
 
     def prior(self, feeds: dict[str, np.ndarray], run: ort.RunOptions) -> Latents:
         z_p, durations = self.entry.run([self.joints.z_p, self.joints.durations], feeds, run)

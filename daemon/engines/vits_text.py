@@ -55,6 +55,38 @@ def speakable(phonemes: list[str]) -> bool:
     return any(unicodedata.category(p[0]) in ("Ll", "Lu", "Lo") for p in phonemes if p)
 
 
+CLAUSE_WORDS = 4  # the fewest words a clause cut off a sentence has (``split_clauses``)
+
+
+def split_clauses(phonemes: list[str], words: int = CLAUSE_WORDS) -> list[list[str]]:
+    """Cut a sentence after its clause breaks (``, ; :`` + space) where the pieces on both
+    sides have at least ``words`` words.
+
+    The prior reads the whole of what it is given before the first window (its attention spans
+    it), so a long sentence's first sound waits for all of it: say-all's 30-word first sentence
+    starts some 50 ms later than its first clause would. Each piece ends at its punctuation, as
+    the voice says it in the whole sentence; what changes is that a piece's intonation no longer
+    sees the clauses after it (docs/vits-engine.md, "Clauses").
+    """
+    breaks = [
+        i + 1
+        for i in range(1, len(phonemes) - 1)
+        if phonemes[i] in ",;:" and phonemes[i + 1] == " "
+    ]
+    pieces: list[list[str]] = []
+    start = 0
+    for cut in breaks:
+        if _words(phonemes[start:cut]) >= words and _words(phonemes[cut:]) >= words:
+            pieces.append(phonemes[start:cut])
+            start = cut + 1  # the space after the break begins no piece
+    pieces.append(phonemes[start:])
+    return pieces
+
+
+def _words(phonemes: list[str]) -> int:
+    return len("".join(phonemes).split())
+
+
 def split_long(phonemes: list[str], limit: int) -> list[list[str]]:
     """Cut a run-on sentence into pieces of at most ``limit`` phonemes.
 
