@@ -39,7 +39,8 @@ from speakd_tools.calibrate.metrics import snr_db
 from tests.tiny_voices import piper_model, tiny_multispeaker_voice
 from tests.waits import wait_until
 
-LONG = LONG_SENTENCE  # 60 words in one sentence: some 18 s of audio, 9 windows
+# 60 words in one sentence without a clause break (one prior run): some 18 s of audio, 9 windows
+LONG = LONG_SENTENCE.replace(",", "")
 
 
 @pytest.fixture(scope="module")
@@ -129,6 +130,32 @@ def test_streamed_audio_joins_into_the_one_shot_audio(
     assert np.abs(joined.astype(np.int32) - ref).max() <= 1
     assert snr_db(ref, joined) > 90
     assert join_chunks(synth(engine)).pcm == join_chunks(streamed).pcm  # deterministic
+
+
+def test_a_sentence_said_clause_by_clause_streams_as_its_one_shot_audio(
+    engine: VitsEngine, voice: SplitVoice
+) -> None:
+    """LONG with its commas: five clauses, each streamed by window, joined by pauses."""
+    streamed = synth(engine, LONG_SENTENCE)
+    with planned(voice, WindowPlan.one_shot()):
+        one_shot = synth(engine, LONG_SENTENCE)
+    assert len(one_shot) == 2 * 5 - 1  # a chunk per clause and the pauses between them
+    joined, ref = (join_chunks(c).samples().astype(np.int32) for c in (streamed, one_shot))
+    assert joined.shape == ref.shape
+    assert np.abs(joined - ref).max() <= 1
+    assert snr_db(ref, joined) > 90
+
+
+def test_no_pool_spins_after_the_synthesis(engine: VitsEngine) -> None:
+    """The prior, flow and decoder pools spin while they run (engines/ortsession.py), never
+    after: a request leaves the cores to whatever comes next."""
+    burnt = []
+    for seed in range(3):
+        list(engine.synthesize("Open the file menu.", SynthesisConfig(seed=seed)))
+        cpu = time.process_time()
+        time.sleep(0.2)
+        burnt.append(time.process_time() - cpu)
+    assert min(burnt) < 0.005, f"{burnt} s of CPU after the synthesis"
 
 
 def test_noise_stays_seeded_through_the_split(engine: VitsEngine) -> None:

@@ -39,11 +39,11 @@ from speakd.engines.base import (
 from speakd.engines.bundle import load_bundle
 from speakd.engines.noise import SEED_INPUT
 from speakd.engines.options import Option
+from speakd.engines.ortsession import session_options
 from speakd.engines.vits_graph import (
     VoiceConfig,
     model_card_licence,
     read_voice_file,
-    session_options,
     voice_config,
     voice_graph,
 )

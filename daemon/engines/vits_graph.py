@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import onnx
-import onnxruntime as ort
 
 from speakd.engines.base import EngineError
 from speakd.engines.noise import make_noise_deterministic
@@ -84,21 +83,6 @@ class VoiceConfig:
             return {}
         speakers = self.speaker_id_map or {str(i): i for i in range(self.num_speakers)}
         return dict(sorted(speakers.items(), key=lambda item: item[1]))
-
-
-def session_options(threads: int) -> ort.SessionOptions:
-    """The one place speakd's VITS sessions are tuned: the daemon decides the thread budget.
-
-    The prior, flow and decoder sessions take turns on the same cores; a pool that spins after
-    its run would take them from the next session's threads, so no pool spins (as ChatTTS's
-    Decoder and Vocos, daemon/engines/chattts/ortsession.py).
-    """
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return opts
 
 
 def voice_graph(voice: VitsVoice) -> onnx.ModelProto:

@@ -95,7 +95,7 @@ class OrtStep:
 
         from speakd.engines.bundle import load_bundle
         from speakd.engines.chattts.gpt_runner import GptRunner, ModelSpec
-        from speakd.engines.chattts.ortsession import make_session
+        from speakd.engines.ortsession import make_session
 
         b = load_bundle(bundle, verify=False)
         spec = ModelSpec.from_manifest(b.manifest["model"])

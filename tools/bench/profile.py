@@ -29,7 +29,7 @@ from unittest import mock
 import numpy as np
 import onnxruntime as ort
 
-from speakd.engines.chattts.ortsession import session_options
+from speakd.engines.ortsession import session_options
 
 from .machine import ISA_FLAGS, cpu, read_bandwidth
 

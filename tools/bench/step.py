@@ -124,7 +124,7 @@ class Graph:
     def __init__(self, path: Path, model: dict[str, Any], threads: int, ctx: int) -> None:
         import onnxruntime as ort
 
-        from speakd.engines.chattts.ortsession import make_session
+        from speakd.engines.ortsession import make_session
 
         self.session = make_session(path, threads)
         kv_type = next(i.type for i in self.session.get_inputs() if i.name == "past_key_0")
@@ -216,8 +216,8 @@ def renders(bundles: dict[str, Path], threads: int, rounds: int, window: int = 3
     """Decoder + Vocos ms for one ``window``-step window, and for 8 windows stacked in one run
     vs one run each (what ``Vocoder.batched`` chooses between), per bundle; interleaved rounds.
     ``invariant``: the graphs' own load-time probe (``Vocoder.batch_invariant``)."""
-    from speakd.engines.chattts.ortsession import make_session
     from speakd.engines.chattts.vocoder import Vocoder
+    from speakd.engines.ortsession import make_session
 
     vocoders = {
         n: Vocoder(

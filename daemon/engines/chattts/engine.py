@@ -32,7 +32,6 @@ from speakd.engines.chattts import text as textfe
 from speakd.engines.chattts.batch import BatchDecoder, sentence_sampler
 from speakd.engines.chattts.batch_scheduler import BatchScheduler, Sentence
 from speakd.engines.chattts.gpt_runner import DecodeStats, GptRunner, ModelSpec
-from speakd.engines.chattts.ortsession import make_session
 from speakd.engines.chattts.prebuffer import StartGate
 from speakd.engines.chattts.sampling import CodeSampler, SamplingParams
 from speakd.engines.chattts.tokenizer import PromptBuilder
@@ -44,6 +43,7 @@ from speakd.engines.chattts.vocoder import (
     Vocoder,
 )
 from speakd.engines.options import Option
+from speakd.engines.ortsession import make_session
 
 if TYPE_CHECKING:
     from speakd.machine.npu import NpuPlan
