@@ -364,7 +364,7 @@ class VitsEngine(VitsVoice):
     ) -> Iterator[AudioChunk]:
         """Chunks as the decoder makes them (one per window of a sentence), and a chunk of
         ``sentence_silence`` seconds after each sentence but the last. The first sentence starts
-        without its leading silence (``vits_split.lead_frames``): what a listener waits for.
+        at its first sound (``vits_split.lead_frames`` and ``onset``): what a listener waits for.
         Each chunk carries the words that start in it (``speakd.engines.vits_words``; none when
         the graph runs whole).
 
@@ -439,7 +439,7 @@ class VitsEngine(VitsVoice):
                     if made == 0 and window.id_samples is not None:
                         words = timings(aligner.spans(phonemes), window.id_samples)
                         total = int(window.id_samples.sum())
-                        made = window.skipped  # the first sentence's leading silence
+                        made = window.skipped  # its leading silence, when trimmed
                     made += window.audio.size
                     here = [w for w in words if w.start < made or made >= total]
                     words = words[len(here) :]

@@ -181,7 +181,7 @@ class Latents:
 class Window:
     """A window of a sentence's audio, and the samples of each of the sentence's phoneme ids
     (None when the graph runs whole: it does not say); ``skipped``: the sentence's samples
-    before the first window (its leading silence, ``lead_frames``)."""
+    before the first window (its leading silence when trimmed: ``lead_frames``, ``onset``)."""
 
     audio: np.ndarray
     id_samples: np.ndarray | None
