@@ -209,3 +209,57 @@ def test_kernel_paths_follow_mlas_dispatch_amx_serves_int8_only() -> None:
     zen3 = kernel_paths({"avx2": True})
     assert "AVX2" in zen3["int8"] and "AVX2" in zen3["int4"] and zen3["fp32"].startswith("AVX2")
     assert "udot" in kernel_paths({"asimddp": True})["int4"]
+
+
+def test_floor_counts_the_multiply_adds_of_conv_conv_transpose_and_matmul() -> None:
+    """2 × multiply-adds: Conv (6 out × 10 steps × 4 in × 3 taps), ConvTranspose (6 in × 10 steps
+    × 2 out × 4 taps), MatMul (1 × 2 × 10 rows × 6 × 5) with its batch known only from ``a``."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from speakd_tools.bench.floor import flops
+
+    def w(name: str, *shape: int) -> object:
+        return numpy_helper.from_array(np.ones(shape, np.float32), name)
+
+    nodes = [
+        helper.make_node("Conv", ["x", "wc"], ["c"], kernel_shape=[3], pads=[1, 1]),
+        helper.make_node("ConvTranspose", ["c", "wt"], ["t"], kernel_shape=[4], strides=[2],
+                         pads=[1, 1]),
+        helper.make_node("Transpose", ["c"], ["ct"], perm=[0, 2, 1]),
+        helper.make_node("Reshape", ["ct", "shape"], ["r"]),
+        helper.make_node("MatMul", ["r", "wm"], ["m"]),
+    ]  # fmt: skip
+    shape = numpy_helper.from_array(np.array([1, 2, -1, 6], np.int64), "shape")
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4, "t"])],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in ("t", "m")],
+        [w("wc", 6, 4, 3), w("wt", 6, 2, 4), w("wm", 6, 5), shape],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    total, unknown = flops(model, {"x": [1, 4, 20]})
+    assert unknown == 0
+    assert total == 2 * (6 * 20 * 4 * 3 + 6 * 20 * 2 * 4 + 1 * 2 * 10 * 6 * 5)
+
+
+def test_floor_times_every_part_of_a_new_text_s_first_chunk_on_the_embedded_voice() -> None:
+    import argparse
+
+    from speakd_tools.bench.floor import PARTS, measure, table
+
+    args = argparse.Namespace(
+        seed=3, texts=1, runs=1, pitch=1.2, threads=2, bundle=None, no_bandwidth=True
+    )
+    r = measure(args)
+    for kind in r["kinds"].values():
+        parts = kind["parts"]
+        assert list(parts) == list(PARTS)
+        assert all(p["ms"] > 0 for p in parts.values())
+        assert parts["phonemes"]["gflop"] == 0
+        # the encoder's FFN alone: 6 layers × 2 kernel-3 Convs of 192 × 768 channels per id
+        assert parts["text encoder"]["gflop"] > 6 * 2 * 2 * 192 * 768 * 3 * kind["ids"] / 1e9
+        assert parts["flow"]["gflop"] > 0 and parts["decoder"]["gflop"] > 0
+    assert min(r["gemm_gflops"].values()) > 0
+    assert "engine to first chunk" in table(r)

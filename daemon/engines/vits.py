@@ -89,8 +89,10 @@ CLAUSE_PAUSE_S = 0.22
 # the same request gives other samples, so no clip or pack made the old way is a hit beside the
 # new ones. 2: the first sentence starts without its leading silence; pitch by resampling.
 # 3: and without the near-silence before its first sound (``vits_split.onset``); long sentences
-# cut after their clause breaks (``vits_text.split_clauses``).
-RENDER = 3
+# cut after their clause breaks (``vits_text.split_clauses``). 4: LayerNorms run as one node each
+# (``speakd.engines.layernorm``: the same audio to a sample's last bit or so, but a duration can
+# round the other way).
+RENDER = 4
 
 
 @dataclass(frozen=True)

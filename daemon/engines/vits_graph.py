@@ -1,6 +1,7 @@
 """A Piper voice's files and graph: its JSON config, the model card's licence, the graph read
-with its noise seeded (``speakd.engines.noise``) and its inputs checked, and the options of the
-onnxruntime sessions that run it.
+with its noise seeded (``speakd.engines.noise``), its LayerNorms fused
+(``speakd.engines.layernorm``) and its inputs checked, and the options of the onnxruntime sessions
+that run it.
 
 ``speakd.engines.vits`` streams audio out of what this module loads; a change to how a voice is
 read or its graph prepared lands here, one to how its audio is made there.
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import onnx
 
 from speakd.engines.base import EngineError
+from speakd.engines.layernorm import fuse_layer_norms
 from speakd.engines.noise import make_noise_deterministic
 
 if TYPE_CHECKING:
@@ -86,7 +88,8 @@ class VoiceConfig:
 
 
 def voice_graph(voice: VitsVoice) -> onnx.ModelProto:
-    """The voice's graph with its noise seeded, its inputs checked."""
+    """The voice's graph with its noise seeded, its LayerNorms one node each
+    (``speakd.engines.layernorm``), its inputs checked."""
     try:
         model = onnx.load_from_string(read_voice_file(voice.model_path))
     except Exception as e:  # protobuf's DecodeError and friends
@@ -96,7 +99,10 @@ def voice_graph(voice: VitsVoice) -> onnx.ModelProto:
     except ValueError as e:
         raise EngineError(f"{voice.model_path}: {e}") from e
     _check_io({i.name for i in model.graph.input}, voice.config, voice.model_path)
-    log.debug("vits voice %s: %d noise nodes seeded", voice.name, replaced)
+    norms = fuse_layer_norms(model)
+    log.debug(
+        "vits voice %s: %d noise nodes seeded, %d LayerNorms fused", voice.name, replaced, norms
+    )
     return model
 
 

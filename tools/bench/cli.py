@@ -23,6 +23,7 @@ BENCHMARKS = {
     "fleet": "a signed pack to N simulated boards on one mosquitto: time to 50/99/100 %, broker",
     "mqtt": "MQTT say → first sample at the sink (needs a running broker)",
     "vits": "VITS engine: load, RTF, first audio streamed by window vs one-shot, their SNR",
+    "floor": "a new text's first audio in a Piper voice by part: ms, GFLOP, the fp32 floor",
     "profile": "where the ChatTTS step's time goes: node types, ORT profile, threads, machine",
     "wyoming": "Wyoming first-chunk latency, cached and new sentences, next to wyoming-piper",
     "http": "HTTP API: a cached /v1/audio/speech, p50/p99 alone and requests/s under load",
