@@ -46,6 +46,7 @@ from speakd.request.messages import SpeakRequest
 from speakd.request.resolver import Resolver
 from speakd.request.scheduler import Scheduler
 from speakd.request.voices import VoiceLibrary, build_library
+from speakd.request.workers import SynthesisWorker
 
 log = logging.getLogger(__name__)
 
@@ -518,18 +519,25 @@ def exit_now(code: int) -> NoReturn:
     state (sockets, SQLite, MQTT, the sink). What teardown would still do is free onnxruntime
     sessions and modules — about 1 s of a stop on a loaded 2-core board — and, under a cancelled
     synthesis that is still running, abort the process (SIGABRT, a failure to systemd).
-    Cancelled synthesis threads get EXIT_GRACE_S first, so a cache write in flight completes."""
+    Cancelled synthesis threads get EXIT_GRACE_S first, so a cache write in flight completes (a
+    synthesis worker is waited for while it runs one, ``speakd.request.workers``)."""
     deadline = time.monotonic() + EXIT_GRACE_S
     for thread in threading.enumerate():
         if thread.daemon and thread is not threading.current_thread():
-            thread.join(max(0.0, deadline - time.monotonic()))
-    busy = [t.name for t in threading.enumerate() if t.daemon and t.is_alive()]
+            wait = thread.wait_idle if isinstance(thread, SynthesisWorker) else thread.join
+            wait(max(0.0, deadline - time.monotonic()))
+    busy = [t.name for t in threading.enumerate() if t.daemon and _busy(t)]
     if busy:
         log.warning("exiting without waiting for busy threads: %s", ", ".join(busy))
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _busy(thread: threading.Thread) -> bool:
+    """Alive, and for a synthesis worker (alive while idle too) running a synthesis."""
+    return thread.busy if isinstance(thread, SynthesisWorker) else thread.is_alive()
 
 
 def serve(config_path: Path | None) -> NoReturn:

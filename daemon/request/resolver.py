@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import logging
 import sqlite3
 import threading
@@ -47,6 +48,7 @@ from speakd.request.prepare import Prepared
 from speakd.request.sounds import Sounds
 from speakd.request.stream import AudioStream
 from speakd.request.voices import VoiceLibrary
+from speakd.request.workers import WORKERS
 
 log = logging.getLogger(__name__)
 
@@ -352,16 +354,11 @@ class Resolver:
             detached=detached,
             on_hang=self._hung,
         )
-        thread = threading.Thread(  # in the caller's context: logs name its request
-            target=contextvars.copy_context().run,
-            args=(self._synthesize, stream, prepared),
-            name=f"speakd-synth-{prepared.key[:8]}",
-            daemon=True,
-        )
         self._inflight[prepared.key] = stream
         stream.cancel.add_hook(self._cancelled)
         self.counters["synth"] += 1
-        thread.start()
+        context = contextvars.copy_context()  # the caller's: logs name its request
+        WORKERS.start(functools.partial(context.run, self._synthesize, stream, prepared))
         return stream
 
     def _hung(self, stream: AudioStream) -> None:
