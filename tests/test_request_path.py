@@ -214,3 +214,26 @@ def test_either_spelling_of_a_language_gives_the_same_key() -> None:
     langs = ("en", "en-US", "en_US")
     keys = {prepare(engine, "x", SynthesisConfig(lang=lang)).key for lang in langs}
     assert len(keys) == 1
+
+
+def test_a_synthesized_clip_is_in_the_cache_when_its_stream_ends(tmp_path: Path) -> None:
+    """A repeat sent the moment the first one's audio ends is a hit, not a second synthesis:
+    the clip is stored before readers hear the end (here the store takes 0.3 s)."""
+    from speakd.cache.store import CacheStore
+
+    class SlowStore(CacheStore):
+        def put(self, clip):  # type: ignore[no-untyped-def]
+            time.sleep(0.3)
+            return super().put(clip)
+
+    engine = ToneEngine(compute_s=0.0)
+    with SlowStore(tmp_path / "cache.db") as store:
+        resolver = Resolver(engine, store)
+        stream = resolver.open(SpeakRequest("one two three"))
+        assert b"".join(c.pcm for c in stream.read(Cancel()))
+        stream.release()
+        assert store.get(stream.key) is not None
+        again = resolver.open(SpeakRequest("one two three"))
+        assert b"".join(c.pcm for c in again.read(Cancel()))
+        again.release()
+        assert engine.calls == ["one two three"]  # synthesized once

@@ -391,10 +391,14 @@ class Resolver:
                 self._finishing.add(stream)
         if admitted and not stream.done:  # judged before readers hear the end; a hang already was
             self.guard.judge(error, cancelled, time.monotonic() - t0, stream.duration)
-        ended_here = stream.finish(error)
-        if ended_here and error is None and not cancelled and stream.chunks:
+        # Stored before readers hear the end: a request right after this one's end finds the clip
+        # (stored after it, a repeat could come first and synthesize again). A stream the hang
+        # guard ended has no say here.
+        if error is None and not cancelled and not stream.done and stream.chunks:
             self._store(stream, prepared)
+            stream.finish()
         else:
+            stream.finish(error)
             self._count("not_stored")
             log.debug(
                 "clip %s not stored (%s)", prepared.key[:12], "failed" if error else "cancelled"
