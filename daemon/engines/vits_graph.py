@@ -1,7 +1,7 @@
-"""A Piper voice's files and graph: its JSON config, the model card's licence, the graph read
+"""A Piper voice's files and graph: its JSON config, the model card's licence, and the graph read
 with its noise seeded (``speakd.engines.noise``), its LayerNorms fused
-(``speakd.engines.layernorm``) and its inputs checked, and the options of the onnxruntime sessions
-that run it.
+(``speakd.engines.layernorm``) and its inputs checked. The sessions that run it are configured in
+``speakd.engines.ortsession``, as every engine's are.
 
 ``speakd.engines.vits`` streams audio out of what this module loads; a change to how a voice is
 read or its graph prepared lands here, one to how its audio is made there.

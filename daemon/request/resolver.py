@@ -391,9 +391,9 @@ class Resolver:
                 self._finishing.add(stream)
         if admitted and not stream.done:  # judged before readers hear the end; a hang already was
             self.guard.judge(error, cancelled, time.monotonic() - t0, stream.duration)
-        # Stored before readers hear the end: a request right after this one's end finds the clip
-        # (stored after it, a repeat could come first and synthesize again). A stream the hang
-        # guard ended has no say here.
+        # Stored before readers hear the end, so a repeat sent the moment the audio ends finds
+        # the clip instead of synthesizing again. A stream the hang guard already ended (judged
+        # failed) is not stored.
         if error is None and not cancelled and not stream.done and stream.chunks:
             self._store(stream, prepared)
             stream.finish()

@@ -149,16 +149,16 @@ class _Timed:
         return out
 
 
-def encoder_graph(prior: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
+def encoder_graph(prior: onnx.ModelProto) -> onnx.ModelProto:
     """The prior's text encoder: its graph from the voice's inputs to the tensor the duration
-    predictor (torch's ``/dp/`` scope) reads first, and that tensor's name."""
+    predictor (torch's ``/dp/`` scope) reads first."""
     from onnx.utils import Extractor
 
     first = next((n for n in prior.graph.node if n.name.startswith("/dp/")), None)
     if first is None:
         raise ValueError("no /dp/ nodes: not Piper's VITS export")
     inputs = [i.name for i in prior.graph.input if i.name in ("input", "input_lengths")]
-    return Extractor(prior).extract_model(inputs, [first.input[0]]), first.input[0]
+    return Extractor(prior).extract_model(inputs, [first.input[0]])
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -174,7 +174,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
     voice = VitsVoice.from_bundle(args.bundle) if args.bundle else VitsVoice.embedded()
     parts = split_voice(voice_graph(voice))
-    encoder, _ = encoder_graph(parts.prior)
+    encoder = encoder_graph(parts.prior)
     opts = session_options(args.threads)
     graphs = SplitVoice(parts, opts)
     engine = VitsEngine(graphs, voice)
