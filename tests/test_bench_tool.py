@@ -256,7 +256,9 @@ def test_floor_times_every_part_of_a_new_text_s_first_chunk_on_the_embedded_voic
     for kind in r["kinds"].values():
         parts = kind["parts"]
         assert list(parts) == list(PARTS)
-        assert all(p["ms"] > 0 for p in parts.values())
+        measured = [p for name, p in parts.items() if name != "duration predictor, alignment"]
+        assert all(p["ms"] > 0 for p in measured)  # the predictor's is the prior less the encoder
+        assert parts["duration predictor, alignment"]["ms"] >= 0
         assert parts["phonemes"]["gflop"] == 0
         # the encoder's FFN alone: 6 layers × 2 kernel-3 Convs of 192 × 768 channels per id
         assert parts["text encoder"]["gflop"] > 6 * 2 * 2 * 192 * 768 * 3 * kind["ids"] / 1e9
