@@ -265,3 +265,16 @@ def test_floor_times_every_part_of_a_new_text_s_first_chunk_on_the_embedded_voic
         assert parts["flow"]["gflop"] > 0 and parts["decoder"]["gflop"] > 0
     assert min(r["gemm_gflops"].values()) > 0
     assert "engine to first chunk" in table(r)
+
+
+def test_attention_profile_runs_every_kv_type_and_counts_the_cache_it_reads() -> None:
+    from speakd_tools.bench.attention import KV_TYPES, Shape, table
+
+    shape = Shape(layers=2, heads=2, head_dim=16, max_context=32)  # GQA: head size a multiple of 16
+    cells = table(shape, rows=[1, 3], ctx=5, threads=1)
+    assert [(c["rows"], c["kv"]) for c in cells] == [(r, kv) for r in (1, 3) for kv in KV_TYPES]
+    for c in cells:
+        size = KV_TYPES[c["kv"]][2]
+        # rows · layers · (K, V) · heads · context · head size · bytes
+        assert c["kv_mb"] * 1e6 == pytest.approx(c["rows"] * 2 * 2 * 2 * 5 * 16 * size)
+        assert c["ms"] > 0 and c["gb_s"] == pytest.approx(c["kv_mb"] / c["ms"])  # MB per ms

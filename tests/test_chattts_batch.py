@@ -615,3 +615,16 @@ def test_the_one_row_path_holds_its_first_audio_too(tiny_bundle: Path, paced: bo
     assert 0.85 < clock.t / ((2 * 300 - 1) * 256 / 24000) <= 0.95
     stall = playback(arrivals)["stall_s"]
     assert stall == 0.0 if paced else stall > 0.1, stall
+
+
+def test_bench_batch_bounds_throughput_by_the_step_alone(batched: ChatTTSEngine) -> None:
+    """``bench batch``'s "step only" column: the rows' audio per second if the GPT step were
+    the only cost. The measured throughput pays renders and sampling too, so it is below."""
+    from speakd_tools.bench.batch import throughput
+
+    cell, pcm = throughput(batched, rows=2, steps=12)
+    assert pcm and cell["audio_s"] == pytest.approx(2 * (2 * 12 - 1) * 256 / 24000)
+    assert cell["step_only_audio_s_per_s"] == pytest.approx(
+        2 * 512 / 24000 / (cell["ms_per_step"] / 1e3)
+    )
+    assert cell["audio_s_per_s"] < cell["step_only_audio_s_per_s"]

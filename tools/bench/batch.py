@@ -9,8 +9,9 @@ max_new_token``; random weights would stop anywhere), the audio is streamed with
 schedule exactly as ``synthesize`` does (vocoder included), timings are wall clock:
 
 * throughput: n one-sentence requests of ``--steps`` steps at once → audio seconds / wall second
-  and RTF (wall / audio), for each n in ``--rows``; ``identical``: the first request (the same
-  text and seed at every n) gave the same PCM bytes as at the first n;
+  and RTF (wall / audio), for each n in ``--rows``; ``step only``: the audio seconds per second
+  if the batched GPT step were the only cost (the bound its kernels set); ``identical``: the
+  first request (the same text and seed at every n) gave the same PCM bytes as at the first n;
 * long text: ``--sentences`` sentences (lengths 0.6–1.4 × ``--steps``) as one request, batched
   with pacing (the daemon's default: the sentence being played steps alone when its listener
   would catch up), batched without pacing (every row steps every time), and one sentence after
@@ -115,6 +116,9 @@ def throughput(engine: Any, rows: int, steps: int) -> tuple[dict[str, float], by
     parts = {k: c[f"{k}_ms"] / steps for k in ("step", "sample", "render", "prompt")}
     return {
         "ms_per_step": parts["step"],
+        # what the rows would give if the GPT step were the only cost (renders, sampling and
+        # prompts free): the bound the step's kernels set on this machine
+        "step_only_audio_s_per_s": rows * SAMPLES_PER_STEP / RATE / (parts["step"] / 1e3),
         # the wall time of one iteration (one batched step), by part; "other": the Python
         # around them (pacing, slots, queues, threads) and the callers' threads
         "iteration_ms": {"wall": wall * 1e3 / steps, **parts}
@@ -236,14 +240,15 @@ def run(args: argparse.Namespace) -> int:
     base = result["throughput"][0]
     print(
         f"{'rows':>4} {'wall s':>8} {'audio s':>8} {'audio s/s':>9} {'RTF':>6} {'× rows=1':>8}"
-        f" {'ms/step':>8} {'ms/prompt':>9} {'renders/run':>11} {'identical':>9}"
+        f" {'ms/step':>8} {'step only':>9} {'ms/prompt':>9} {'renders/run':>11} {'identical':>9}"
     )
     for r in result["throughput"]:
         gain = r["audio_s_per_s"] / base["audio_s_per_s"]
         print(
             f"{r['rows']:>4} {r['wall_s']:>8.2f} {r['audio_s']:>8.2f} "
             f"{r['audio_s_per_s']:>9.3f} {r['rtf']:>6.3f} {gain:>8.2f}"
-            f" {r['ms_per_step']:>8.1f} {r['ms_per_prompt_pass']:>9.1f}"
+            f" {r['ms_per_step']:>8.1f} {r['step_only_audio_s_per_s']:>9.3f}"
+            f" {r['ms_per_prompt_pass']:>9.1f}"
             f" {r['renders'] / max(r['render_runs'], 1):>11.2f} {r['identical']!s:>9}"
         )
     print("ms per iteration (one batched step):")

@@ -8,6 +8,8 @@ speakd-tools bench profile machine BUNDLE           # ISA, DRAM read GB/s, MatMu
                                                     # and this box's step floor
 speakd-tools bench profile batch BUNDLE [--rows 1,8] [--steps 300]  # bench batch's iterations by
                                                     # part, the GPT step by op type and by scope
+speakd-tools bench profile attention BUNDLE [--rows 1,8] [--ctx 300]  # the GPT's attention alone,
+                                                    # by KV cache type (attention.py)
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import onnxruntime as ort
 
 from speakd.engines.ortsession import session_options
 
-from .machine import ISA_FLAGS, cpu, read_bandwidth
+from .machine import ISA_FLAGS, cpu, describe, line, read_bandwidth
 
 TEXT = "Please remember to close the kitchen window before you leave."
 
@@ -294,13 +296,29 @@ def machine(bundle: Path) -> None:
               f"{total / (bw[2] * 1e9) * 1e3:.2f} ms at {bw[2]:.1f} GB/s")  # fmt: skip
 
 
+def attention(bundle: Path, rows: list[int], ctx: int) -> None:
+    """The GPT's attention alone at each KV type onnxruntime's CPU kernel takes (attention.py)."""
+    from speakd.engines.bundle import load_bundle
+
+    from .attention import Shape, table
+
+    model = load_bundle(bundle, verify=False).manifest["model"]
+    shape = Shape(model["num_layers"], model["num_heads"], model["head_dim"], model["max_context"])
+    print(f"{bundle}: {shape}, context {ctx}, 2 threads; {line(describe(threads=2))}")
+    for cell in table(shape, rows, ctx):
+        print(f"  {cell['rows']} row(s), KV {cell['kv']:16s} {cell['ms']:7.2f} ms"
+              f"  cache {cell['kv_mb']:6.1f} MB  {cell['gb_s']:5.1f} GB/s")  # fmt: skip
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("what", choices=["nodes", "ort", "loop", "threads", "machine", "batch"])
+    p.add_argument(
+        "what", choices=["nodes", "ort", "loop", "threads", "machine", "batch", "attention"]
+    )
     p.add_argument("bundles", nargs="+", type=Path)
     p.add_argument("--ctx", type=int, default=500)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--rounds", type=int, default=4)
-    p.add_argument("--rows", default="1,8", help="batch: rows to profile (default 1,8)")
+    p.add_argument("--rows", default="1,8", help="batch, attention: rows (default 1,8)")
 
 
 def run(a: argparse.Namespace) -> int:
@@ -314,6 +332,8 @@ def run(a: argparse.Namespace) -> int:
         machine(a.bundles[0])
     elif a.what == "batch":
         batch_profile(a.bundles[0], [int(r) for r in a.rows.split(",")], a.steps)
+    elif a.what == "attention":
+        attention(a.bundles[0], [int(r) for r in a.rows.split(",")], a.ctx)
     else:
         threads(a.bundles[0], a.rounds)
     return 0
