@@ -278,3 +278,23 @@ def test_attention_profile_runs_every_kv_type_and_counts_the_cache_it_reads() ->
         # rows · layers · (K, V) · heads · context · head size · bytes
         assert c["kv_mb"] * 1e6 == pytest.approx(c["rows"] * 2 * 2 * 2 * 5 * 16 * size)
         assert c["ms"] > 0 and c["gb_s"] == pytest.approx(c["kv_mb"] / c["ms"])  # MB per ms
+
+
+def test_gemm_profile_times_both_invariant_kernels_and_the_int8_one_multiplies() -> None:
+    import numpy as np
+    import onnxruntime as ort
+
+    from speakd_tools.bench.profile import _matmul_int8_model, gemm
+    from speakd_tools.calibrate.rowquant import weight_int8
+
+    cells = gemm([1, 4], k=64, n=128)
+    assert [(c["rows"], c["kernel"].split()[0]) for c in cells] == [
+        (1, "int4"), (1, "int8"), (4, "int4"), (4, "int8")
+    ]  # fmt: skip
+    assert all(c["gops"] == pytest.approx(2 * c["rows"] * 64 * 128 / c["us"] / 1e3) for c in cells)
+    # the int8 graph is the product the per-row graphs compute: (x − 128) · Wq, exact in int32
+    sess = ort.InferenceSession(_matmul_int8_model(64, 128), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(2).integers(0, 256, (3, 64)).astype(np.uint8)
+    wq, _ = weight_int8(np.random.default_rng(0).normal(0, 0.02, (64, 128)).astype(np.float32))
+    (y,) = sess.run(None, {"x": x})
+    assert np.array_equal(y, (x.astype(np.int32) - 128) @ wq.astype(np.int32))

@@ -10,6 +10,8 @@ speakd-tools bench profile batch BUNDLE [--rows 1,8] [--steps 300]  # bench batc
                                                     # part, the GPT step by op type and by scope
 speakd-tools bench profile attention BUNDLE [--rows 1,8] [--ctx 300]  # the GPT's attention alone,
                                                     # by KV cache type (attention.py)
+speakd-tools bench profile gemm [--rows 1,2,4,8,16,64]  # the weight GEMM kernels' GOPS by rows,
+                                                    # weights in cache
 """
 
 from __future__ import annotations
@@ -223,7 +225,7 @@ def threads(bundle: Path, rounds: int) -> None:
 
 
 def _matmul_nbits_model(k: int, n: int, count: int) -> bytes:
-    """``count`` independent [1,k]x[k,n] MatMuls, quantized like the shipped GPT (4-bit b256
+    """``count`` independent [m,k]x[k,n] MatMuls, quantized like the shipped GPT (4-bit b256
     symmetric, accuracy level 4)."""
     from onnx import TensorProto, helper, numpy_helper
     from onnxruntime.quantization.matmul_nbits_quantizer import (
@@ -239,8 +241,8 @@ def _matmul_nbits_model(k: int, n: int, count: int) -> bytes:
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["x", f"w{i}"], [f"y{i}"]) for i in range(count)],
         "matmuls",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, k])],
-        [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, [1, n]) for i in range(count)],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["m", k])],
+        [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, ["m", n]) for i in range(count)],
         weights,
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
@@ -255,23 +257,69 @@ def _matmul_nbits_model(k: int, n: int, count: int) -> bytes:
     return q.model.model.SerializeToString()
 
 
-def matmul_nbits_us(count: int, threads: int, k: int = 768, n: int = 6144) -> float:
-    """Median µs per 4-bit MatMulNBits at M = 1 (the GPT's gate/up shape): ``count`` = 1 keeps
-    its weights in cache, ``count`` = 40 streams them from DRAM as a decode step does."""
+def _matmul_int8_model(k: int, n: int) -> bytes:
+    """One [m,k]x[k,n] ``MatMulInteger`` with uint8 activations (zero point 128) and int8 weights,
+    as the per-row int8 graphs run it (``speakd_tools.calibrate.rowquant``)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from ..calibrate.rowquant import weight_int8
+
+    wq, _ = weight_int8(np.random.default_rng(0).normal(0, 0.02, (k, n)).astype(np.float32))
+    graph = helper.make_graph(
+        [helper.make_node("MatMulInteger", ["x", "w", "zp"], ["y"])],
+        "matmul_int8",
+        [helper.make_tensor_value_info("x", TensorProto.UINT8, ["m", k])],
+        [helper.make_tensor_value_info("y", TensorProto.INT32, ["m", n])],
+        [numpy_helper.from_array(wq, "w"), numpy_helper.from_array(np.array(128, np.uint8), "zp")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    return model.SerializeToString()
+
+
+def _median_us(sess: ort.InferenceSession, x: np.ndarray, runs: int) -> float:
+    feed = {sess.get_inputs()[0].name: x}
+    for _ in range(5):
+        sess.run(None, feed)
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        sess.run(None, feed)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e6
+
+
+def matmul_nbits_us(count: int, threads: int, k: int = 768, n: int = 6144, m: int = 1) -> float:
+    """Median µs per 4-bit MatMulNBits at M = ``m`` (the GPT's gate/up shape): ``count`` = 1
+    keeps its weights in cache, ``count`` = 40 streams them from DRAM as a decode step does."""
     sess = ort.InferenceSession(
         _matmul_nbits_model(k, n, count),
         session_options(threads),
         providers=["CPUExecutionProvider"],
     )
-    x = {"x": np.random.default_rng(1).normal(size=(1, k)).astype(np.float32)}
-    for _ in range(5):
-        sess.run(None, x)
-    times = []
-    for _ in range(40 if count == 1 else 15):
-        t0 = time.perf_counter()
-        sess.run(None, x)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) / count * 1e6
+    x = np.random.default_rng(1).normal(size=(m, k)).astype(np.float32)
+    return _median_us(sess, x, 40 if count == 1 else 15) / count
+
+
+def gemm(rows: list[int], k: int = 768, n: int = 6144) -> list[dict[str, Any]]:
+    """The two invariant weight GEMMs the GPT can run on, weights in cache (their arithmetic
+    rate, not DRAM's): 4-bit ``MatMulNBits`` (CompInt8, the shipped int4) and the int8
+    ``MatMulInteger`` of the per-row graphs, at each row count, in GOPS."""
+    int8 = ort.InferenceSession(
+        _matmul_int8_model(k, n), session_options(2), providers=["CPUExecutionProvider"]
+    )
+    rng = np.random.default_rng(1)
+    out = []
+    for m in rows:
+        us = {
+            "int4 MatMulNBits b256 acc4": matmul_nbits_us(1, 2, k, n, m),
+            "int8 MatMulInteger U8S8": _median_us(
+                int8, rng.integers(0, 256, (m, k)).astype(np.uint8), 40
+            ),
+        }
+        out += [{"kernel": name, "rows": m, "us": t, "gops": 2 * m * k * n / t / 1e3}
+                for name, t in us.items()]  # fmt: skip
+    return out
 
 
 def machine(bundle: Path) -> None:
@@ -312,16 +360,19 @@ def attention(bundle: Path, rows: list[int], ctx: int) -> None:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "what", choices=["nodes", "ort", "loop", "threads", "machine", "batch", "attention"]
+        "what",
+        choices=["nodes", "ort", "loop", "threads", "machine", "batch", "attention", "gemm"],
     )
-    p.add_argument("bundles", nargs="+", type=Path)
+    p.add_argument("bundles", nargs="*", type=Path, help="every part but gemm: one or more")
     p.add_argument("--ctx", type=int, default=500)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--rounds", type=int, default=4)
-    p.add_argument("--rows", default="1,8", help="batch, attention: rows (default 1,8)")
+    p.add_argument("--rows", default="1,8", help="batch, attention, gemm: rows (default 1,8)")
 
 
 def run(a: argparse.Namespace) -> int:
+    if a.what != "gemm" and not a.bundles:
+        raise SystemExit(f"bench profile {a.what}: give a bundle")
     if a.what == "nodes":
         nodes(a.bundles)
     elif a.what == "ort":
@@ -332,6 +383,10 @@ def run(a: argparse.Namespace) -> int:
         machine(a.bundles[0])
     elif a.what == "batch":
         batch_profile(a.bundles[0], [int(r) for r in a.rows.split(",")], a.steps)
+    elif a.what == "gemm":
+        print(f"K 768, N 6144 (gate/up), 2 threads; {line(describe(threads=2))}")
+        for c in gemm([int(r) for r in a.rows.split(",")]):
+            print(f"  {c['kernel']:28s} M={c['rows']:<4d} {c['us']:8.1f} µs {c['gops']:7.1f} GOPS")
     elif a.what == "attention":
         attention(a.bundles[0], [int(r) for r in a.rows.split(",")], a.ctx)
     else:
