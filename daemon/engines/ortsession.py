@@ -4,10 +4,11 @@ ChatTTS's GPT, Decoder and Vocos, and a Piper voice's prior, flow and decoder, e
 session after another on the same cores. Each pool spins while its run lasts (a sleeping pool pays
 a wake-up at each of its hundreds of nodes) and stops spinning when the run ends
 (``session.force_spinning_stop``), so it never takes cycles from the next session's threads or
-the Python between runs (sampling, overlap-add, the next window). Measured in docs/benchmarks.md:
-against the GPT spinning on and the Decoder/Vocos not at all, 1.18× the audio per second at one
-row and 1.02–1.10× at eight ("Batched decoding"); against no VITS pool spinning, a new line's
-first chunk 11 % sooner for the same CPU time (docs/vits-engine.md, "Threads and memory"). A
+the Python between runs (sampling, overlap-add, the next window). Measured in
+docs/benchmarks-archive.md ("Batched decoding, 2026-12-04 and 05"): against the GPT spinning on
+and the Decoder/Vocos not at all, 1.18× the audio per second at one row and 1.02–1.10× at eight;
+against no VITS pool spinning, a new line's first chunk 11 % sooner for the same CPU time
+(docs/vits-engine.md, "Threads and memory"). A
 process-wide ORT pool would share one pool, but ORT then refuses every session with its own pool
 in the process (tools, a second engine).
 """
