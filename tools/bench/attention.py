@@ -11,8 +11,6 @@ Random K/V: attention's cost does not depend on the values.
 
 from __future__ import annotations
 
-import statistics
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,6 +18,8 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from speakd.engines.ortsession import session_options
+
+from .stats import median_s
 
 KV_TYPES = {  # name → (ONNX type, numpy type, bytes, int8 quantization)
     "int8 per tensor": (TensorProto.INT8, np.int8, 1, "PER_TENSOR"),
@@ -109,14 +109,7 @@ def measure(shape: Shape, kv: str, rows: int, ctx: int, threads: int = 2, runs: 
             io.bind_ortvalue_output(f"present_{kv_}{i}", cache)
             caches.append(cache)
         io.bind_output(f"out{i}")
-    for _ in range(3):
-        sess.run_with_iobinding(io)
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        sess.run_with_iobinding(io)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
+    return median_s(lambda: sess.run_with_iobinding(io), runs, warmup=3) * 1e3
 
 
 def table(shape: Shape, rows: list[int], ctx: int, threads: int = 2) -> list[dict]:

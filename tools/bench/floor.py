@@ -22,6 +22,7 @@ of the same arithmetic reaches below it.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import time
@@ -34,6 +35,7 @@ import onnx
 import onnxruntime as ort
 
 from .machine import describe, line
+from .stats import median_s
 
 IDLE_S = 0.3  # quiet before each text, as between a screen reader's keys
 KINDS = ("line", "menu item", "say-all's first clause")
@@ -122,13 +124,7 @@ def gemm_peak(threads: int, ids: int) -> dict[str, float]:
             _matmul(m, k, n), session_options(threads), ["CPUExecutionProvider"]
         )
         x = np.random.default_rng(1).normal(0, 1, (m, k)).astype("f4")
-        times = []
-        for i in range(35):
-            t0 = time.perf_counter()
-            s.run(None, {"x": x})
-            if i >= 5:
-                times.append(time.perf_counter() - t0)
-        out[label] = 2 * m * k * n / statistics.median(times) / 1e9
+        out[label] = 2 * m * k * n / median_s(functools.partial(s.run, None, {"x": x}), 30) / 1e9
     return out
 
 

@@ -36,6 +36,7 @@ import onnxruntime as ort
 from speakd.engines.ortsession import session_options
 
 from .machine import ISA_FLAGS, cpu, describe, line, read_bandwidth
+from .stats import median_s
 
 TEXT = "Please remember to close the kitchen window before you leave."
 
@@ -277,16 +278,10 @@ def _matmul_int8_model(k: int, n: int) -> bytes:
     return model.SerializeToString()
 
 
-def _median_us(sess: ort.InferenceSession, x: np.ndarray, runs: int) -> float:
+def _run_us(sess: ort.InferenceSession, x: np.ndarray, runs: int) -> float:
+    """Median µs of ``sess`` run on ``x`` (its one input)."""
     feed = {sess.get_inputs()[0].name: x}
-    for _ in range(5):
-        sess.run(None, feed)
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        sess.run(None, feed)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e6
+    return median_s(lambda: sess.run(None, feed), runs) * 1e6
 
 
 def matmul_nbits_us(count: int, threads: int, k: int = 768, n: int = 6144, m: int = 1) -> float:
@@ -298,7 +293,7 @@ def matmul_nbits_us(count: int, threads: int, k: int = 768, n: int = 6144, m: in
         providers=["CPUExecutionProvider"],
     )
     x = np.random.default_rng(1).normal(size=(m, k)).astype(np.float32)
-    return _median_us(sess, x, 40 if count == 1 else 15) / count
+    return _run_us(sess, x, 40 if count == 1 else 15) / count
 
 
 def gemm(rows: list[int], k: int = 768, n: int = 6144) -> list[dict[str, Any]]:
@@ -313,7 +308,7 @@ def gemm(rows: list[int], k: int = 768, n: int = 6144) -> list[dict[str, Any]]:
     for m in rows:
         us = {
             "int4 MatMulNBits b256 acc4": matmul_nbits_us(1, 2, k, n, m),
-            "int8 MatMulInteger U8S8": _median_us(
+            "int8 MatMulInteger U8S8": _run_us(
                 int8, rng.integers(0, 256, (m, k)).astype(np.uint8), 40
             ),
         }
@@ -373,6 +368,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(a: argparse.Namespace) -> int:
     if a.what != "gemm" and not a.bundles:
         raise SystemExit(f"bench profile {a.what}: give a bundle")
+    rows = [int(r) for r in a.rows.split(",")]
     if a.what == "nodes":
         nodes(a.bundles)
     elif a.what == "ort":
@@ -382,13 +378,13 @@ def run(a: argparse.Namespace) -> int:
     elif a.what == "machine":
         machine(a.bundles[0])
     elif a.what == "batch":
-        batch_profile(a.bundles[0], [int(r) for r in a.rows.split(",")], a.steps)
+        batch_profile(a.bundles[0], rows, a.steps)
     elif a.what == "gemm":
         print(f"K 768, N 6144 (gate/up), 2 threads; {line(describe(threads=2))}")
-        for c in gemm([int(r) for r in a.rows.split(",")]):
+        for c in gemm(rows):
             print(f"  {c['kernel']:28s} M={c['rows']:<4d} {c['us']:8.1f} µs {c['gops']:7.1f} GOPS")
     elif a.what == "attention":
-        attention(a.bundles[0], [int(r) for r in a.rows.split(",")], a.ctx)
+        attention(a.bundles[0], rows, a.ctx)
     else:
         threads(a.bundles[0], a.rounds)
     return 0

@@ -1,4 +1,5 @@
-"""What every benchmark shares: percentiles, the load average, and peak memory measured right.
+"""What every benchmark shares: percentiles, a call's median time, the load average, and peak
+memory measured right.
 
 Peak memory is each process's own ``VmHWM`` (``/proc/<pid>/status``), never ``ru_maxrss``:
 ``RUSAGE_CHILDREN`` is the largest of all children ever waited for, and Linux carries a parent's
@@ -16,6 +17,8 @@ import os
 import statistics
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +41,19 @@ def summary(values: list[float], digits: int = 3) -> dict[str, float]:
         "max": round(max(values), digits),
         "mean": round(statistics.fmean(values), digits),
     }
+
+
+def median_s(call: Callable[[], object], runs: int, warmup: int = 5) -> float:
+    """Seconds of ``call``'s median run, after ``warmup`` untimed runs (first-run allocations,
+    thread pools waking)."""
+    for _ in range(warmup):
+        call()
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
 def loadavg() -> list[float]:
