@@ -19,6 +19,14 @@ MAP = re.compile(
     r"^(data|config|ssl|addons|backup|share|media|homeassistant_config|all_addon_configs"
     r"|addon_config)(?::(rw|ro))?$"
 )
+WATCHDOG = re.compile(r"^(?:https?|\[PROTO:\w+\]|tcp)://\[HOST\]:(\[PORT:\d+\]|\d+).*$")
+# The paths every add-on's token may call, with or without ``hassio_api`` (ADDONS_API_BYPASS of
+# supervisor/api/middleware/security.py, commit 090ef31e of 2026-08-21; the add-on
+# communication page lists the same); anything else needs ``hassio_api: true`` and a role.
+API_BYPASS = re.compile(
+    r"^(?:|/addons/self/(?!security|update)[^/]+|/addons/self/options/config|/info"
+    r"|/services.*|/discovery.*|/auth)$"
+)
 BUILD_FROM = re.compile(r"^([a-zA-Z\-.:\d{}]+/)*?([\-\w{}]+)/([\-\w{}]+)(:[.\-\w{}]+)?$")
 SCHEMA_ELEMENT = re.compile(
     r"^(?:|bool|email|url|port|device(?:\(subsystem=[a-z]+\))?"
@@ -87,6 +95,8 @@ def check_config(config: dict[str, Any]) -> list[str]:
     for entry in config.get("map", []):
         if isinstance(entry, str) and not MAP.match(entry):
             errors.append(f"map: {entry!r} is not a folder the Supervisor maps")
+    if "watchdog" in config and not WATCHDOG.match(str(config["watchdog"])):
+        errors.append("watchdog: want 'http://[HOST]:[PORT:N]/path' or 'tcp://[HOST]:[PORT:N]'")
     if "timeout" in config and not 10 <= config["timeout"] <= 300:
         errors.append("timeout: 10..300 s")
     return errors + check_options(config.get("options", {}), config.get("schema", {}))
@@ -149,3 +159,15 @@ def check_build(build: dict[str, Any]) -> list[str]:
         if not all(isinstance(v, str) for v in build.get(key, {}).values()):
             errors.append(f"{key}: values must be strings")
     return errors
+
+
+def supervisor_answers(config: dict[str, Any], path: str, body: dict[str, Any]) -> int:
+    """The status the Supervisor gives this add-on's token for ``POST path`` (its security
+    middleware, then the discovery API's own check that the service is in ``discovery``):
+    200, or 403. With ``hassio_api`` the role decides beyond the bypass: not modelled here, the
+    add-on asks for no role."""
+    if not API_BYPASS.match(path) and not config.get("hassio_api"):
+        return 403  # "missing API permission"
+    if path == "/discovery" and body.get("service") not in config.get("discovery", []):
+        return 403  # "Add-ons must list services they provide via discovery in their config!"
+    return 200

@@ -19,7 +19,7 @@ import os
 import re
 import signal
 import sys
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
@@ -31,7 +31,7 @@ from wyoming.client import AsyncTcpClient
 from wyoming.tts import Synthesize
 
 from speakd.config import load_config
-from tests.ha_schema import check_build, check_config
+from tests.ha_schema import check_build, check_config, supervisor_answers
 from tests.http_daemon import free_port
 from tests.tiny_voices import tiny_multispeaker_voice
 
@@ -48,8 +48,7 @@ def addon_config() -> dict[str, Any]:
 def test_config_yaml_passes_the_supervisors_rules() -> None:
     config = addon_config()
     assert check_config(config) == []
-    assert config["discovery"] == ["wyoming"] and config["hassio_api"] is True
-    assert config["ports"]["10200/tcp"] == 10200 and config["ingress_port"] == 5500
+    assert config["discovery"] == ["wyoming"] and config["ingress_port"] == 5500
     assert set(config["arch"]) == {"amd64", "aarch64"}
     broken = {
         **config,
@@ -57,10 +56,48 @@ def test_config_yaml_passes_the_supervisors_rules() -> None:
         "ports": {"10200": "ten"},
         "schema": {**config["schema"], "voice": "text"},
         "watchdogs": True,
+        "watchdog": "http://localhost:5500/healthz",
     }
     errors = " ".join(check_config(broken))
-    for key in ("arch", "ports.10200", "schema.voice", "watchdogs"):
+    for key in ("arch", "ports.10200", "schema.voice", "watchdogs", "watchdog:"):
         assert key in errors
+
+
+def test_the_add_on_publishes_no_port_and_asks_for_no_supervisor_access() -> None:
+    """Wyoming has no authentication: the host publishes nothing unless the user maps a port;
+    Home Assistant reaches the add-on by the host name the discovery sends. The only Supervisor
+    call, POST /discovery, is open to every add-on's token."""
+    config = addon_config()
+    assert config["ports"] == {"10200/tcp": None, "5500/tcp": None}
+    granted = {"hassio_api", "hassio_role", "homeassistant_api", "auth_api", "host_network"}
+    assert not granted & set(config), sorted(granted & set(config))
+    assert supervisor_answers(config, "/discovery", {"service": "wyoming"}) == 200
+    assert supervisor_answers(config, "/discovery", {"service": "mqtt"}) == 403
+    assert supervisor_answers(config, "/addons", {}) == 403
+
+
+def test_backups_leave_the_cache_out_and_keep_the_rest() -> None:
+    """The Supervisor matches each file's path in its add-on data folder against
+    ``backup_exclude`` with PurePath.match (its apps/app.py ``_is_excluded_by_filter``)."""
+    patterns = addon_config()["backup_exclude"]
+    folder = PurePosixPath("/data/addons/data/local_speakd")  # the add-on's /data on the host
+
+    def excluded(name: str) -> bool:
+        return any((folder / name).match(p) for p in patterns)
+
+    for name in ("cache/cache.db", "cache/cache.db-wal", "cache/cache.db-shm"):
+        assert excluded(name), name
+    kept = ("options.json", "speakd.toml", "http-token", "mqtt-password", "state/stats.json",
+            "voices/en_US-lessac-medium.onnx", "voices/en_US-lessac-medium.onnx.json")  # fmt: skip
+    for name in kept:
+        assert not excluded(name), name
+
+
+def test_the_watchdog_polls_healthz_where_speakd_serves_http() -> None:
+    config = addon_config()
+    port = int(re.search(r"\[PORT:(\d+)\]", config["watchdog"])[1])
+    assert config["watchdog"].startswith("http://") and config["watchdog"].endswith("/healthz")
+    assert port == config["ingress_port"] and f"{port}/tcp" in config["ports"]
 
 
 def test_build_yaml_and_the_dockerfile_agree() -> None:
@@ -150,7 +187,10 @@ async def test_the_run_script_configures_starts_and_announces_speakd(tmp_path: P
     announced: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
 
     async def discovery(request: web.Request) -> web.Response:
-        await announced.put((request.headers.get("Authorization", ""), await request.json()))
+        body = await request.json()
+        await announced.put((request.headers.get("Authorization", ""), body))
+        if supervisor_answers(addon_config(), request.path, body) != 200:  # its access rules
+            return web.json_response({"result": "error"}, status=403)
         return web.json_response({"result": "ok", "data": {"uuid": "0" * 32}})
 
     app = web.Application()
