@@ -90,7 +90,11 @@ if [ -z "$deb" ]; then
 fi
 context=$work/context
 mkdir -p "$context"
-cp "$here/Containerfile" "$here/speakd.toml" "$here/entrypoint" "$context/"
+cp "$here/Containerfile" "$here/entrypoint" "$context/"
+# the files both images share live in the add-on's folder, which the Supervisor builds alone
+shared=$repo/homeassistant/speakd/rootfs/usr/local
+cp "$shared/share/speakd/speakd.toml" "$shared/sbin/speakd-user" "$shared/bin/speakd-healthcheck" \
+    "$context/"
 cp "$deb" "$context/speakd.deb"
 say "podman build $tag from $(basename "$deb")"
 podman build --isolation chroot --format docker --pull=never \

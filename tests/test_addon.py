@@ -6,7 +6,11 @@
   (the venv's, on free ports) and sends the Wyoming discovery to a stand-in Supervisor, with
   the token, once Wyoming answers; the speaker option reaches the audio;
 * bad options end it with one error line naming the option and status 78, nothing started;
-* container/speakd.toml puts everything under /data, and SPEAKD_* variables override it.
+* the images' one config (the add-on's rootfs/usr/local/share/speakd/speakd.toml, the container's
+  /etc/speakd/speakd.toml) puts everything under /data, SPEAKD_* variables override it, and the
+  add-on's speakd.toml is that file plus the options;
+* both images make the `speakd` user (uid 10200) with one script and check /healthz with one
+  script; the run script gives the files in /data's folders, not only the folders, to speakd.
 
 The image itself is tests/test_image.py (`make image-test`).
 """
@@ -14,12 +18,18 @@ The image itself is tests/test_image.py (`make image-test`).
 from __future__ import annotations
 
 import asyncio
+import importlib.machinery
+import importlib.util
 import json
 import os
+import pwd
 import re
 import signal
+import subprocess
 import sys
+import tomllib
 from pathlib import Path, PurePosixPath
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -37,7 +47,12 @@ from tests.tiny_voices import tiny_multispeaker_voice
 
 ROOT = Path(__file__).resolve().parent.parent
 ADDON = ROOT / "homeassistant" / "speakd"
-RUN = ADDON / "rootfs" / "usr" / "local" / "bin" / "speakd-addon"
+SHARED = ADDON / "rootfs" / "usr" / "local"  # the files both images take from the add-on
+RUN = SHARED / "bin" / "speakd-addon"
+HEALTHCHECK = SHARED / "bin" / "speakd-healthcheck"
+MAKE_USER = SHARED / "sbin" / "speakd-user"
+IMAGES_CONFIG = SHARED / "share" / "speakd" / "speakd.toml"
+DOCKERFILES = (ROOT / "container" / "Containerfile", ADDON / "Dockerfile")
 VENV_BIN = Path(sys.executable).parent
 
 
@@ -149,8 +164,6 @@ BAD_OPTIONS = {
 
 @pytest.mark.parametrize("case", list(BAD_OPTIONS))
 def test_bad_options_stop_the_add_on_with_one_clear_line(tmp_path: Path, case: str) -> None:
-    import subprocess
-
     options, said = BAD_OPTIONS[case]
     data = tmp_path / "data"
     data.mkdir()
@@ -232,6 +245,11 @@ async def test_the_run_script_configures_starts_and_announces_speakd(tmp_path: P
                     break
         level = float(np.frombuffer(pcm, "<i2").mean()) / 32767
         assert level == pytest.approx(0.2, abs=0.01)  # bert (sid 1), not anna
+        health = await asyncio.create_subprocess_exec(
+            sys.executable, str(HEALTHCHECK), env=env, stdout=asyncio.subprocess.PIPE
+        )
+        said, _ = await health.communicate()
+        assert health.returncode == 0 and json.loads(said) == {"status": "ok"}
     finally:
         if proc.returncode is None:
             proc.send_signal(signal.SIGTERM)
@@ -243,7 +261,7 @@ async def test_the_run_script_configures_starts_and_announces_speakd(tmp_path: P
 
 
 def test_the_containers_config_keeps_everything_under_data() -> None:
-    path = ROOT / "container" / "speakd.toml"
+    path = IMAGES_CONFIG
     config = load_config(path, env={"SPEAKD_HTTP_TOKEN": "t"})  # the entry point makes one
     for where in (config.voices.dir, config.cache.path, config.state.dir, config.http.token_file):
         assert where.startswith("/data/"), where
@@ -256,3 +274,111 @@ def test_the_containers_config_keeps_everything_under_data() -> None:
     }
     changed = load_config(path, env=env)
     assert changed.cache.max_bytes == 1048576 and changed.audio.volume == 0.5
+
+
+def run_script() -> ModuleType:
+    """speakd-addon imported as a module (it has no .py suffix)."""
+    loader = importlib.machinery.SourceFileLoader("speakd_addon", str(RUN))
+    spec = importlib.util.spec_from_loader("speakd_addon", loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    loader.exec_module(module)
+    return module
+
+
+def test_the_add_ons_config_is_the_images_config_plus_the_options(tmp_path: Path) -> None:
+    """One source: every key of the container's config is in the add-on's, with the same value
+    (paths under the add-on's data folder); what the add-on adds is its options and ingress."""
+    addon = run_script()
+    options = addon.Options(voice="v", speaker="s", cache_size_mb=64, mqtt_host="broker",
+                            mqtt_username="u", mqtt_password="p")  # fmt: skip
+    data, voices = tmp_path / "data", tmp_path / "share"
+    written = tomllib.loads(addon.speakd_toml(options, data, voices))
+    base = tomllib.loads(IMAGES_CONFIG.read_text())
+    added = {("voices", "dir"): str(voices), ("voices", "default"): "v",
+             ("voices", "default_speaker"): "s", ("cache", "max_bytes"): 64 * 1024 * 1024,
+             ("http", "no_token_from"): ["172.30.32.2"], ("mqtt", "enabled"): True,
+             ("mqtt", "host"): "broker", ("mqtt", "port"): 1883, ("mqtt", "username"): "u",
+             ("mqtt", "password_file"): str(data / "mqtt-password")}  # fmt: skip
+    for table, keys in base.items():
+        for key, value in keys.items():
+            if (table, key) in added:
+                continue
+            if isinstance(value, str) and value.startswith("/data/"):
+                value = str(data / value.removeprefix("/data/"))
+            assert written[table][key] == value, (table, key)
+    got = {(t, k) for t, keys in written.items() for k in keys}
+    assert got == {(t, k) for t, keys in base.items() for k in keys} | set(added)
+    assert {(t, k): written[t][k] for (t, k) in added} == added
+    # the container has no copy of its own: build.sh puts this file where the Containerfile
+    # copies it from
+    assert not (ROOT / "container" / "speakd.toml").exists()
+    build = (ROOT / "container" / "build.sh").read_text()
+    assert "share/speakd/speakd.toml" in build
+    assert "COPY speakd.toml /etc/speakd/speakd.toml" in DOCKERFILES[0].read_text()
+
+
+def test_both_images_make_the_speakd_user_with_one_script(tmp_path: Path) -> None:
+    """The script, run on a root of its own: the user and group 10200, home /data; both
+    Dockerfiles run it before apt installs the .deb (whose postinst keeps an existing user)."""
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    (etc / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
+    (etc / "group").write_text("root:x:0:\n")
+    (etc / "shadow").write_text("root:*:19000:0:99999:7:::\n")
+    (etc / "gshadow").write_text("root:*::\n")
+    r = subprocess.run(["sh", str(MAKE_USER), str(tmp_path)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    users = {ln.split(":")[0]: ln.split(":") for ln in (etc / "passwd").read_text().splitlines()}
+    assert users["speakd"][2:4] == ["10200", "10200"] and users["speakd"][5] == "/data"
+    assert "speakd:x:10200:" in (etc / "group").read_text()
+    for dockerfile in DOCKERFILES:
+        text = dockerfile.read_text()
+        assert "useradd" not in text and "groupadd" not in text, dockerfile
+        assert -1 < text.index("speakd-user") < text.index("apt-get install"), dockerfile
+
+
+def test_both_images_check_healthz_with_one_script() -> None:
+    """The same HEALTHCHECK in both, a script run by the .deb's Python (no curl in them)."""
+    checks = {re.search(r"^HEALTHCHECK .*\n.*$", f.read_text(), re.M)[0] for f in DOCKERFILES}
+    (check,) = checks
+    assert '"/usr/local/bin/speakd-healthcheck"' in check and "curl" not in check
+    assert HEALTHCHECK.read_text().startswith("#!/opt/speakd/venv/bin/python3\n")
+    assert os.access(HEALTHCHECK, os.X_OK) and os.access(MAKE_USER, os.X_OK)
+
+
+def test_the_health_check_fails_when_speakd_does_not_answer() -> None:
+    env = {**os.environ, "SPEAKD_HTTP_LISTEN": f"127.0.0.1:{free_port()}"}
+    r = subprocess.run([sys.executable, HEALTHCHECK], env=env, capture_output=True, text=True)
+    assert r.returncode == 1 and "/healthz" in r.stdout and "Traceback" not in r.stderr
+    env["SPEAKD_HTTP_LISTEN"] = ""
+    r = subprocess.run([sys.executable, HEALTHCHECK], env=env, capture_output=True, text=True)
+    assert r.returncode == 1 and "speakd status" in r.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="gives files to other uids: needs root")
+def test_a_start_gives_the_files_in_data_to_speakd_not_only_the_folders(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rebuild that moved speakd's uid (before it was fixed) left cache.db another uid's."""
+    addon = run_script()
+    data = tmp_path / "data"
+    old = 4321  # the uid an older image gave speakd
+    outside = tmp_path / "not-speakds"
+    outside.write_text("root's")
+    for name in ("cache/cache.db", "cache/cache.db-wal", "state/stats.json", "voices/v.onnx"):
+        (data / name).parent.mkdir(parents=True, exist_ok=True)
+        (data / name).write_bytes(b"x")
+    (data / "state" / "link").symlink_to(outside)  # speakd may write links where it writes
+    for path in [data, *data.rglob("*")]:
+        os.chown(path, old, old, follow_symlinks=False)
+    monkeypatch.setattr(addon, "DATA", data)
+    monkeypatch.setattr(addon, "SHARED_VOICES", tmp_path / "no-share")
+    owner = pwd.struct_passwd(("speakd", "x", 10200, 10200, "", "/data", "/usr/sbin/nologin"))
+    addon.prepare(addon.Options(), owner)
+    for path in [*(data / "cache").rglob("*"), *(data / "state").rglob("*"),
+                 *(data / "voices").rglob("*"), data / "http-token"]:  # fmt: skip
+        st = path.lstat()
+        assert (st.st_uid, st.st_gid) == (10200, 10200), path
+    assert outside.stat().st_uid == 0  # the link was changed, not followed

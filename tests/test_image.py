@@ -37,6 +37,8 @@ VERSION = next(
 IMAGE = os.environ.get("SPEAKD_IMAGE", f"localhost/speakd:{VERSION}")
 ADDON_IMAGE = f"localhost/speakd-addon:{VERSION}"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+SHARED = ROOT / "homeassistant" / "speakd" / "rootfs" / "usr" / "local"  # both images' files
+HEALTH = ["CMD", "/usr/local/bin/speakd-healthcheck"]
 
 
 def _image_there() -> bool:
@@ -141,6 +143,18 @@ class Container:
             assert time.monotonic() < deadline and self.proc.poll() is None, self.stop()
             time.sleep(0.01)
 
+    def health(self, image: Declared) -> subprocess.CompletedProcess[str]:
+        """The declared health check, run as a runtime runs it: in the container, as its user,
+        with its environment."""
+        uid, gid = image.ids(image.config.get("User") or "root")
+        assert image.health["Test"][0] == "CMD"
+        return subprocess.run(
+            ["nsenter", "-t", str(self.init_pid()), "-n", "-m", "-r", "-w",
+             "-S", str(uid), "-G", str(gid), "--", "/usr/bin/env", "-i",
+             *(f"{k}={v}" for k, v in image.env.items()), *image.health["Test"][1:]],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+
     def nsenter(self, *argv: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         """Run a host program in the container's network namespace."""
         return subprocess.run(
@@ -168,7 +182,9 @@ def test_the_image_declares_how_it_runs(image: Declared) -> None:
     assert c["WorkingDir"] == "/data" and set(c["Volumes"]) == {"/data"}
     assert set(c["ExposedPorts"]) == {"10200/tcp", "5500/tcp"}
     assert image.argv == ["/usr/local/bin/speakd-entrypoint"]
-    assert "healthz" in " ".join(image.health["Test"])
+    assert image.health["Test"] == HEALTH
+    config = (image.root / "etc/speakd/speakd.toml").read_text()
+    assert config == (SHARED / "share/speakd/speakd.toml").read_text()  # the add-on's base too
     labels = c["Labels"]
     assert labels["org.opencontainers.image.version"] == VERSION
     assert labels["org.opencontainers.image.licenses"] == "GPL-3.0-or-later"
@@ -203,15 +219,8 @@ def test_the_entry_point_speaks_wyoming_and_openai_with_its_cache_on_data(
         assert got["openai"]["riff"] and got["openai"]["cache"] == "hit"  # Wyoming cached it
         cache = data / "cache" / "cache.db"
         assert cache.is_file() and cache.stat().st_uid == 10200
-        # The declared health check, run as a runtime runs it: in the container, as its user.
-        health = image.health["Test"]
-        assert health[0] == "CMD"
-        r = subprocess.run(
-            ["nsenter", "-t", str(container.init_pid()), "-n", "-m", "-r", "-w",
-             "-S", "10200", "-G", "10200", "--", *health[1:]],
-            capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
-        assert r.returncode == 0, r.stderr
+        r = container.health(image)
+        assert r.returncode == 0 and json.loads(r.stdout) == {"status": "ok"}, r.stdout + r.stderr
     finally:
         log = container.stop()
     print(log)
@@ -247,10 +256,15 @@ def test_the_add_on_image_configures_drops_to_speakd_and_announces(
     """The add-on as the Supervisor starts it: as root, options in /data/options.json,
     SUPERVISOR_TOKEN in its environment (the Supervisor's address moved to a stand-in inside
     the container's network)."""
+    assert addon.ids("speakd") == (10200, 10200)  # as the container image's
+    assert addon.health["Test"] == HEALTH
     data = tmp_path / "data"
-    data.mkdir()
+    (data / "cache").mkdir(parents=True)
     options = {"voice": "", "speaker": "", "cache_size_mb": 32, "api_token": "addon-token"}
     (data / "options.json").write_text(json.dumps(options))
+    # a cache an older image made when speakd had another uid: the start gives it to speakd
+    (data / "cache" / "cache.db").touch(mode=0o644)
+    os.chown(data / "cache" / "cache.db", 4321, 4321)
     container = Container(
         addon, data, SUPERVISOR_TOKEN="sv-token", SPEAKD_ADDON_SUPERVISOR="http://127.0.0.1:8765"
     )
@@ -278,7 +292,11 @@ def test_the_add_on_image_configures_drops_to_speakd_and_announces(
         uids = Path(f"/proc/{child}/status").read_text().split("Uid:")[1].split()[:2]
         assert uids == [str(addon.ids("speakd")[0])] * 2
         assert (data / "cache" / "cache.db").stat().st_uid == addon.ids("speakd")[0]
+        assert got["openai"]["cache"] == "hit"  # Wyoming's audio went into that cache.db
         assert "cache_size_mb" not in (data / "speakd.toml").read_text()
+        # the health check, as the add-on's runtime runs it (as root, the image's user)
+        r = container.health(addon)
+        assert r.returncode == 0 and json.loads(r.stdout) == {"status": "ok"}, r.stdout + r.stderr
         assert f"max_bytes = {32 * 1024 * 1024}" in (data / "speakd.toml").read_text()
     finally:
         log = container.stop()
