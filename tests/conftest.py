@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import setups
 from tests.mosquitto import Mosquitto
 from tests.ssip_harness import SsipServer, wav_server
 
@@ -46,3 +47,26 @@ def ssip_server(tmp_path: Path) -> Iterator[SsipServer]:
     """The in-process SSIP server on the tone engine, writing WAVs (tests.ssip_harness)."""
     with wav_server(tmp_path / "ssip.sock", tmp_path / "wav") as s:
         yield s
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytest.TestReport:
+    """Keep the call's report, for the check below."""
+    report = yield
+    if report.when == "call":
+        item.stash[CALL_REPORT] = report
+    return report
+
+
+CALL_REPORT = pytest.StashKey[pytest.TestReport]()
+
+
+@pytest.fixture(autouse=True)
+def documented_setup_started(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test docs/setups.md names for a set-up, once passed, must have started every file its
+    row says (tests/setups.py: what the test recorded as it started them)."""
+    yield
+    report = request.node.stash.get(CALL_REPORT, None)
+    if report is not None and report.passed:
+        missing = setups.unstarted(request.node.nodeid)
+        assert not missing, f"docs/setups.md says this test starts {sorted(missing)}; it did not"

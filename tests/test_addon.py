@@ -41,6 +41,7 @@ from wyoming.client import AsyncTcpClient
 from wyoming.tts import Synthesize
 
 from speakd.config import load_config
+from tests import setups
 from tests.ha_schema import check_build, check_config, supervisor_answers
 from tests.http_daemon import free_port
 from tests.tiny_voices import tiny_multispeaker_voice
@@ -224,6 +225,7 @@ async def test_the_run_script_configures_starts_and_announces_speakd(tmp_path: P
     log_file = tmp_path / "addon.log"  # a file, not a pipe nobody reads while it runs
     with log_file.open("wb") as out:
         proc = await asyncio.create_subprocess_exec(sys.executable, str(RUN), env=env, stderr=out)
+    setups.started(RUN, run_script().BASE_CONFIG)  # the config it builds on (docs/setups.md)
     try:
         auth, body = await asyncio.wait_for(announced.get(), 120)  # Wyoming answers first
         assert auth == "Bearer supervisor-token"

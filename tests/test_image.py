@@ -28,6 +28,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import setups
+
 ROOT = Path(__file__).resolve().parent.parent
 VERSION = next(
     line.split('"')[1]
@@ -117,9 +119,17 @@ class Container:
     """The entry point started the way a runtime would, in its own namespaces."""
 
     def __init__(
-        self, image: Declared, data: Path, user: str | None = None, **env_given: str
+        self,
+        image: Declared,
+        data: Path,
+        user: str | None = None,
+        reads: str = "/etc/speakd/speakd.toml",
+        **env_given: str,
     ) -> None:
-        """``user`` as ``--user``, ``env_given`` as ``-e`` (or what the Supervisor sets)."""
+        """``user`` as ``--user``, ``env_given`` as ``-e`` (or what the Supervisor sets);
+        ``reads``: the config file its entry point reads, recorded with the entry point as the
+        repository files this set-up starts (tests/setups.py)."""
+        setups.started_in_image(image.root, image.argv[0], reads)
         uid, gid = image.ids(user or image.config.get("User") or "root")
         workdir = image.config.get("WorkingDir") or "/"
         env = [f"{k}={v}" for k, v in {**image.env, **env_given}.items()]
@@ -266,7 +276,11 @@ def test_the_add_on_image_configures_drops_to_speakd_and_announces(
     (data / "cache" / "cache.db").touch(mode=0o644)
     os.chown(data / "cache" / "cache.db", 4321, 4321)
     container = Container(
-        addon, data, SUPERVISOR_TOKEN="sv-token", SPEAKD_ADDON_SUPERVISOR="http://127.0.0.1:8765"
+        addon,
+        data,
+        reads="/usr/local/share/speakd/speakd.toml",  # speakd-addon's base
+        SUPERVISOR_TOKEN="sv-token",
+        SPEAKD_ADDON_SUPERVISOR="http://127.0.0.1:8765",
     )
     seen = tmp_path / "discovery.json"
     try:

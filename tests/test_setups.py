@@ -1,5 +1,6 @@
-"""The set-ups docs/setups.md names, each started by a test with the files a user uses, and the
-guard: every config and unit that systemd/ and examples/ ship is started by one of those tests.
+"""The set-ups docs/setups.md names and its guard: every config, unit and entry point the
+repository ships has a row, whose test records what it starts (tests/setups.py) and is held to
+its row when it passes (tests/conftest.py).
 
 Here the two checkout set-ups of the README: ``make run`` and ``make run
 CONFIG=examples/wav.toml``, their command read from ``make -n`` (not pip-installed again: the
@@ -15,7 +16,6 @@ from __future__ import annotations
 import ast
 import json
 import os
-import re
 import shlex
 import shutil
 import subprocess
@@ -25,47 +25,47 @@ from pathlib import Path
 import pytest
 
 from speakd_tools.bench.screenreader import null_sink_pulse
+from tests import setups
 from tests.daemon_proc import READY_LINE
 from tests.unit_run import sound_server_priority
 from tests.waits import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
-SETUPS = ROOT / "docs" / "setups.md"
-SHIPPED = ("systemd/*.toml", "systemd/*.service", "systemd/user/*.service", "examples/*.toml")
 INSTALLED_CONFIG = Path("/etc/speakd/speakd.toml")
 
 
-def documented_setups() -> list[tuple[str, set[str], str]]:
-    """docs/setups.md's table: (set-up, the shipped files it starts, its test)."""
-    rows = []
-    for line in SETUPS.read_text().splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) != 4 or not cells[3].startswith("`tests/"):
-            continue
-        files = set(re.findall(r"`((?:systemd|examples)/[^`]+)`", cells[2]))
-        rows.append((cells[0], files, cells[3].strip("`")))
-    return rows
-
-
-def test_every_shipped_config_and_unit_is_started_by_a_documented_setups_test() -> None:
-    rows = documented_setups()
-    assert len(rows) >= 4, rows
-    shipped = {str(p.relative_to(ROOT)) for pattern in SHIPPED for p in ROOT.glob(pattern)}
-    started = set().union(*(files for _, files, _ in rows))
-    assert shipped <= started, f"started by no set-up's test: {sorted(shipped - started)}"
-    assert started <= shipped, f"docs/setups.md names files that are not shipped: {started}"
-    for setup, files, test in rows:
-        module, _, name = test.partition("::")
+def test_every_shipped_config_unit_and_entry_point_has_a_documented_setup() -> None:
+    """docs/setups.md claims, for every file a set-up starts, a test that starts it; each such
+    test, when it passes, is held to its row by what it recorded (tests/conftest.py)."""
+    rows = setups.documented()
+    assert len(rows) >= 7, rows
+    shipped = setups.shipped()
+    claimed = set().union(*(row.files for row in rows.values()))
+    assert shipped <= claimed, f"started by no set-up's test: {sorted(shipped - claimed)}"
+    assert claimed <= shipped, f"docs/setups.md names files that are not shipped: {claimed}"
+    for row in rows.values():
+        module, _, name = row.test.partition("::")
         source = (ROOT / module).read_text()
-        tests = {n.name for n in ast.walk(ast.parse(source)) if isinstance(n, ast.FunctionDef)}
-        assert name in tests, f"{setup}: {test} does not exist"
-        for file in files:  # the test's module starts it: by its installed or its own path
-            installed = {
-                "systemd/speakd.toml": "/etc/speakd/speakd.toml",
-                "systemd/speakd.service": "/usr/lib/systemd/system/speakd.service",
-                "systemd/user/speakd.service": "/usr/lib/systemd/user/speakd.service",
-            }.get(file, file)
-            assert installed in source or file in source, f"{test} never names {file}"
+        functions = (ast.FunctionDef, ast.AsyncFunctionDef)
+        tests = {n.name for n in ast.walk(ast.parse(source)) if isinstance(n, functions)}
+        assert name in tests, f"{row.name}: {row.test} does not exist"
+
+
+def test_a_setups_test_that_did_not_start_its_files_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check tests/conftest.py makes after each documented test, fed what a test records."""
+    row = setups.documented()["tests/test_setups.py::test_make_run_with_the_wav_example"]
+    assert row.files == {"examples/wav.toml"}
+    monkeypatch.setattr(setups, "_started", {})
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", f"{row.test} (call)")
+    assert setups.unstarted(row.test) == {"examples/wav.toml"}
+    setups.started("systemd/speakd.toml")  # another file, say in a comment, starts nothing
+    assert setups.unstarted(row.test) == {"examples/wav.toml"}
+    setups.started(*filter(None, [setups.config_of([".venv/bin/speakd", "serve", "--config",
+                                                    "examples/wav.toml"])]))  # fmt: skip
+    assert setups.unstarted(row.test) == set()
+    monkeypatch.setattr(setups, "_started", {})
+    setups.started("/etc/speakd/speakd.toml", "/usr/lib/systemd/user/speakd.service")
+    assert setups._started[row.test] == {"systemd/speakd.toml", "systemd/user/speakd.service"}
 
 
 # ---- make run ---------------------------------------------------------------------------------
@@ -107,6 +107,7 @@ def serve_and_say(command: list[str], env: dict[str, str], log: Path) -> dict:
     """Run the daemon as make would; the README's `speakd say`; the daemon's status after."""
     proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log.open("wb"),
                             stderr=subprocess.STDOUT)  # fmt: skip
+    setups.started(*filter(None, [setups.config_of(command)]))
     speakd = str(ROOT / ".venv/bin/speakd")
     try:
         wait_until(lambda: READY_LINE in log.read_text() or proc.poll() is not None, "READY", 120)

@@ -23,6 +23,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests import setups
 from tests.test_systemd import unit_settings
 from tests.waits import wait_until
 
@@ -167,6 +168,8 @@ def start(service: Path, manager: Manager, log: Path) -> Activated:
         sockets[_one(sock, "Socket", "FileDescriptorName")] = path
         owners.append((path, sock))
     command = shlex.split(manager.expand(_one(settings, "Service", "ExecStart")))
+    socket_units = [service.parent / name for name in _one(settings, "Service", "Sockets").split()]
+    setups.started(service, *socket_units, *filter(None, [setups.config_of(command)]))
     if manager.user is None and ids is not None:  # root binds; the service runs as its user
         uid, gid, groups = ids
         command = ["setpriv", f"--reuid={uid}", f"--regid={gid}",
