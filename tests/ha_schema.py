@@ -19,10 +19,12 @@ MAP = re.compile(
     r"^(data|config|ssl|addons|backup|share|media|homeassistant_config|all_addon_configs"
     r"|addon_config)(?::(rw|ro))?$"
 )
+# ``watchdog``'s form (supervisor/apps/validate.py at commit 090ef31e, 2026-08-21)
 WATCHDOG = re.compile(r"^(?:https?|\[PROTO:\w+\]|tcp)://\[HOST\]:(\[PORT:\d+\]|\d+).*$")
 # The paths every add-on's token may call, with or without ``hassio_api`` (ADDONS_API_BYPASS of
-# supervisor/api/middleware/security.py, commit 090ef31e of 2026-08-21; the add-on
-# communication page lists the same); anything else needs ``hassio_api: true`` and a role.
+# supervisor/api/middleware/security.py at commit 0636e49f, 2025; the same paths are the v1
+# ``api_bypass`` at 090ef31e, and the add-on communication page lists them); anything else
+# needs ``hassio_api: true`` and a role.
 API_BYPASS = re.compile(
     r"^(?:|/addons/self/(?!security|update)[^/]+|/addons/self/options/config|/info"
     r"|/services.*|/discovery.*|/auth)$"
