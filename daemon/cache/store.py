@@ -287,29 +287,31 @@ class CacheStore:
         return self._run(lambda db: list(db.query(sql, [int(pinned_only)])))
 
     def stats(self) -> dict[str, Any]:
-        def read(db: Database) -> dict[str, Any]:
-            row = db.execute(
-                "SELECT COUNT(*), COALESCE(SUM(bytes), 0), COALESCE(SUM(duration), 0),"
-                " COALESCE(SUM(pinned), 0), COALESCE(SUM(CASE WHEN pinned = 1 THEN bytes END), 0),"
-                " COALESCE(SUM(hits), 0), COALESCE(SUM(expires <= ? AND pinned = 0), 0)"
-                " FROM clips",
-                [time.time()],
-            ).fetchone()
-            return {
-                "path": str(self.path),
-                "schema_version": SCHEMA_VERSION,
-                "clips": row[0],
-                "bytes": row[1],
-                "audio_s": round(row[2], 1),
-                "pinned": row[3],
-                "pinned_bytes": row[4],
-                "stored_hits": row[5],
-                "expired": row[6],
-                "max_bytes": self.max_bytes,
-                "recovered_from": self.recovered_from,
-            }
+        return self._run(lambda db: self.stats_from(db.conn))
 
-        return self._run(read)
+    def stats_from(self, conn: sqlite3.Connection) -> dict[str, Any]:
+        """The totals read on ``conn``: the store's own, or the page's (``speakd.cache.browse``).
+        Served by the ``clips_recent`` index (``speakd.cache.schema.add_indexes``)."""
+        row = conn.execute(
+            "SELECT COUNT(*), COALESCE(SUM(bytes), 0), COALESCE(SUM(duration), 0),"
+            " COALESCE(SUM(pinned), 0), COALESCE(SUM(CASE WHEN pinned = 1 THEN bytes END), 0),"
+            " COALESCE(SUM(hits), 0), COALESCE(SUM(expires <= ? AND pinned = 0), 0)"
+            " FROM clips INDEXED BY clips_recent",
+            [time.time()],
+        ).fetchone()
+        return {
+            "path": str(self.path),
+            "schema_version": SCHEMA_VERSION,
+            "clips": row[0],
+            "bytes": row[1],
+            "audio_s": round(row[2], 1),
+            "pinned": row[3],
+            "pinned_bytes": row[4],
+            "stored_hits": row[5],
+            "expired": row[6],
+            "max_bytes": self.max_bytes,
+            "recovered_from": self.recovered_from,
+        }
 
     def integrity_check(self) -> list[str]:
         """SQLite's full check plus one per clip; empty when all is well."""

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from speakd.cache.browse import Listing, browse
 from speakd.engines.base import SynthesisConfig
 from speakd.markup.capitals import Capitals
 from speakd.markup.lexicon import Lexicon
@@ -404,6 +405,16 @@ class Control:
         """The cache the daemon plays from now (a reload may replace it), None when it is off:
         where prompt packs arriving over MQTT are imported (mqtt/packs.py)."""
         return self.scheduler.resolver.store
+
+    def browse_cache(self, text: str, *, pinned_only: bool, limit: int) -> Listing | None:
+        """The page's listing (``speakd.cache.browse``): beside the store, not behind its lock;
+        blocking, None when there is no cache."""
+        store = self.cache_store()
+        return (
+            None
+            if store is None
+            else browse(store, text=text, pinned_only=pinned_only, limit=limit)
+        )
 
     def status(self) -> dict[str, Any]:
         state = self.scheduler.status()

@@ -9,7 +9,7 @@ routes answer 404 ``not_found`` with ``cache.enabled`` in the message.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -21,7 +21,6 @@ if TYPE_CHECKING:  # the store Control hands out (Control.cache_store), as mqtt/
     from speakd.cache.store import CacheStore
 
 MAX_LISTED = 200  # clips one listing returns, most recently used first
-LISTED = ("key", "text", "voice", "params", "duration", "pinned", "hits", "bytes", "last_used")
 
 
 def routes() -> list[web.RouteDef]:
@@ -49,23 +48,18 @@ def _store(request: web.Request) -> CacheStore:
 
 
 async def clips(request: web.Request) -> web.Response:
-    """``?q=`` finds text (any case), ``?pinned=1`` only pinned clips."""
-    store = _store(request)
-    query = request.query.get("q", "").casefold()
-    pinned = request.query.get("pinned") in ("1", "true")
-    found: list[dict[str, Any]] = []
-    total = 0
-    # the whole cache's rows and its stats: read off the event loop (CANCEL, key echo wait on it)
-    rows, stats = await asyncio.to_thread(
-        lambda: (store.listing(pinned_only=pinned), store.stats())
+    """``?q=`` finds text (any case), ``?pinned=1`` only pinned clips. Read off the event loop
+    (CANCEL and key echo wait on it) and beside the store, not behind it (``speakd.cache.browse``):
+    a clip being stored or read for a hit does not wait for the page."""
+    found = await asyncio.to_thread(
+        state(request).control.browse_cache,
+        request.query.get("q", ""),
+        pinned_only=request.query.get("pinned") in ("1", "true"),
+        limit=MAX_LISTED,
     )
-    for row in rows:
-        if query and query not in row["text"].casefold():
-            continue
-        total += 1
-        if len(found) < MAX_LISTED:
-            found.append({k: row[k] for k in LISTED} | {"pinned": bool(row["pinned"])})
-    return ok({"clips": found, "matching": total, "stats": stats})
+    if found is None:
+        raise RequestError("not_found", "there is no cache (cache.enabled = false)")
+    return ok({"clips": found.clips, "matching": found.matching, "stats": found.stats})
 
 
 async def clip_audio(request: web.Request) -> web.Response:
