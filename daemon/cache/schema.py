@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 2
 SQLITE_MAGIC = b"SQLite format 3\x00"
+SIDECARS = ("-wal", "-shm", "-journal")  # what SQLite writes beside a database
 _CORRUPT_CODES = {11, 26}  # SQLITE_CORRUPT, SQLITE_NOTADB (primary result codes)
 
 
@@ -169,6 +170,12 @@ def schema_version(db: Database, path: Path) -> int:
             f"({SCHEMA_VERSION}); upgrade speakd or point cache.path elsewhere"
         )
     return version
+
+
+def database_files(db: Path) -> list[Path]:
+    """A database and the files SQLite writes beside it (``SIDECARS``) that exist now: whoever
+    writes the database must write each (``speakd doctor``'s paths check)."""
+    return [db, *(f for s in SIDECARS if (f := Path(f"{db}{s}")).exists())]
 
 
 def move_aside(path: Path, reason: str) -> str:
