@@ -124,7 +124,7 @@ def connect(path: Path) -> tuple[Database, tuple[int, int]]:
         _enable_wal(db)
         db.execute("PRAGMA synchronous=FULL")
         migrate(db, path)
-        add_indexes(db)
+        add_extras(db)
         db.execute("SELECT COUNT(*) FROM clips").fetchone()
     except BaseException:
         conn.close()
@@ -133,12 +133,19 @@ def connect(path: Path) -> tuple[Database, tuple[int, int]]:
     return db, (st.st_dev, st.st_ino)
 
 
-def add_indexes(db: Database) -> None:
-    """The index the cache's totals and the page's listing read instead of the clips: a clip's
-    audio sits before its duration, hits, bytes and last use in the row, so a scan of the table
-    walks every clip's overflow pages (20 000 clips: 200–300 ms). Not the layout, so not a
-    migration: made when missing at every open, and harmless to a version that does not know it
-    (a downgrade keeps its cache)."""
+def add_extras(db: Database) -> None:
+    """What this version adds that an older one ignores, so not a migration (the schema version
+    stays, and a downgrade keeps its cache): made when missing at every open.
+
+    - ``request``: what a clip was prepared with (``Clip.request``), for a re-synthesis;
+    - ``clips_recent``: the index the cache's totals and the page's listing read instead of the
+      clips (a clip's audio sits before its duration, hits, bytes and last use in the row, so a
+      scan of the table walks every clip's overflow pages: 20 000 clips, 200–300 ms).
+    """
+    if "request" not in db["clips"].columns_dict:
+        with write_transaction(db):
+            if "request" not in db["clips"].columns_dict:  # another process just added it
+                db["clips"].add_column("request", str)
     db.execute(
         "CREATE INDEX IF NOT EXISTS clips_recent"
         " ON clips(last_used, pinned, expires, hits, bytes, duration)"

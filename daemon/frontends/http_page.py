@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from speakd.audio import wav_bytes
-from speakd.frontends.http_base import ok, read_json, state
+from speakd.frontends.http_base import ok, origin, read_json, state
 from speakd.request.messages import RequestError
 
 if TYPE_CHECKING:  # the store Control hands out (Control.cache_store), as mqtt/packs.py takes it
@@ -29,6 +29,7 @@ def routes() -> list[web.RouteDef]:
         web.get("/v1/cache/clips", clips),
         web.get("/v1/cache/clips/{key}/audio", clip_audio),
         web.post("/v1/cache/clips/{key}/pin", pin),
+        web.post("/v1/cache/clips/{key}/resynthesize", resynthesize),
         web.delete("/v1/cache/clips/{key}", drop),
     ]
 
@@ -79,8 +80,26 @@ async def pin(request: web.Request) -> web.Response:
     return ok({"key": request.match_info["key"], "pinned": pinned})
 
 
+async def resynthesize(request: web.Request) -> web.Response:
+    """Make a clip anew with every parameter it was made with, pinned if it was: a stream like
+    any (``max_streams``, the metrics); answers its audio (WAV) once stored, its key in
+    ``X-Speakd-Key`` (docs/http.md)."""
+    control = state(request).control
+    key = request.match_info["key"]
+    old, speak = await asyncio.to_thread(control.resynthesis, key, origin=origin(request))
+    async with control.stream(speak) as stream:
+        async for _chunk in stream.aread():
+            pass
+    clip = await asyncio.to_thread(control.resynthesized, old, speak)
+    return web.Response(
+        body=wav_bytes(clip.chunk()),
+        content_type="audio/wav",
+        headers={"X-Speakd-Cache": "miss", "X-Speakd-Key": clip.key},
+    )
+
+
 async def drop(request: web.Request) -> web.Response:
-    """Drop a clip: the next request for it synthesizes it anew (the page's re-synthesize)."""
+    """Drop a clip: the next request for it synthesizes it anew."""
     if not _store(request).delete(request.match_info["key"]):
         raise RequestError("not_found", "no clip with that key (evicted or dropped)")
     return ok({"key": request.match_info["key"], "dropped": True})
