@@ -1,7 +1,7 @@
 """The page open on a large cache: a cached hit's latency with and without the page's listing.
 
-    speakd-tools bench page [--clips 20000] [--clip-s 1.0] [--seconds 30] [--rate 20]
-                            [--interval 3] [--no-bandwidth] [--json]
+    speakd-tools bench page [--clips 20000] [--clip-s 1.0] [--rounds 3] [--seconds 20]
+                            [--rate 20] [--interval 3] [--no-bandwidth] [--json]
 
 A real ``python -m speakd serve`` (embedded voice, null sink, ``[http]`` on a loopback port; its
 cache in a temp dir, ``cache.serve``) and a real cache of ``--clips`` clips of ``--clip-s`` seconds
@@ -10,7 +10,9 @@ filler with their own keys, all unpinned (so a hit is read from the file, not fr
 used at random over the past week (the page lists them in that order). They are written by this
 process through its own ``CacheStore`` on the same file, as ``speakd cache import`` would.
 
-Then two phases of ``--seconds`` each, the same open-loop load in both: a cached
+Then ``--rounds`` rounds of two phases of ``--seconds`` each (alternating, so a change in the shared
+machine's load falls on both alike; each phase's hits pooled over the rounds), the same open-loop
+load in both: a cached
 ``POST /v1/audio/speech`` (wav) every ``1/--rate`` s, each on its own schedule (latency = the
 scheduled send → the whole body read, so a stalled request does not hide the ones behind it):
 
@@ -47,7 +49,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--clips", type=int, default=20_000, help="clips in the cache (default 20000)")
     p.add_argument("--clip-s", type=float, default=1.0, help="seconds of audio per clip")
     p.add_argument("--hit-texts", type=int, default=200, help="distinct prompts the hits ask for")
-    p.add_argument("--seconds", type=float, default=30.0, help="length of each phase")
+    p.add_argument("--rounds", type=int, default=3, help="rounds of page closed, page open")
+    p.add_argument("--seconds", type=float, default=20.0, help="length of each phase")
     p.add_argument("--rate", type=float, default=20.0, help="cached requests per second")
     p.add_argument("--interval", type=float, default=3.0, help="the page's refresh, seconds")
     p.add_argument("--no-bandwidth", action="store_true", help="skip the DRAM bandwidth probe")
@@ -89,7 +92,10 @@ def fill(work: Path, sock: str, args: argparse.Namespace) -> list[str]:
     return texts
 
 
-async def _phase(base: str, texts: list[str], args: argparse.Namespace, page: bool) -> dict:
+async def _phase(
+    base: str, texts: list[str], args: argparse.Namespace, page: bool
+) -> tuple[list[float], list[float]]:
+    """Seconds of each hit (scheduled send → body read) and of each listing, for one phase."""
     import aiohttp
 
     hits: list[float] = []
@@ -123,10 +129,11 @@ async def _phase(base: str, texts: list[str], args: argparse.Namespace, page: bo
         if page:
             tasks.append(open_page(t0 + args.seconds))
         await asyncio.gather(*tasks)
-    out = {"hit_ms": summary([s * 1000 for s in hits])}
-    if listings:
-        out["listing_ms"] = summary([s * 1000 for s in listings])
-    return out
+    return hits, listings
+
+
+def _ms(seconds: list[float]) -> dict[str, float]:
+    return summary([s * 1000 for s in seconds])
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -141,8 +148,14 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             texts = fill(work, sock, args)
             fill_s = time.perf_counter() - t0
             base = f"http://127.0.0.1:{port}"
-            closed = asyncio.run(_phase(base, texts, args, page=False))
-            opened = asyncio.run(_phase(base, texts, args, page=True))
+            closed: list[float] = []
+            opened: list[float] = []
+            listings: list[float] = []
+            for _ in range(args.rounds):
+                closed += asyncio.run(_phase(base, texts, args, page=False))[0]
+                hits, listed = asyncio.run(_phase(base, texts, args, page=True))
+                opened += hits
+                listings += listed
         finally:
             proc.terminate()
             proc.wait(30)
@@ -152,9 +165,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "fill_s": round(fill_s, 1),
         "rate": args.rate,
         "interval_s": args.interval,
-        "page_closed": closed,
-        "page_open": opened,
-        "p99_ratio": round(opened["hit_ms"]["p99"] / closed["hit_ms"]["p99"], 2),
+        "rounds": args.rounds,
+        "seconds": args.seconds,
+        "page_closed": {"hit_ms": _ms(closed)},
+        "page_open": {"hit_ms": _ms(opened), "listing_ms": _ms(listings)},
+        "p99_ratio": round(_ms(opened)["p99"] / _ms(closed)["p99"], 2),
         "loadavg": loadavg(),
         "machine": describe(not args.no_bandwidth),
     }
@@ -168,6 +183,7 @@ def table(result: dict[str, Any]) -> str:
             machine_line(result["machine"]),
             "",
             f"A cached `POST /v1/audio/speech` (wav, read from the file) {result['rate']}/s, "
+            f"{result['rounds']} rounds of {result['seconds']} s page closed then open; "
             f"cache of {result['clips']} clips of {result['clip_s']} s (filled in "
             f"{result['fill_s']} s), load average {result['loadavg']}:",
             "",
