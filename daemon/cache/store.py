@@ -73,7 +73,7 @@ class Clip:
     encoding: str = ENCODING
     words: tuple[Word, ...] = ()  # the clip's word timings, samples from its start
     # what it was prepared with (SynthesisConfig.to_dict, seed as asked): a re-synthesis makes
-    # the same clip (Resolver.resynthesize); None in a clip stored before it was kept
+    # the same clip (Resolver.remade); None in a clip stored before it was kept
     request: dict[str, Any] | None = None
 
     @property
@@ -348,7 +348,7 @@ class CacheStore:
 
     def put(self, clip: Clip) -> list[str]:
         """Insert or replace a clip, then evict LRU unpinned clips over budget; returns evicted.
-        A clip replacing a pinned one stays pinned (a re-synthesis: ``Resolver.resynthesize``)."""
+        A clip replacing a pinned one stays pinned (a re-synthesis: ``Resolver.remade``)."""
         if clip.encoding != ENCODING or len(clip.audio) % SAMPLE_WIDTH:
             raise ValueError(f"clip {clip.key}: expected {ENCODING} audio")
         if not clip.pinned and clip.expires is None:

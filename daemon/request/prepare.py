@@ -33,7 +33,7 @@ class Prepared:
     Marked-up text (SSML, ``speakd.markup.plan``) has ``parts``: its audio is composed of them
     (``speakd.request.compose``), and ``key`` hashes them. ``asked`` is ``config`` before its seed
     was pinned: ``text`` prepared with it again has the same key (stored with the clip, so a
-    re-synthesis keeps every parameter: ``Resolver.resynthesize``)."""
+    re-synthesis keeps every parameter: ``Resolver.remade``)."""
 
     text: str
     normalized: str
