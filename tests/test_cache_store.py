@@ -81,6 +81,7 @@ def test_row_round_trip_wal_and_schema_version(tmp_path: Path) -> None:
     assert cols == {
         "key", "text", "voice", "params", "bundle", "sample_rate", "encoding", "audio",
         "duration", "pinned", "created", "expires", "last_used", "hits", "bytes", "words",
+        "request",
     }  # fmt: skip
     assert raw.execute("SELECT encoding, bytes FROM clips").fetchone() == ("pcm_s16le", 3200)
 
@@ -96,7 +97,7 @@ def test_a_schema_1_cache_keeps_its_clips_and_gains_word_timings(tmp_path: Path)
     old["meta"].insert({"key": "schema_version", "value": "1"})
     before = clip("old", 3200)
     row = before.row()
-    del row["words"]
+    del row["words"], row["request"]  # columns added since
     old["clips"].insert(row)
     old.conn.commit()
     old.conn.close()

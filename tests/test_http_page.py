@@ -11,6 +11,7 @@ import json
 import tomllib
 from pathlib import Path
 
+import httpx
 import pytest
 
 import speakd
@@ -185,3 +186,72 @@ def test_the_page_ships_as_package_data() -> None:
     assert {"index.html", "index.js", "index.css"} <= {f.name for f in files}
     for f in files:
         assert any(fnmatch.fnmatch(f.name, g) for g in globs), f
+
+
+async def test_resynthesize_keeps_every_parameter_and_the_pin(tmp_path: Path) -> None:
+    """The page's ↻ on a pinned Piper clip made with a speaker, a speed (its length_scale), a
+    pitch and an engine option, and on one made from SSML prosody: the daemon makes each anew
+    from what it was made with, so the new clip has the same key and parameters, and is still
+    pinned (it used to drop all but text, voice and speed, delete the clip, then 404 re-pinning)."""
+    (tmp_path / "daemon" / "voices").mkdir(parents=True)
+    tiny_multispeaker_voice(tmp_path / "daemon" / "voices", "xx_XX-duo-low")
+    d = start_http_daemon(tmp_path / "daemon")
+    api = f"{d.url}/v1"
+
+    def clips(text: str) -> list[dict]:
+        r = httpx.get(f"{api}/cache/clips", params={"q": text}, headers=d.auth, timeout=30)
+        return r.json()["clips"]
+
+    asked = {
+        "plain": {"input": "Bert, slowly and higher.", "voice": "xx_XX-duo-low", "speaker": "bert",
+                  "speed": 1.3, "pitch": 2.0, "params": {"noise_scale": 0.5}},
+        "ssml": {"input": '<speak><prosody rate="slow" pitch="+2st">Marked up, slowly.</prosody>'
+                 "</speak>", "voice": "xx_XX-duo-low"},
+    }  # fmt: skip
+    before = {}
+    try:
+        for name, body in asked.items():
+            r = httpx.post(f"{api}/audio/speech", json={**body, "response_format": "wav"},
+                           headers=d.auth, timeout=60)  # fmt: skip
+            assert r.status_code == 200, r.text
+            text = "Bert, slowly" if name == "plain" else "Marked up"
+            [clip] = clips(text)
+            r = httpx.post(f"{api}/cache/clips/{clip['key']}/pin", json={"pinned": True},
+                           headers=d.auth, timeout=30)  # fmt: skip
+            assert r.status_code == 200, r.text
+            before[name] = (text, {**clip, "pinned": True})
+        params = json.loads(before["plain"][1]["params"])
+        assert params["voice"] == "xx_XX-duo-low#bert" and params["pitch"] == 2.0
+        assert params["noise_scale"] == 0.5 and params["length_scale"] < 1.0
+        assert "pitch" in json.loads(before["ssml"][1]["params"])
+
+        async with chromium(tmp_path / "chromium") as page:
+            await page.goto(d.url + "/")
+            await page.evaluate(
+                f"const t = document.getElementById('token'); t.value = {json.dumps(d.token)};"
+                "t.dispatchEvent(new Event('change'))"
+            )
+            errors = "document.querySelectorAll('#log .error').length"  # 401s before the token
+            logged = None
+            for text, old in before.values():
+                row = f"#clips tbody tr[data-key={json.dumps(old['key'])}]"
+                await page.wait_for(f"!!document.querySelector('{row}')", timeout=30)
+                logged = logged if logged is not None else await page.evaluate(errors)
+                await page.evaluate(
+                    "delete document.body.dataset.resynthesizedKey;"
+                    f"document.querySelector('{row} td.acts button:nth-child(2)').click()"
+                )
+                key = await page.wait_for(  # the new clip's key, or the error the page logs
+                    "document.body.dataset.resynthesizedKey || "
+                    f"({errors} > {logged} && document.querySelector('#log .error').textContent)",
+                    timeout=60,
+                )
+                assert key == old["key"]
+                await page.wait_for(f"document.querySelector('{row}')?.className === 'pinned'")
+                [new] = clips(text)
+                assert new["last_used"] > old["last_used"]  # made anew, not left as it was
+                same = ("key", "text", "voice", "params", "pinned")
+                assert {k: new[k] for k in same} == {k: old[k] for k in same}
+            assert await page.evaluate(errors) == logged
+    finally:
+        assert d.stop() == 0

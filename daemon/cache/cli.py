@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -104,9 +105,17 @@ def _run(args: argparse.Namespace) -> int:
         if command == "import":
             config = load_config(args.config)
             versions = PackVersions.in_state_dir(config.state.dir)  # the daemon's record
-            done = import_by_hand(
-                store, args.pack, args.manifest, Trust(tuple(config.fleet.trusted_keys)), versions
-            )
+            try:
+                done = import_by_hand(
+                    store,
+                    args.pack,
+                    args.manifest,
+                    Trust(tuple(config.fleet.trusted_keys)),
+                    versions,
+                )
+            finally:
+                versions.close()
+                _keep_owners([store.path, Path(versions.path)])
             print(f"imported {done.added} of {done.clips} clips from {args.pack} into {store.path}")
         elif command == "export":
             n = export_pack(store, args.out, args.all)
@@ -126,6 +135,22 @@ def _run(args: argparse.Namespace) -> int:
                 return EXIT_FAILED
             print(f"{store.path}: ok ({store.stats()['clips']} clips)")
     return 0
+
+
+def _keep_owners(databases: list[Path]) -> None:
+    """Run as root (``sudo speakd cache import``), a database file this command made, and what
+    SQLite made beside it, takes the owner of the directory it is in (the service's
+    ``/var/cache/speakd``, ``/var/lib/speakd``): left root's, the daemon could not write it (a
+    root-owned ``pack-versions.db`` refuses every signed pack). SQLite itself gives a ``-wal`` or
+    ``-shm`` the owner of an existing database."""
+    from speakd.cache.schema import database_files
+
+    if os.geteuid() != 0:
+        return
+    for path in (f for db in databases for f in database_files(db) if f.exists()):
+        folder = path.parent.stat()
+        if path.stat().st_uid == 0 and folder.st_uid != 0:
+            os.chown(path, folder.st_uid, folder.st_gid)
 
 
 def _ls(store: CacheStore, pinned: bool, as_json: bool) -> None:

@@ -72,6 +72,9 @@ class Clip:
     hits: int = 0
     encoding: str = ENCODING
     words: tuple[Word, ...] = ()  # the clip's word timings, samples from its start
+    # what it was prepared with (SynthesisConfig.to_dict, seed as asked): a re-synthesis makes
+    # the same clip (Resolver.remade); None in a clip stored before it was kept
+    request: dict[str, Any] | None = None
 
     @property
     def bytes(self) -> int:
@@ -105,6 +108,7 @@ class Clip:
             "hits": self.hits,
             "bytes": self.bytes,
             "words": json.dumps([w.to_json() for w in self.words]) if self.words else None,
+            "request": None if self.request is None else json.dumps(self.request, sort_keys=True),
         }
 
     @classmethod
@@ -124,6 +128,7 @@ class Clip:
             hits=row["hits"],
             encoding=row["encoding"],
             words=tuple(Word.from_json(w) for w in json.loads(row.get("words") or "[]")),
+            request=json.loads(row.get("request") or "null"),
         )
 
 
@@ -287,29 +292,31 @@ class CacheStore:
         return self._run(lambda db: list(db.query(sql, [int(pinned_only)])))
 
     def stats(self) -> dict[str, Any]:
-        def read(db: Database) -> dict[str, Any]:
-            row = db.execute(
-                "SELECT COUNT(*), COALESCE(SUM(bytes), 0), COALESCE(SUM(duration), 0),"
-                " COALESCE(SUM(pinned), 0), COALESCE(SUM(CASE WHEN pinned = 1 THEN bytes END), 0),"
-                " COALESCE(SUM(hits), 0), COALESCE(SUM(expires <= ? AND pinned = 0), 0)"
-                " FROM clips",
-                [time.time()],
-            ).fetchone()
-            return {
-                "path": str(self.path),
-                "schema_version": SCHEMA_VERSION,
-                "clips": row[0],
-                "bytes": row[1],
-                "audio_s": round(row[2], 1),
-                "pinned": row[3],
-                "pinned_bytes": row[4],
-                "stored_hits": row[5],
-                "expired": row[6],
-                "max_bytes": self.max_bytes,
-                "recovered_from": self.recovered_from,
-            }
+        return self._run(lambda db: self.stats_from(db.conn))
 
-        return self._run(read)
+    def stats_from(self, conn: sqlite3.Connection) -> dict[str, Any]:
+        """The totals read on ``conn``: the store's own, or the page's (``speakd.cache.browse``).
+        Served by the ``clips_recent`` index (``speakd.cache.schema.add_extras``)."""
+        row = conn.execute(
+            "SELECT COUNT(*), COALESCE(SUM(bytes), 0), COALESCE(SUM(duration), 0),"
+            " COALESCE(SUM(pinned), 0), COALESCE(SUM(CASE WHEN pinned = 1 THEN bytes END), 0),"
+            " COALESCE(SUM(hits), 0), COALESCE(SUM(expires <= ? AND pinned = 0), 0)"
+            " FROM clips INDEXED BY clips_recent",
+            [time.time()],
+        ).fetchone()
+        return {
+            "path": str(self.path),
+            "schema_version": SCHEMA_VERSION,
+            "clips": row[0],
+            "bytes": row[1],
+            "audio_s": round(row[2], 1),
+            "pinned": row[3],
+            "pinned_bytes": row[4],
+            "stored_hits": row[5],
+            "expired": row[6],
+            "max_bytes": self.max_bytes,
+            "recovered_from": self.recovered_from,
+        }
 
     def integrity_check(self) -> list[str]:
         """SQLite's full check plus one per clip; empty when all is well."""
@@ -340,7 +347,8 @@ class CacheStore:
         return now + self.ttl_s * (1.0 + self.ttl_jitter * self._rng.uniform(-1.0, 1.0))
 
     def put(self, clip: Clip) -> list[str]:
-        """Insert or replace a clip, then evict LRU unpinned clips over budget; returns evicted."""
+        """Insert or replace a clip, then evict LRU unpinned clips over budget; returns evicted.
+        A clip replacing a pinned one stays pinned (a re-synthesis: ``Resolver.remade``)."""
         if clip.encoding != ENCODING or len(clip.audio) % SAMPLE_WIDTH:
             raise ValueError(f"clip {clip.key}: expected {ENCODING} audio")
         if not clip.pinned and clip.expires is None:
@@ -349,7 +357,12 @@ class CacheStore:
         def write(db: Database) -> list[str]:
             self._flush_touches()
             with write_transaction(db):
-                db["clips"].upsert(clip.row(), pk="key")
+                row = clip.row()
+                if db.execute("SELECT pinned FROM clips WHERE key = ?", [clip.key]).fetchone() == (
+                    1,
+                ):
+                    row.update(pinned=1, expires=None)
+                db["clips"].upsert(row, pk="key")
                 return self._evict(db, keep=clip.key)
 
         return self._run(write)

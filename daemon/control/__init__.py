@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from speakd.cache.browse import Listing, browse
 from speakd.engines.base import SynthesisConfig
 from speakd.markup.capitals import Capitals
 from speakd.markup.lexicon import Lexicon
@@ -40,7 +41,7 @@ from speakd.request.stream import AudioStream
 from speakd.request.voices import VoiceLibrary
 
 if TYPE_CHECKING:
-    from speakd.cache.store import CacheStore
+    from speakd.cache.store import CacheStore, Clip
 
 log = logging.getLogger(__name__)
 
@@ -404,6 +405,32 @@ class Control:
         """The cache the daemon plays from now (a reload may replace it), None when it is off:
         where prompt packs arriving over MQTT are imported (mqtt/packs.py)."""
         return self.scheduler.resolver.store
+
+    def resynthesis(self, key: str, *, origin: str) -> tuple[Clip, SpeakRequest]:
+        """Clip ``key`` and the request that makes it anew with every parameter it was made with,
+        whatever the cache holds (``Resolver.remade``), to read through ``stream``; blocking (it
+        reads SQLite). Then ``resynthesized``."""
+        old, prepared = self.scheduler.resolver.remade(key)
+        config = prepared.asked or prepared.config
+        request = SpeakRequest(
+            old.text, config=config, origin=origin, prepared=prepared, fresh=True
+        )
+        return old, request
+
+    def resynthesized(self, old: Clip, request: SpeakRequest) -> Clip:
+        """The clip a ``resynthesis`` request stored, with ``old``'s pin; blocking."""
+        assert request.prepared is not None
+        return self.scheduler.resolver.replaced(old, request.prepared.key)
+
+    def browse_cache(self, text: str, *, pinned_only: bool, limit: int) -> Listing | None:
+        """The page's listing (``speakd.cache.browse``): beside the store, not behind its lock;
+        blocking, None when there is no cache."""
+        store = self.cache_store()
+        return (
+            None
+            if store is None
+            else browse(store, text=text, pinned_only=pinned_only, limit=limit)
+        )
 
     def status(self) -> dict[str, Any]:
         state = self.scheduler.status()

@@ -116,7 +116,7 @@ async function loadClips() {
     const acts = cell(tr, "", "acts");
     acts.append(
       button("▶", "play the cached clip", () => playClip(c)),
-      button("↻", "drop it and synthesize it again", () => resynthesize(c)),
+      button("↻", "synthesize it again, as it was made", () => resynthesize(c)),
       button(c.pinned ? "unpin" : "pin", c.pinned ? "let it expire like any clip"
         : "keep it beyond the budget and the TTL", () => pin(c, !c.pinned)),
     );
@@ -133,19 +133,14 @@ async function playClip(c) {
   document.body.dataset.clipPlayed = c.key;
 }
 
+// Made anew by the daemon from what the clip was made with (every parameter: voice, speaker,
+// speed, pitch, the engine's options, seed), stored over it and pinned if it was: the same key.
 async function resynthesize(c) {
-  await api("v1/cache/clips/" + encodeURIComponent(c.key), null, "DELETE");
-  const params = JSON.parse(c.params || "{}");
-  const response = await api("v1/audio/speech", {
-    model: "speakd", input: c.text, voice: c.voice, response_format: "wav",
-    ...(params.speed ? { speed: params.speed } : {}),
-  });
-  const cache = response.headers.get("X-Speakd-Cache");
-  await playBlob(await response.blob(), `re-synthesized "${c.text.slice(0, 40)}" (cache ${cache})`);
-  if (c.pinned) { // the new clip has the same key: pinned again
-    await api("v1/cache/clips/" + encodeURIComponent(c.key) + "/pin", { pinned: true });
-  }
-  document.body.dataset.resynthesized = cache;
+  const response = await api("v1/cache/clips/" + encodeURIComponent(c.key) + "/resynthesize", {});
+  const key = response.headers.get("X-Speakd-Key");
+  await playBlob(await response.blob(), `re-synthesized "${c.text.slice(0, 40)}"`);
+  document.body.dataset.resynthesizedKey = key;
+  document.body.dataset.resynthesized = response.headers.get("X-Speakd-Cache");
   await loadClips();
 }
 

@@ -9,19 +9,18 @@ routes answer 404 ``not_found`` with ``cache.enabled`` in the message.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from speakd.audio import wav_bytes
-from speakd.frontends.http_base import ok, read_json, state
+from speakd.frontends.http_base import ok, origin, read_json, state
 from speakd.request.messages import RequestError
 
 if TYPE_CHECKING:  # the store Control hands out (Control.cache_store), as mqtt/packs.py takes it
     from speakd.cache.store import CacheStore
 
 MAX_LISTED = 200  # clips one listing returns, most recently used first
-LISTED = ("key", "text", "voice", "params", "duration", "pinned", "hits", "bytes", "last_used")
 
 
 def routes() -> list[web.RouteDef]:
@@ -30,6 +29,7 @@ def routes() -> list[web.RouteDef]:
         web.get("/v1/cache/clips", clips),
         web.get("/v1/cache/clips/{key}/audio", clip_audio),
         web.post("/v1/cache/clips/{key}/pin", pin),
+        web.post("/v1/cache/clips/{key}/resynthesize", resynthesize),
         web.delete("/v1/cache/clips/{key}", drop),
     ]
 
@@ -49,23 +49,18 @@ def _store(request: web.Request) -> CacheStore:
 
 
 async def clips(request: web.Request) -> web.Response:
-    """``?q=`` finds text (any case), ``?pinned=1`` only pinned clips."""
-    store = _store(request)
-    query = request.query.get("q", "").casefold()
-    pinned = request.query.get("pinned") in ("1", "true")
-    found: list[dict[str, Any]] = []
-    total = 0
-    # the whole cache's rows and its stats: read off the event loop (CANCEL, key echo wait on it)
-    rows, stats = await asyncio.to_thread(
-        lambda: (store.listing(pinned_only=pinned), store.stats())
+    """``?q=`` finds text (any case), ``?pinned=1`` only pinned clips. Read off the event loop
+    (CANCEL and key echo wait on it) and beside the store, not behind it (``speakd.cache.browse``):
+    a clip being stored or read for a hit does not wait for the page."""
+    found = await asyncio.to_thread(
+        state(request).control.browse_cache,
+        request.query.get("q", ""),
+        pinned_only=request.query.get("pinned") in ("1", "true"),
+        limit=MAX_LISTED,
     )
-    for row in rows:
-        if query and query not in row["text"].casefold():
-            continue
-        total += 1
-        if len(found) < MAX_LISTED:
-            found.append({k: row[k] for k in LISTED} | {"pinned": bool(row["pinned"])})
-    return ok({"clips": found, "matching": total, "stats": stats})
+    if found is None:
+        raise RequestError("not_found", "there is no cache (cache.enabled = false)")
+    return ok({"clips": found.clips, "matching": found.matching, "stats": found.stats})
 
 
 async def clip_audio(request: web.Request) -> web.Response:
@@ -85,8 +80,26 @@ async def pin(request: web.Request) -> web.Response:
     return ok({"key": request.match_info["key"], "pinned": pinned})
 
 
+async def resynthesize(request: web.Request) -> web.Response:
+    """Make a clip anew with every parameter it was made with, pinned if it was: a stream like
+    any (``max_streams``, the metrics); answers its audio (WAV) once stored, its key in
+    ``X-Speakd-Key`` (docs/http.md)."""
+    control = state(request).control
+    key = request.match_info["key"]
+    old, speak = await asyncio.to_thread(control.resynthesis, key, origin=origin(request))
+    async with control.stream(speak) as stream:
+        async for _chunk in stream.aread():
+            pass
+    clip = await asyncio.to_thread(control.resynthesized, old, speak)
+    return web.Response(
+        body=wav_bytes(clip.chunk()),
+        content_type="audio/wav",
+        headers={"X-Speakd-Cache": "miss", "X-Speakd-Key": clip.key},
+    )
+
+
 async def drop(request: web.Request) -> web.Response:
-    """Drop a clip: the next request for it synthesizes it anew (the page's re-synthesize)."""
+    """Drop a clip: the next request for it synthesizes it anew."""
     if not _store(request).delete(request.match_info["key"]):
         raise RequestError("not_found", "no clip with that key (evicted or dropped)")
     return ok({"key": request.match_info["key"], "dropped": True})

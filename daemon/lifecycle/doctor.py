@@ -204,19 +204,34 @@ def _check_key_echo(config: Config) -> Check:
 
 
 def _check_paths(config: Config) -> Check:
-    """The cache file and the state directory, writable by the daemon's user: as root, the
-    system service's ``speakd``, not root (``speakd.lifecycle.writable``)."""
-    from speakd.lifecycle.writable import service_account, unwritable
+    """The cache file and the state directory, and every database in them that the daemon writes
+    (the cache's ``-wal``/``-shm``, the pack versions, the MQTT journal), writable by the daemon's
+    user: as root, the system service's ``speakd``, not root (``speakd.lifecycle.writable``). A
+    file ``sudo speakd cache import`` left root-owned passes a check of the directory alone, then
+    every signed pack is refused ("attempt to write a readonly database")."""
+    from speakd.cache.schema import database_files
+    from speakd.lifecycle.writable import (
+        STATE_FILES,
+        service_account,
+        unwritable,
+        unwritable_files,
+    )
 
     account = service_account()
     cache, state = Path(config.cache.path), Path(config.state.dir)
     problems = [f"state.dir: {why}"] if (why := unwritable(state, account, is_dir=True)) else []
-    if config.cache.enabled and (why := unwritable(cache, account)):
-        problems.insert(0, f"cache.path: {why}; the daemon would synthesize every request")
+    state_files = [f for name in STATE_FILES for f in database_files(state / name)]
+    problems += [f"state.dir: {why}" for why in unwritable_files(state_files, account)]
+    if config.cache.enabled:
+        found = [why] if (why := unwritable(cache, account)) else []
+        found += unwritable_files(database_files(cache)[1:], account)
+        problems[:0] = [
+            f"cache.path: {w}; the daemon would synthesize every request" for w in found
+        ]
     if problems:
         return False, "; ".join(problems)
     used = f"cache {cache}, " if config.cache.enabled else ""
-    return True, f"{used}state {state}: writable by {account.name}"
+    return True, f"{used}state {state} and their files: writable by {account.name}"
 
 
 def _check_socket(config_path: Path | None, socket_path: str | None) -> Check:

@@ -16,7 +16,11 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from speakd.cache.versions import FILE as PACK_VERSIONS
 from speakd.paths import SERVICE_USER
+
+JOURNAL = "mqtt-journal.db"  # the MQTT journal in the state directory (lifecycle/service.py)
+STATE_FILES = (PACK_VERSIONS, JOURNAL)  # the databases speakd writes in [state] dir
 
 # The directories speakd.service's CacheDirectory=/StateDirectory= create, owned by its user.
 SERVICE_DIRS = (Path("/var/cache/speakd"), Path("/var/lib/speakd"))
@@ -79,3 +83,16 @@ def unwritable(path: Path, account: Account, is_dir: bool = False) -> str:
     if not is_dir and path.exists() and not account.may(path.stat(), read=True, write=True):
         return f"{account.name} cannot read and write {path}"
     return ""
+
+
+def unwritable_files(paths: list[Path], account: Account) -> list[str]:
+    """Each existing file of ``paths`` that ``account`` cannot read and write, with its owner
+    and mode (what to fix)."""
+    problems = []
+    for path in paths:
+        if path.exists() and not account.may(st := path.stat(), read=True, write=True):
+            problems.append(
+                f"{account.name} cannot write {path} (owner uid {st.st_uid}, mode "
+                f"{stat.S_IMODE(st.st_mode):04o})"
+            )
+    return problems

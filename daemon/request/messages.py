@@ -67,6 +67,7 @@ class SpeakRequest:
     client: str = ""  # a connection/client key: SSIP CANCEL SELF acts on it
     on_event: EventCallback | None = None  # called on the event loop thread
     cache_only: bool = False
+    fresh: bool = False  # made anew whatever the cache holds (the page's re-synthesize)
     words: bool = False  # the caller wants a ``word`` event as playback reaches each word
     received: float = field(default_factory=time.monotonic)
     prepared: Prepared | None = None

@@ -31,7 +31,9 @@ class Prepared:
     """A request ready for the cache or the engine. ``config`` has the voice resolved and the seed
     pinned; ``params`` is what the engine says changes the audio (stored beside each clip).
     Marked-up text (SSML, ``speakd.markup.plan``) has ``parts``: its audio is composed of them
-    (``speakd.request.compose``), and ``key`` hashes them."""
+    (``speakd.request.compose``), and ``key`` hashes them. ``asked`` is ``config`` before its seed
+    was pinned: ``text`` prepared with it again has the same key (stored with the clip, so a
+    re-synthesis keeps every parameter: ``Resolver.remade``)."""
 
     text: str
     normalized: str
@@ -40,6 +42,7 @@ class Prepared:
     bundle: str
     params: dict[str, Any]
     parts: tuple[Part, ...] = ()
+    asked: SynthesisConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -134,7 +137,7 @@ def prepare(
         params = engine.audio_params(config)
     except EngineError as e:
         raise RequestError(getattr(e, "code", "bad_request"), str(e)) from None
-    seed = config.seed
+    seed, asked = config.seed, config
     key = key_of(normalized, params, engine.bundle_id, seed)
     if seed is None:  # the same request always yields the same audio
         config = dataclasses.replace(config, seed=seed_from_key(key))
@@ -146,7 +149,7 @@ def prepare(
     if after:
         params = {**params, **after}
         key = key_of(normalized, params, engine.bundle_id, seed)
-    return Prepared(text, normalized, config, key, engine.bundle_id, params)
+    return Prepared(text, normalized, config, key, engine.bundle_id, params, asked=asked)
 
 
 def select_voice(

@@ -39,9 +39,10 @@ from speakd.audio.pitch import by_resampling, shifted
 from speakd.cache.shipped import ShippedPack
 from speakd.cache.store import CacheError, CacheStore, Clip
 from speakd.config import CacheConfig
-from speakd.engines.base import Engine, EngineError
+from speakd.engines.base import Engine, EngineError, SynthesisConfig
 from speakd.request.breaker import CircuitBreaker, Guard
 from speakd.request.compose import compose
+from speakd.request.errors import RequestError
 from speakd.request.loudness import VOICES as LOUDNESS
 from speakd.request.messages import SpeakRequest
 from speakd.request.prepare import Prepared
@@ -168,10 +169,10 @@ class Resolver:
         prepared = self.prepare(request)
         if prepared.parts:
             return self._compose(prepared, request.cache_only)
-        return self._open(prepared, request.cache_only)
+        return self._open(prepared, request.cache_only, request.fresh)
 
-    def _open(self, prepared: Prepared, cache_only: bool) -> AudioStream:
-        clip, shipped = self._find(prepared.key)
+    def _open(self, prepared: Prepared, cache_only: bool, fresh: bool = False) -> AudioStream:
+        clip, shipped = (None, False) if fresh else self._find(prepared.key)
         if clip is not None:
             stale = clip.expired(time.time())
             if not stale or self.stale_while_revalidate:
@@ -212,6 +213,38 @@ class Resolver:
         )
         thread.start()
         return stream
+
+    def remade(self, key: str) -> tuple[Clip, Prepared]:
+        """The page's re-synthesize: clip ``key`` and what it was made from (text, voice, speaker,
+        speed, pitch, the engine's options, seed) prepared again, for a ``fresh`` request (a new
+        key only if its voice changed since). RequestError ``not_found`` for no such clip,
+        ``bad_request`` for one stored without its request."""
+        old = None if self.store is None else self.store.get(key)
+        if old is None:
+            raise RequestError("not_found", "no clip with that key (evicted or dropped)")
+        if old.request is None:
+            raise RequestError(
+                "bad_request",
+                f"clip {key[:12]} was stored without what it was made from (a prompt pack or an "
+                "older speakd): drop it, and the next request for it makes it anew",
+            )
+        return old, self.voices.prepare(old.text, SynthesisConfig(**old.request))
+
+    def replaced(self, old: Clip, key: str) -> Clip:
+        """After a re-synthesis of ``old`` stored clip ``key``: that clip, pinned if ``old`` was
+        (the same key kept its pin, ``CacheStore.put``; a new key takes it, and only then does
+        the old clip go)."""
+        new = None if self.store is None else self.store.get(key)
+        if new is None:
+            raise RequestError(  # the cache failed meanwhile: logged and counted by _store
+                "synthesis_failed", f"clip {key[:12]} was made but not stored"
+            )
+        assert self.store is not None
+        if new.key != old.key:
+            if old.pinned:
+                new.pinned = self.store.pin(new.key)
+            self.store.delete(old.key)
+        return new
 
     def stream(self, request: SpeakRequest, cancel: threading.Event) -> Iterator[AudioChunk]:
         """Open, read to the end (or ``cancel``), release: for callers that read in one go."""
@@ -424,6 +457,7 @@ class Resolver:
                 sample_rate=audio.sample_rate,
                 audio=audio.pcm,
                 words=audio.words,
+                request=None if prepared.asked is None else prepared.asked.to_dict(),
             )
             evicted = self.store.put(clip)
         except (CacheError, sqlite3.Error, ValueError, OSError) as e:

@@ -27,6 +27,7 @@ BENCHMARKS = {
     "profile": "where the ChatTTS step's time goes: node types, ORT profile, threads, machine",
     "wyoming": "Wyoming first-chunk latency, cached and new sentences, next to wyoming-piper",
     "http": "HTTP API: a cached /v1/audio/speech, p50/p99 alone and requests/s under load",
+    "page": "a cached hit's p99 with the page open on a 20 000-clip cache, and without it",
     "voices": "many voices: RSS with 1, 2, 3 loaded, cold vs warm first audio, LRU at limit 1",
     "ssml": "SSML parser: a document, and the refusal of a billion laughs, a blowup, deep nesting",
     "memory": "daemon RSS at READY, after a warm-up and after N mixed socket requests",
