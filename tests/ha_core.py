@@ -16,21 +16,21 @@ import aiohttp
 import httpx
 import pytest
 
-from tests.ha_venv import HaUnavailable, HaVenv, build
+from tests.ha_venv import HaUnavailable, HaVenv
 from tests.mosquitto import free_port
 from tests.waits import wait_until
 
 CLIENT_ID = "http://127.0.0.1/"  # onboarding's client: any URL (HA's own UI uses its origin)
 
 
-def venv_or_skip(release: str) -> HaVenv:
-    """The release's venv; without one, a skip with its reason, or a failure with CI=true."""
-    try:
-        return build(release)
-    except HaUnavailable as e:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"Home Assistant {release}: {e}")
-        pytest.skip(f"Home Assistant {release}: {e}")
+def venv_or_skip(release: str, built: HaVenv | HaUnavailable) -> HaVenv:
+    """The release's venv (``ha_venv.build_all``); without one, a skip with its reason, or a
+    failure with CI=true."""
+    if isinstance(built, HaVenv):
+        return built
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"Home Assistant {release}: {built}")
+    pytest.skip(f"Home Assistant {release}: {built}")
 
 
 @dataclass

@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,6 +109,20 @@ def build(release: str) -> HaVenv:
     _run(uv, "pip", "install", "--quiet", *pin, f"homeassistant=={release}", *reqs)
     marker.write_text(release)
     return HaVenv(release, root)
+
+
+def build_all() -> dict[str, HaVenv | HaUnavailable]:
+    """Every release at once (the two installs overlap their downloads): each one's venv, or
+    why it cannot be had."""
+
+    def one(release: str) -> HaVenv | HaUnavailable:
+        try:
+            return build(release)
+        except HaUnavailable as e:
+            return e
+
+    with ThreadPoolExecutor(len(RELEASES)) as pool:
+        return dict(zip(RELEASES, pool.map(one, RELEASES), strict=True))
 
 
 if __name__ == "__main__":  # build ahead of a test run: python -m tests.ha_venv 2025.4.4 ...
