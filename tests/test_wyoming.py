@@ -421,6 +421,9 @@ async def test_a_long_whole_text_is_spoken_sentence_by_sentence_in_one_answer(
         events = await synthesize(client, text)
     kinds = [e.type for e in events if e.type == "audio-start" or e.type == "audio-stop"]
     assert kinds == ["audio-start", "audio-stop"] and error_of(events) is None
+    starts = [e.data["start"] for e in events if e.type == "speakd-word"]  # from audio-start
+    assert len(starts) >= 20 * 6 and starts == sorted(starts)
+    assert starts[-1] < len(audio_of(events)) // 2
     short = len(audio_of(events)) / len(text)
     async with tcp(port) as client:
         one = await synthesize(client, "Sentence number 1 is spoken as well.")

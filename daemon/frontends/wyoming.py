@@ -438,11 +438,11 @@ class WyomingHandler(AsyncEventHandler):
         """One answer: audio-start, audio-chunk…, audio-stop, for every part of the job (a long
         whole text's sentences are one answer, as the client asked for one). A refused or failed
         one ends the connection instead (``_abort``); False then."""
-        started = False
+        sent: int | None = None  # samples of this answer sent; None before its audio-start
         try:
             for n, part in enumerate(say.parts):
                 voice = say.voice | (say.first if n == 0 else {})
-                started = await self._speak_part(self._request(part, voice), started)
+                sent = await self._speak_part(self._request(part, voice), sent)
         except (ConnectionError, asyncio.CancelledError):  # gone: leaving the block released it
             log.info("%s: the client left; its stream is released", self.client)
             raise
@@ -454,20 +454,22 @@ class WyomingHandler(AsyncEventHandler):
         await self.write_event(AudioStop().event())
         return True
 
-    async def _speak_part(self, request: SpeakRequest, started: bool) -> bool:
-        """One request's audio; audio-start before its first chunk unless ``started``."""
+    async def _speak_part(self, request: SpeakRequest, sent: int | None) -> int:
+        """One request's audio after ``sent`` samples of the answer (None: audio-start first);
+        word and mark events count samples from the answer's audio-start. Returns the samples
+        sent in all."""
         rid = self._owed.current = request.id
         for warning in request.warnings:  # Home Assistant skips events it does not know
             await self.write_event(Event("speakd-warning", warning.to_dict()))
         async with self.control.stream(request) as stream:
-            index = offset = 0  # chunks and samples sent before this chunk
+            index, offset = 0, sent or 0  # chunks and samples sent before this chunk
             async for chunk in stream.aread():
                 await self._marks(stream, index, offset)
                 fmt = {"rate": chunk.sample_rate, "width": chunk.sample_width}
                 fmt["channels"] = chunk.channels
-                if not started:
+                if sent is None:
                     await self.write_event(AudioStart(**fmt).event())
-                    started = True
+                    sent = 0
                 for word in chunk.words:
                     timing = word.event(offset, chunk.sample_rate)
                     await self.write_event(Event(f"speakd-{word.kind}", timing))
@@ -477,7 +479,7 @@ class WyomingHandler(AsyncEventHandler):
                     piece = chunk.pcm[i : i + step]
                     await self.write_event(AudioChunk(audio=piece, **fmt).event())
             await self._marks(stream, index, offset)
-            if not started:  # no audio at all: still a well-formed answer
+            if sent is None:  # no audio at all: still a well-formed answer
                 rate = self.control.sample_rate(request)
                 await self.write_event(AudioStart(rate=rate, width=2, channels=1).event())
             log.info(
@@ -486,7 +488,7 @@ class WyomingHandler(AsyncEventHandler):
                 stream.duration,
                 "cached" if stream.from_cache else "synthesized",
             )
-        return True
+        return offset
 
     async def _abort(self, e: BaseException, *, cut: bool) -> None:
         """A synthesis refused or failed: ``error`` (why), then the connection ends, so that no
