@@ -18,7 +18,13 @@ import httpx
 import pytest
 from wyoming.client import AsyncTcpClient
 from wyoming.event import Event
-from wyoming.tts import Synthesize, SynthesizeVoice
+from wyoming.tts import (
+    Synthesize,
+    SynthesizeChunk,
+    SynthesizeStart,
+    SynthesizeStop,
+    SynthesizeVoice,
+)
 
 from tests.daemon_proc import DaemonProc, start_daemon, write_config
 from tests.http_daemon import TOKEN, free_port
@@ -126,10 +132,11 @@ def mqtt_say(payload: str) -> Callable[[Daemon], None]:
     return lambda d: mosquitto_pub(d.broker, f"speakd/{SITE}/say", payload)
 
 
-def wyoming(event: Event) -> Callable[[Daemon], None]:
+def wyoming(*events: Event) -> Callable[[Daemon], None]:
     async def send(port: int) -> None:
         async with AsyncTcpClient("127.0.0.1", port) as client:
-            await client.write_event(event)
+            for event in events:
+                await client.write_event(event)
             while (reply := await asyncio.wait_for(client.read_event(), 30)) is not None:
                 if reply.type == "error":
                     return
@@ -152,6 +159,8 @@ def http_post(path: str, body: bytes | dict) -> Callable[[Daemon], None]:
 
 
 NOBODY = SynthesizeVoice(name="nobody")
+WHITESPACE_STREAM = (SynthesizeStart().event(), SynthesizeChunk("  \n ").event())
+WHITESPACE_STREAM += (Synthesize("  \n ").event(), SynthesizeStop().event())
 SPEAK = "/v1/audio/speech"
 SPEECH = {"model": "tts-1", "voice": "alloy", "input": "Refused over HTTP."}
 
@@ -183,6 +192,8 @@ CASES: list[tuple[str, str, str, Callable[[Daemon], None]]] = [
     ("wyoming", "refused", "bad_event", wyoming(Event("synthesize", {"text": "Hi", "voice": "x"}))),
     ("wyoming", "refused", "unknown_voice", wyoming(Synthesize("Hi.", NOBODY).event())),
     ("wyoming", "refused", "bad_text", wyoming(Event("synthesize", {"text": 5}))),
+    ("wyoming", "refused", "empty_text", wyoming(Synthesize(" \t ").event())),
+    ("wyoming", "refused", "empty_text", wyoming(*WHITESPACE_STREAM)),  # as HA 2026 sends it
     # HTTP: what the handlers check (body, format, wait), then build_request
     ("http", "refused", "bad_json", http_post(SPEAK, b"{not json")),
     ("http", "refused", "bad_format", http_post(SPEAK, {**SPEECH, "response_format": "aac"})),

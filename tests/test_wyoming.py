@@ -39,6 +39,7 @@ import speakd
 import speakd.lifecycle.service
 from speakd.audio import read_wav
 from speakd.config import ConfigError, load_config
+from speakd.frontends.wyoming_wire import spellings
 from speakd.request.sounds import Sounds
 from tests.daemon_proc import DaemonProc, InProcessDaemon, start_daemon, write_config
 from tests.tiny_voices import tiny_multispeaker_voice
@@ -95,6 +96,19 @@ async def synthesize(client: AsyncClient, text: str, **voice: str) -> list[Event
     return await read_until(client, "audio-stop")  # a failed one too: error, then audio-stop
 
 
+async def refusal(client: AsyncClient) -> tuple[str, bool]:
+    """A refused synthesis: its error's code, then the end of the connection: closed (False)
+    or closed after an event cut off mid-way (True, a text stream's), never an audio-stop."""
+    error = await client.read_event()
+    assert error is not None and error.type == "error" and error.data["text"], error
+    try:
+        end = await client.read_event()
+    except asyncio.IncompleteReadError:
+        return error.data["code"], True
+    assert end is None, end
+    return error.data["code"], False
+
+
 def error_of(events: list[Event]) -> str | None:
     codes = [e.data["code"] for e in events if e.type == "error"]
     assert len(codes) <= 1, events
@@ -148,10 +162,10 @@ async def test_describe_is_answered_within_a_second_with_every_voice(
     assert program.version == speakd.__version__
     assert program.supports_synthesize_streaming
     assert program.attribution.name == "speakd"
-    assert [(v.name, v.languages) for v in program.voices] == [
-        (v["name"], v["languages"]) for v in voices
+    assert [(v.name, v.description, v.languages) for v in program.voices] == [
+        (v["name"], v["name"], spellings(v["languages"])) for v in voices
     ]
-    assert program.voices[0].languages == ["en-US"]  # BCP 47, as Home Assistant reads it
+    assert program.voices[0].languages == ["en-US", "en_US", "en"]  # as users write it in HA
     assert all(v.installed and v.attribution.url for v in program.voices)
 
 
@@ -252,6 +266,37 @@ async def test_ssml_text_format_on_synthesize_and_on_a_text_stream(
         assert audio_of(streamed) == whole
 
 
+HA_SSML = (
+    '<speak>Door <break time="300ms"/> open. <say-as interpret-as="characters">HA</say-as></speak>'
+)
+
+
+@pytest.mark.parametrize("size", [len(HA_SSML), 7, 1])
+async def test_a_speak_document_streamed_without_a_format_is_one_document(
+    daemon: tuple[DaemonProc, int], size: int
+) -> None:
+    """As Home Assistant 2026 streams every text: no text_format, the text in chunks (one, or
+    many cut anywhere, here after "<", inside tags and after "open. "), the whole text again as
+    synthesize, then synthesize-stop. One answer, the same audio as the document sent whole."""
+    _, port = daemon
+    async with tcp(port) as client:
+        await client.write_event(Synthesize(HA_SSML, text_format="ssml").event())
+        whole = audio_of(await read_until(client, "audio-stop"))
+    text = "  \n" + HA_SSML  # an LLM's answer may start with white space
+    async with tcp(port) as client:
+        await client.write_event(SynthesizeStart().event())
+        for i in range(0, len(text), size):
+            await client.write_event(SynthesizeChunk(text[i : i + size]).event())
+        await client.write_event(Synthesize(text).event())
+        await client.write_event(SynthesizeStop().event())
+        streamed = await read_until(client, "synthesize-stopped")
+    assert [e.type for e in streamed if e.type.startswith("audio-s")] == [
+        "audio-start",
+        "audio-stop",
+    ]
+    assert error_of(streamed) is None and audio_of(streamed) == whole
+
+
 async def test_speakd_chime_plays_before_a_synthesize_and_a_streams_first_sentence(
     daemon: tuple[DaemonProc, int],
 ) -> None:
@@ -278,7 +323,7 @@ async def test_speakd_chime_plays_before_a_synthesize_and_a_streams_first_senten
         unknown = Synthesize(SENTENCES[0]).event()
         unknown.data["speakd_chime"] = "klaxon"
         await client.write_event(unknown)
-        assert error_of(await read_until(client, "audio-stop")) == "unknown_chime"
+        assert await refusal(client) == ("unknown_chime", False)
 
 
 async def test_speakd_pitch_shifts_a_synthesize_and_every_sentence_of_a_stream(
@@ -330,32 +375,59 @@ async def test_ssml_marks_are_speakd_mark_events_ahead_of_the_audio_that_follows
     assert 0 <= onsets["Door"] < onsets["open"] < sent  # speech starts with its first sound
 
 
+STREAM = (SynthesizeStart().event(), SynthesizeStop().event())
+
+
 @pytest.mark.parametrize(
-    ("event", "code"),
+    ("events", "code", "cut"),
     [
-        (Synthesize("Hi", SynthesizeVoice(name="nobody")).event(), "unknown_voice"),
-        (Synthesize("Hi", SynthesizeVoice(language="xx")).event(), "unknown_language"),
-        (Synthesize("   ").event(), "empty_text"),
-        (Synthesize("word " * 100).event(), "text_too_long"),
-        (Event("synthesize", {"voice": {"name": "x"}}), "bad_event"),  # no text
-        (Event("synthesize", {"text": 5}), "bad_text"),
-        (Event("synthesize", {"text": "Hi", "voice": "x"}), "bad_event"),
-        (SynthesizeChunk("Hello.").event(), "bad_event"),  # no synthesize-start
-        (SynthesizeStop().event(), "bad_event"),
+        ([Synthesize("Hi", SynthesizeVoice(name="nobody")).event()], "unknown_voice", False),
+        ([Synthesize("Hi", SynthesizeVoice(language="xx")).event()], "unknown_language", False),
+        ([Synthesize("   ").event()], "empty_text", False),
+        ([Synthesize(f"<speak>{'word ' * 100}</speak>").event()], "text_too_long", False),
+        ([Event("synthesize", {"voice": {"name": "x"}})], "bad_event", False),  # no text
+        ([Event("synthesize", {"text": 5})], "bad_text", False),
+        ([Event("synthesize", {"text": "Hi", "voice": "x"})], "bad_event", False),
+        ([SynthesizeChunk("Hello.").event()], "bad_event", True),  # no synthesize-start
+        ([SynthesizeStop().event()], "bad_event", True),
+        ([SynthesizeStart(SynthesizeVoice(name="nobody")).event()], "unknown_voice", True),
+        ([STREAM[0], SynthesizeChunk(" \n\t ").event(), STREAM[1]], "empty_text", True),
+        ([STREAM[0], STREAM[1]], "empty_text", True),
     ],
 )
-async def test_bad_requests_are_errors_and_the_connection_goes_on(
-    daemon: tuple[DaemonProc, int], event: Event, code: str
+async def test_a_refused_synthesis_is_an_error_then_the_end_of_its_connection(
+    daemon: tuple[DaemonProc, int], events: list[Event], code: str, cut: bool
 ) -> None:
+    """Home Assistant keeps what it reads as the text's audio: a refusal must not read as
+    silence. A whole synthesize's connection closes (HA 2025.4: "No TTS"); a stream's ends in an
+    event cut off mid-way (HA 2026 fails only on that). Counted: tests/test_refusals.py."""
     _, port = daemon
     async with tcp(port) as client:
-        await client.write_event(event)
-        error = await client.read_event()
-        assert error is not None and error.type == "error", error
-        assert error.data["code"] == code and error.data["text"]
-        if Synthesize.is_type(event.type):  # what Home Assistant waits for
-            assert [e.type for e in await read_until(client, "audio-stop")] == ["audio-stop"]
-        await describe(client)
+        for event in events:
+            await client.write_event(event)
+        assert await refusal(client) == (code, cut)
+    async with tcp(port) as other:
+        await describe(other)
+
+
+async def test_a_long_whole_text_is_spoken_sentence_by_sentence_in_one_answer(
+    daemon: tuple[DaemonProc, int],
+) -> None:
+    """Over limits.max_text_chars (300 here) sent whole, as HA 2025.4 sends every text."""
+    _, port = daemon
+    text = " ".join(f"Sentence number {i} is spoken as well." for i in range(20))
+    assert len(text) > 2 * MAX_TEXT_CHARS
+    async with tcp(port) as client:
+        events = await synthesize(client, text)
+    kinds = [e.type for e in events if e.type == "audio-start" or e.type == "audio-stop"]
+    assert kinds == ["audio-start", "audio-stop"] and error_of(events) is None
+    starts = [e.data["start"] for e in events if e.type == "speakd-word"]  # from audio-start
+    assert len(starts) >= 20 * 6 and starts == sorted(starts)
+    assert starts[-1] < len(audio_of(events)) // 2
+    short = len(audio_of(events)) / len(text)
+    async with tcp(port) as client:
+        one = await synthesize(client, "Sentence number 1 is spoken as well.")
+    assert short > 0.5 * len(audio_of(one)) / len("Sentence number 1 is spoken as well.")
 
 
 @pytest.mark.parametrize(
@@ -489,9 +561,9 @@ async def test_an_engine_failure_is_an_error_and_the_connection_goes_on(
 ) -> None:
     _, sock = tone
     async with unix(sock) as client:
-        events = await synthesize(client, "please FAIL now")
-        assert [e.type for e in events] == ["error", "audio-stop"]
-        assert error_of(events) == "synthesis_failed"
+        await client.write_event(Synthesize("please FAIL now").event())
+        assert await refusal(client) == ("synthesis_failed", False)
+    async with unix(sock) as client:
         assert len(audio_of(await synthesize(client, "fine now"))) > 0
 
 
@@ -504,20 +576,16 @@ async def test_a_text_stream_ends_with_synthesize_stopped_whatever_fails(
         await client.write_event(SynthesizeChunk("Good one. This will FAIL now. Last").event())
         await client.write_event(SynthesizeChunk(" one.").event())
         await client.write_event(SynthesizeStop().event())
-        events = await read_until(client, "synthesize-stopped")
-        kinds = [e.type for e in events if e.type != "audio-chunk"]
-        good, failed = ["audio-start", "audio-stop"], ["error", "audio-stop"]
-        assert kinds == [*good, *failed, *good, "synthesize-stopped"]
-        assert error_of(events) == "synthesis_failed"
+        events = await read_until(client, "audio-stop")
+        assert [e.type for e in events if e.type != "audio-chunk"] == ["audio-start", "audio-stop"]
+        assert await refusal(client) == ("synthesis_failed", True)  # the rest is not sent
 
-        # A voice nobody has: refused once, at the start; its text is dropped.
+    async with unix(sock) as client:  # a voice nobody has: refused at the start
         await client.write_event(SynthesizeStart(SynthesizeVoice(name="nobody")).event())
         await client.write_event(SynthesizeChunk("Never said. Not this either. ").event())
         await client.write_event(Synthesize("Never said. Not this either.").event())
         await client.write_event(SynthesizeStop().event())
-        events = await read_until(client, "synthesize-stopped")
-        assert [e.type for e in events] == ["error", "synthesize-stopped"]
-        assert error_of(events) == "unknown_voice"
+        assert await refusal(client) == ("unknown_voice", True)
 
 
 async def test_a_sentence_that_stops_at_its_mark_is_spoken_after_the_hold(
@@ -619,7 +687,7 @@ async def test_info_follows_a_reload_and_a_new_uri(tone: tuple[InProcessDaemon, 
             listed = (await describe(client)).tts[0].voices
         assert [v.name for v in listed] == ["low", "high", "xx_XX-duo-low"]
         assert [s.name for s in listed[2].speakers or []] == ["anna", "bert"]
-        assert listed[2].languages == ["en-US"]
+        assert listed[2].languages == ["en-US", "en_US", "en"]
     finally:
         for f in voices.iterdir():
             f.unlink()

@@ -8,15 +8,18 @@ Events, on the ``wyoming`` package's own server and event classes:
   speakers (``wyoming_wire.build_info``), as they are now (a reload may add voices).
 * ``synthesize`` → ``audio-start``, ``audio-chunk``…, ``audio-stop``: one request through
   ``Control.stream`` — a cache hit comes straight from the cache, a miss shares one synthesis with
-  any playback of the same key, and each chunk goes out as the engine yields it.
+  any playback of the same key, and each chunk goes out as the engine yields it. A plain text
+  over ``limits.max_text_chars`` is spoken sentence by sentence in that one answer (a whole text
+  is bounded by what one event carries, ``limits.max_line_bytes``).
 * ``synthesize-start``, ``synthesize-chunk``…, ``synthesize-stop`` (text streamed in, an LLM's
   answer): every sentence is a request of its own as soon as it is complete
   (``frontends/sentences.py``), each answered ``audio-start`` … ``audio-stop``, then
   ``synthesize-stopped``. The ``synthesize`` a client sends inside the stream for older servers is
   ignored, never spoken twice.
-* ``text_format: "ssml"`` on ``synthesize`` or ``synthesize-start`` makes the text SSML
-  (docs/ssml.md); a streamed SSML text is spoken whole at ``synthesize-stop``, since markup cannot
-  be cut into sentences before it is complete.
+* ``text_format: "ssml"`` on ``synthesize`` or ``synthesize-start``, or a text whose root is
+  ``<speak>``, makes the text SSML (docs/ssml.md); a streamed SSML text is spoken whole at
+  ``synthesize-stop``, since markup cannot be cut before it is complete. Home Assistant 2026
+  streams every text without a format, so a stream's start is read until it tells (``_markup``).
 * ``speakd_chime`` (speakd's own field) on ``synthesize`` or ``synthesize-start``: a request's
   ``chime`` (``speakd.request.sounds``), played first in the same audio; a streamed text's first
   sentence has it. ``speakd_pitch``, the same way: a request's ``pitch`` in semitones
@@ -35,13 +38,14 @@ Events, on the ``wyoming`` package's own server and event classes:
 
 Work runs in the connection's own task, one request after another, while its events keep being
 read: ``describe`` is answered even mid-synthesis, and a client that goes away cancels what it was
-owed (its streams are released; the last reader out cancels the synthesis). A bad event, an
-unknown voice, empty or over-long text, a busy daemon (``limits.max_streams`` streams for all of
-``limits.stream_wait_s``), more than
-``limits.max_queue`` pending requests or a failed synthesis is an ``error`` event with a code
-(``messages.error_data``) and the connection goes on; a synthesis that was refused or failed is
-still closed with ``audio-stop``, which is what Home Assistant waits for. Nothing here goes
-through the scheduler: Wyoming never interrupts what the board is playing.
+owed (its streams are released; the last reader out cancels the synthesis). A synthesis refused
+(an unknown voice, empty, whitespace-only or over-long text, a busy daemon: ``limits.max_streams``
+streams for all of ``limits.stream_wait_s``, more than ``limits.max_queue`` pending requests) or
+failed is an ``error`` event with a code (``messages.error_data``), counted, and then the end of the
+connection (``_abort``): Home Assistant keeps whatever answer it reads as that text's audio, so a
+refusal must read as a failure, never as silence. A malformed or unknown event of another kind is
+an ``error`` and the connection goes on. Nothing here goes through the scheduler: Wyoming never
+interrupts what the board is playing.
 """
 
 from __future__ import annotations
@@ -67,14 +71,24 @@ from wyoming.tts import (
     SynthesizeStart,
     SynthesizeStop,
     SynthesizeStopped,
-    SynthesizeVoice,
 )
 
 from speakd.config import WyomingConfig
 from speakd.control import Control
 from speakd.frontends.sentences import SentenceSplitter
 from speakd.frontends.unixserver import widen_backlog
-from speakd.frontends.wyoming_wire import WireError, build_info, read_event
+from speakd.frontends.wyoming_wire import (
+    CUT_OFF,
+    WireError,
+    build_info,
+    chime,
+    parse,
+    pitch,
+    read_event,
+    text_format,
+    voice_fields,
+)
+from speakd.markup.ssml import is_ssml
 from speakd.request.errors import RequestError
 from speakd.request.messages import SpeakRequest, error_data
 from speakd.request.stream import AudioStream
@@ -86,15 +100,20 @@ SAMPLES_PER_CHUNK = 1024  # per audio-chunk event, as wyoming-piper sends them
 
 @dataclass(frozen=True)
 class _Say:
-    """A job: one text to speak, made into a request when its turn comes, so that a refusal is
-    answered in order and a reload's new engine is the one that checks it."""
+    """A job: one answer (audio-start … audio-stop) to speak, made into requests when its turn
+    comes, so that a refusal is answered in order and a reload's new engine is the one that
+    checks it. ``parts``: one text, or a long whole text's sentences, one request each."""
 
-    text: Any
+    parts: tuple[Any, ...]
     voice: dict[str, Any]  # the request's fields but its text
+    first: dict[str, Any] = field(default_factory=dict)  # fields of the first part only (chime)
+    streamed: bool = False  # a sentence of a text stream (see _abort)
 
 
 STOPPED = None  # a job: the text stream's last sentence is out, send synthesize-stopped
 Job = _Say | None
+_SYNTHESIS = frozenset({"synthesize", "synthesize-start", "synthesize-chunk", "synthesize-stop"})
+ABORT_GRACE_S = 1.0  # after a refusal, how long the client has to close before speakd does
 
 
 class WyomingFrontend:
@@ -166,15 +185,14 @@ class WyomingFrontend:
 
 @dataclass
 class _TextStream:
-    """A ``synthesize-start`` … ``synthesize-stop`` in progress. ``failed``: its voice was
-    refused at the start (the client heard why once); its text is dropped, not refused again."""
+    """A ``synthesize-start`` … ``synthesize-stop`` in progress."""
 
     voice: dict[str, str]
     splitter: SentenceSplitter
     chime: dict[str, Any] = field(default_factory=dict)  # the first sentence's
-    ssml: bool = False  # text_format "ssml": one document, spoken whole at synthesize-stop
-    document: str = ""
-    failed: bool = False
+    ssml: bool = False  # one document, spoken whole at synthesize-stop (see _markup)
+    document: str = ""  # an SSML document so far, or the start of a text not yet told apart
+    undecided: bool = True  # plain text could still turn out to be a <speak> document
     sentences: int = 0
     hold: asyncio.TimerHandle | None = None  # a held sentence end, spoken when it runs out
 
@@ -206,6 +224,7 @@ class WyomingHandler(AsyncEventHandler):
         self.origin, self.client = origin, client
         self._text: _TextStream | None = None
         self._owed = _Owed()
+        self._closing = False  # a synthesis was refused: the connection ends (see _abort)
 
     async def run(self) -> None:
         """The library's loop, reading with ``read_event``: a malformed event is answered with an
@@ -260,11 +279,19 @@ class WyomingHandler(AsyncEventHandler):
         await asyncio.gather(owed.task, return_exceptions=True)
 
     async def handle_event(self, event: Event) -> bool:
+        if self._closing:  # what a client still sends after a refusal is read and dropped
+            return True
         try:
             await self._dispatch(event)
         except RequestError as e:  # refused here, before any request was built
             self.control.refused(self.origin, e.code)
-            await self._error(e)
+            if event.type not in _SYNTHESIS:
+                await self._error(e)
+                return True
+            streamed = self._text is not None or not Synthesize.is_type(event.type)
+            self._text = None
+            await self.disconnect()  # what was owed before is not sent after the refusal
+            await self._abort(e, cut=streamed)
         return True
 
     async def _dispatch(self, event: Event) -> None:
@@ -275,25 +302,19 @@ class WyomingHandler(AsyncEventHandler):
             if self._text is not None:
                 log.debug("%s: synthesize inside a text stream ignored", self.client)
                 return
-            try:
-                synthesize = _parse(Synthesize.from_event, event)
-                fields = _voice_fields(synthesize.voice) | _format(synthesize.text_format)
-                fields |= _chime(event) | _pitch(event)
-                self._enqueue(_Say(synthesize.text, fields))
-            except RequestError as e:  # answered as a failed synthesis is (see _speak)
-                self.control.refused(self.origin, e.code)
-                await self._error(e)
-                await self.write_event(AudioStop().event())
+            synthesize = parse(Synthesize.from_event, event)
+            fields = voice_fields(synthesize.voice) | text_format(synthesize.text_format)
+            parts = _whole(synthesize.text, fields, self.control.max_text_chars)
+            self._enqueue(_Say(parts, fields | pitch(event), chime(event)))
         elif SynthesizeStart.is_type(kind):
-            start = _parse(SynthesizeStart.from_event, event)
-            self._start_text(start.voice, start.text_format, _chime(event), _pitch(event))
+            self._start_text(event)
         elif SynthesizeChunk.is_type(kind):
             text = self._open_text(kind)
-            chunk = _parse(SynthesizeChunk.from_event, event).text
+            chunk = parse(SynthesizeChunk.from_event, event).text
             if not isinstance(chunk, str):
                 raise RequestError("bad_text", "synthesize-chunk text must be a string")
-            if text.ssml:  # markup cannot be cut into sentences before it is whole
-                text.document += chunk
+            chunk = self._markup(text, chunk)
+            if text.ssml or text.undecided:  # markup cannot be cut before it is whole
                 return
             self._hold(text)
             self._sentences(text, text.splitter.feed(chunk))
@@ -304,34 +325,55 @@ class WyomingHandler(AsyncEventHandler):
         elif SynthesizeStop.is_type(kind):
             text = self._open_text(kind)
             self._hold(text)
+            if text.undecided:  # a text that never told: a document is SSML, else plain
+                text.ssml = is_ssml(text.document)
+                if not text.ssml:
+                    self._sentences(text, text.splitter.feed(text.document))
             whole = [text.document] if text.document.strip() else []
-            self._sentences(text, whole if text.ssml else text.splitter.finish(), STOPPED)
+            sentences = whole if text.ssml else text.splitter.finish()
+            if text.sentences + len(sentences) == 0:
+                raise RequestError("empty_text", "text is empty")  # as a whole synthesize's is
+            self._sentences(text, sentences, STOPPED)
             self._text = None
             log.info("%s: text stream ended (%d sentences)", self.client, text.sentences)
         elif Ping.is_type(kind):
-            await self.write_event(Pong(text=_parse(Ping.from_event, event).text).event())
+            await self.write_event(Pong(text=parse(Ping.from_event, event).text).event())
         else:
             log.debug("%s: %s event dropped", self.client, kind)
 
     # ---- text streamed in -------------------------------------------------------------------
 
-    def _start_text(
-        self,
-        voice: SynthesizeVoice | None,
-        text_format: str | None,
-        chime: dict[str, Any],
-        pitch: dict[str, Any],
-    ) -> None:
+    def _start_text(self, event: Event) -> None:
         if self._text is not None:
             raise RequestError("bad_event", "synthesize-start inside an open text stream")
-        fields = _voice_fields(voice) | _format(text_format) | pitch
+        start = parse(SynthesizeStart.from_event, event)
+        fields = voice_fields(start.voice) | text_format(start.text_format) | pitch(event)
+        # an unknown voice is refused once, here, rather than once per sentence
+        self.control.select_voice(fields.get("voice"), fields.get("lang"))
         splitter = SentenceSplitter(self.control.max_text_chars)
-        self._text = _TextStream(fields, splitter, chime, ssml="format" in fields)
-        try:  # refuse an unknown voice once, here, rather than once per sentence
-            self.control.select_voice(fields.get("voice"), fields.get("lang"))
-        except RequestError:
-            self._text.failed = True
-            raise
+        ssml = "format" in fields
+        self._text = _TextStream(fields, splitter, chime(event), ssml=ssml, undecided=not ssml)
+
+    @staticmethod
+    def _markup(text: _TextStream, chunk: str) -> str:
+        """Tell a ``<speak>`` document from plain text by its start, however it was chunked
+        (Home Assistant 2026 streams every text and says nothing of its format): a document is
+        kept whole for synthesize-stop, plain text goes on to the sentence splitter at once.
+        Returns the plain text to split now."""
+        if not text.undecided:
+            text.document += chunk if text.ssml else ""
+            return chunk
+        text.document += chunk
+        start = text.document.lstrip()
+        if not start or (start.startswith("<") and ">" not in start):
+            return ""  # nothing yet, or the first tag is not complete
+        text.undecided = False
+        text.ssml = is_ssml(text.document)
+        if text.ssml:
+            text.voice = text.voice | {"format": "ssml"}
+            return ""
+        chunk, text.document = text.document, ""
+        return chunk
 
     @staticmethod
     def _hold(text: _TextStream) -> None:
@@ -352,13 +394,11 @@ class WyomingHandler(AsyncEventHandler):
         return self._text
 
     def _sentences(self, text: _TextStream, sentences: list[str], *end: Job) -> None:
-        jobs: list[Job] = []
-        if not text.failed:
-            jobs = [
-                _Say(s, text.voice | (text.chime if text.sentences + i == 0 else {}))
-                for i, s in enumerate(sentences)
-            ]
-            text.sentences += len(jobs)
+        jobs: list[Job] = [
+            _Say((s,), text.voice, text.chime if text.sentences + i == 0 else {}, True)
+            for i, s in enumerate(sentences)
+        ]
+        text.sentences += len(jobs)
         self._enqueue(*jobs, *end)
 
     # ---- the work ---------------------------------------------------------------------------
@@ -388,61 +428,83 @@ class WyomingHandler(AsyncEventHandler):
                 if job is STOPPED:
                     await self.write_event(SynthesizeStopped().event())
                     continue
-                await self._speak(job)
+                if not await self._speak(job):
+                    return
         except ConnectionError:
             log.debug("%s went away mid-answer", self.client)
             self.reader.feed_eof()  # ends run(), which closes the connection
 
-    async def _speak(self, say: _Say) -> None:
-        """One request's audio as audio-start, audio-chunk…, audio-stop. A refused or failed one
-        is an error, then audio-stop all the same: Home Assistant reads a synthesize's answer up
-        to its audio-stop and does not look at error events."""
-        rid: str | None = None
-        started = False
+    async def _speak(self, say: _Say) -> bool:
+        """One answer: audio-start, audio-chunk…, audio-stop, for every part of the job (a long
+        whole text's sentences are one answer, as the client asked for one). A refused or failed
+        one ends the connection instead (``_abort``); False then."""
+        sent: int | None = None  # samples of this answer sent; None before its audio-start
         try:
-            request = self._request(say.text, say.voice)
-            rid = self._owed.current = request.id
-            for warning in request.warnings:  # Home Assistant skips events it does not know
-                await self.write_event(Event("speakd-warning", warning.to_dict()))
-            async with self.control.stream(request) as stream:
-                index = offset = 0  # chunks and samples sent before this chunk
-                async for chunk in stream.aread():
-                    await self._marks(stream, index, offset)
-                    fmt = {
-                        "rate": chunk.sample_rate,
-                        "width": chunk.sample_width,
-                        "channels": chunk.channels,
-                    }
-                    if not started:
-                        await self.write_event(AudioStart(**fmt).event())
-                        started = True
-                    for word in chunk.words:
-                        timing = word.event(offset, chunk.sample_rate)
-                        await self.write_event(Event(f"speakd-{word.kind}", timing))
-                    index, offset = index + 1, offset + chunk.frames
-                    step = SAMPLES_PER_CHUNK * chunk.sample_width * chunk.channels
-                    for i in range(0, len(chunk.pcm), step):
-                        piece = chunk.pcm[i : i + step]
-                        await self.write_event(AudioChunk(audio=piece, **fmt).event())
-                await self._marks(stream, index, offset)
-                if not started:  # no audio at all: still a well-formed answer
-                    rate = self.control.sample_rate(request)
-                    await self.write_event(AudioStart(rate=rate, width=2, channels=1).event())
-                log.info(
-                    "request %s: %.2f s of audio sent (%s)",
-                    rid,
-                    stream.duration,
-                    "cached" if stream.from_cache else "synthesized",
-                )
+            for n, part in enumerate(say.parts):
+                voice = say.voice | (say.first if n == 0 else {})
+                sent = await self._speak_part(self._request(part, voice), sent)
         except (ConnectionError, asyncio.CancelledError):  # gone: leaving the block released it
-            log.info("request %s: the client left; its stream is released", rid)
+            log.info("%s: the client left; its stream is released", self.client)
             raise
-        except Exception as e:  # refused, busy, engine failures: the client hears why, goes on
-            log.warning("request %s failed: %s", rid or "(refused)", e)
-            await self._error(e)
+        except Exception as e:  # refused, busy, engine failures: the client hears why
+            await self._abort(e, cut=say.streamed)
+            return False
         finally:
             self._owed.current = None
         await self.write_event(AudioStop().event())
+        return True
+
+    async def _speak_part(self, request: SpeakRequest, sent: int | None) -> int:
+        """One request's audio after ``sent`` samples of the answer (None: audio-start first);
+        word and mark events count samples from the answer's audio-start. Returns the samples
+        sent in all."""
+        rid = self._owed.current = request.id
+        for warning in request.warnings:  # Home Assistant skips events it does not know
+            await self.write_event(Event("speakd-warning", warning.to_dict()))
+        async with self.control.stream(request) as stream:
+            index, offset = 0, sent or 0  # chunks and samples sent before this chunk
+            async for chunk in stream.aread():
+                await self._marks(stream, index, offset)
+                fmt = {"rate": chunk.sample_rate, "width": chunk.sample_width}
+                fmt["channels"] = chunk.channels
+                if sent is None:
+                    await self.write_event(AudioStart(**fmt).event())
+                    sent = 0
+                for word in chunk.words:
+                    timing = word.event(offset, chunk.sample_rate)
+                    await self.write_event(Event(f"speakd-{word.kind}", timing))
+                index, offset = index + 1, offset + chunk.frames
+                step = SAMPLES_PER_CHUNK * chunk.sample_width * chunk.channels
+                for i in range(0, len(chunk.pcm), step):
+                    piece = chunk.pcm[i : i + step]
+                    await self.write_event(AudioChunk(audio=piece, **fmt).event())
+            await self._marks(stream, index, offset)
+            if sent is None:  # no audio at all: still a well-formed answer
+                rate = self.control.sample_rate(request)
+                await self.write_event(AudioStart(rate=rate, width=2, channels=1).event())
+            log.info(
+                "request %s: %.2f s of audio sent (%s)",
+                rid,
+                stream.duration,
+                "cached" if stream.from_cache else "synthesized",
+            )
+        return offset
+
+    async def _abort(self, e: BaseException, *, cut: bool) -> None:
+        """A synthesis refused or failed: ``error`` (why), then the connection ends, so that no
+        client takes the answer for silence and keeps it. Home Assistant ignores ``error`` and
+        caches what it read up to ``audio-stop`` or a plain close of a stream: 2025.4 reports
+        "No TTS" for a ``synthesize`` whose connection closes before ``audio-stop``; 2026 ends a
+        stream's audio at a close and keeps it, and fails (keeping nothing) only on an event cut
+        off mid-way, so a stream gets ``CUT_OFF`` before the close (docs/wyoming.md)."""
+        self._closing = True
+        log.warning("%s: %s; closing the connection", self.client, e)
+        await self._error(e)
+        if cut:
+            self.writer.write(CUT_OFF)
+        with contextlib.suppress(OSError):
+            self.writer.write_eof()  # run() reads on until the client closes, or the grace ends
+        asyncio.get_running_loop().call_later(ABORT_GRACE_S, self.reader.feed_eof)
 
     async def _marks(self, stream: AudioStream, index: int, offset: int) -> None:
         """The SSML marks before chunk ``index``, as ``speakd-mark`` events at their offset in
@@ -455,45 +517,14 @@ class WyomingHandler(AsyncEventHandler):
         await self.write_event(Error(text=data["message"], code=data["code"]).event())
 
 
-def _parse(parser: Any, event: Event) -> Any:
-    """The library's ``from_event``, with a malformed event as a ``bad_event`` error (the library
-    takes a voice that is not an object, ``"voice": "x"``, as no voice: refused here)."""
-    if not isinstance(event.data.get("voice") or {}, dict):
-        raise RequestError("bad_event", f"{event.type}: voice must be an object")
-    try:
-        return parser(event)
-    except (KeyError, TypeError, AttributeError, ValueError) as e:
-        raise RequestError("bad_event", f"malformed {event.type} event: {e!r}") from None
-
-
-def _format(text_format: str | None) -> dict[str, str]:
-    """``text_format: "ssml"`` makes the text SSML (docs/ssml.md); any other is plain text."""
-    return {"format": "ssml"} if text_format == "ssml" else {}
-
-
-def _chime(event: Event) -> dict[str, Any]:
-    """speakd's ``speakd_chime`` field as the request's ``chime``."""
-    chime = event.data.get("speakd_chime")
-    return {} if chime is None else {"chime": chime}
-
-
-def _pitch(event: Event) -> dict[str, Any]:
-    """speakd's ``speakd_pitch`` field as the request's ``pitch`` (semitones)."""
-    pitch = event.data.get("speakd_pitch")
-    return {} if pitch is None else {"pitch": pitch}
-
-
-def _voice_fields(voice: SynthesizeVoice | None) -> dict[str, str]:
-    """A Wyoming voice as request fields: ``name`` names the voice, ``speaker`` (Home
-    Assistant's speaker option) a speaker inside it, and a language picks the voice by language
-    (``Control.select_voice``)."""
-    if voice is None:
-        return {}
-    fields: dict[str, Any] = {}
-    if voice.name is not None:
-        fields["voice"] = voice.name
-    if voice.speaker is not None:
-        fields["speaker"] = voice.speaker
-    if voice.language is not None:
-        fields["lang"] = voice.language
-    return fields
+def _whole(text: Any, fields: dict[str, Any], max_chars: int) -> tuple[Any, ...]:
+    """A whole ``synthesize`` text: itself, or, when it is plain text over
+    ``limits.max_text_chars``, its sentences (no longer than that), each a request of one
+    answer. Home Assistant 2025.4 and every client that does not stream send a long text this
+    way; what one event carries (``limits.max_line_bytes``) bounds it (docs/wyoming.md)."""
+    if not isinstance(text, str) or "format" in fields or is_ssml(text):
+        return (text,)
+    if len(text.strip()) <= max_chars:
+        return (text,)
+    splitter = SentenceSplitter(max_chars)
+    return tuple(splitter.feed(text) + splitter.finish())

@@ -17,6 +17,7 @@ from typing import Any
 
 from wyoming.event import Event
 from wyoming.info import Attribution, Info, TtsProgram, TtsVoice, TtsVoiceSpeaker
+from wyoming.tts import SynthesizeVoice
 
 import speakd
 from speakd.request.errors import RequestError
@@ -24,6 +25,9 @@ from speakd.request.messages import parse_json
 
 PROGRAM = "speakd"
 SPEAKD = Attribution(name="speakd", url="")
+# The header of an event whose data never comes: sent before closing a refused stream, it is
+# the one answer Wyoming's reader (asyncio's readexactly) raises on, not a normal end of audio.
+CUT_OFF = b'{"type": "speakd-refused", "data_length": 1}\n'
 
 
 class WireError(RequestError):
@@ -102,13 +106,73 @@ def build_info(voices: list[dict[str, Any]]) -> Info:
 
 
 def _voice(voice: dict[str, Any]) -> TtsVoice:
+    """Home Assistant shows a voice's ``description`` as its name in the voice picker: the name
+    it is, then (the engine and licence are in ``speakd voices``)."""
     made_by = Attribution(name=voice["made_by"], url=voice["url"]) if voice["made_by"] else SPEAKD
     return TtsVoice(
         name=voice["name"],
-        description=f"{voice['description'] or voice['name']} ({voice['licence']})",
+        description=voice["name"],
         attribution=made_by,
         installed=True,
         version=voice["bundle"],
-        languages=voice["languages"],
+        languages=spellings(voice["languages"]),
         speakers=[TtsVoiceSpeaker(name=s) for s in voice["speakers"]] or None,
     )
+
+
+def spellings(languages: list[str]) -> list[str]:
+    """Each language as users write it: ``en-US``, ``en_US`` and ``en``. Home Assistant checks a
+    service call's language by exact match against these, so each spelling speaks; the voice's
+    own tag stays first for clients that keep the order (HA does not: docs/wyoming.md)."""
+    out: dict[str, None] = {}
+    for tag in languages:
+        dashed = tag.replace("_", "-")
+        out |= dict.fromkeys([tag, dashed, dashed.replace("-", "_"), dashed.split("-")[0]])
+    return list(out)
+
+
+# ---- a synthesis event's fields as a request's ---------------------------------------------
+
+
+def parse(parser: Any, event: Event) -> Any:
+    """The library's ``from_event``, with a malformed event as a ``bad_event`` error (the library
+    takes a voice that is not an object, ``"voice": "x"``, as no voice: refused here)."""
+    if not isinstance(event.data.get("voice") or {}, dict):
+        raise RequestError("bad_event", f"{event.type}: voice must be an object")
+    try:
+        return parser(event)
+    except (KeyError, TypeError, AttributeError, ValueError) as e:
+        raise RequestError("bad_event", f"malformed {event.type} event: {e!r}") from None
+
+
+def text_format(text_format: str | None) -> dict[str, str]:
+    """``text_format: "ssml"`` makes the text SSML (docs/ssml.md); any other is plain text."""
+    return {"format": "ssml"} if text_format == "ssml" else {}
+
+
+def chime(event: Event) -> dict[str, Any]:
+    """speakd's ``speakd_chime`` field as the request's ``chime``."""
+    chime = event.data.get("speakd_chime")
+    return {} if chime is None else {"chime": chime}
+
+
+def pitch(event: Event) -> dict[str, Any]:
+    """speakd's ``speakd_pitch`` field as the request's ``pitch`` (semitones)."""
+    pitch = event.data.get("speakd_pitch")
+    return {} if pitch is None else {"pitch": pitch}
+
+
+def voice_fields(voice: SynthesizeVoice | None) -> dict[str, str]:
+    """A Wyoming voice as request fields: ``name`` names the voice, ``speaker`` (Home
+    Assistant's speaker option) a speaker inside it, and a language picks the voice by language
+    (``Control.select_voice``)."""
+    if voice is None:
+        return {}
+    fields: dict[str, Any] = {}
+    if voice.name is not None:
+        fields["voice"] = voice.name
+    if voice.speaker is not None:
+        fields["speaker"] = voice.speaker
+    if voice.language is not None:
+        fields["lang"] = voice.language
+    return fields

@@ -414,10 +414,14 @@ async def _wyoming(ctx: Context, rng: random.Random, kind: str) -> None:
                 end = "audio-stop"
             audio, bytes_per_s, error = 0.0, 1, None
             while True:
-                event = await client.read_event()
-                if event is None:
-                    req.note = "connection closed"
-                    ctx.ledger.end(req, None)
+                try:
+                    event = await client.read_event()
+                except asyncio.IncompleteReadError:  # how a refused stream ends (wyoming.md)
+                    event = None
+                if event is None:  # after a refusal's error the connection ends (wyoming.md)
+                    if error is None:
+                        req.note = "connection closed"
+                    ctx.ledger.end(req, error, audio if error else None)
                     return
                 if event.type == "audio-start":
                     d = event.data
