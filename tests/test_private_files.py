@@ -69,6 +69,9 @@ def test_a_desktop_users_files_are_private_and_stay_in_speakds_directories(
         "SPEAKD_MQTT_HOST": broker.host,
         "SPEAKD_MQTT_PORT": str(broker.port),
     }
+    older = session.home / ".local" / "share" / "speakd"  # an older speakd's, made under 022
+    older.mkdir(mode=0o755)
+    os.chown(older, session.home.stat().st_uid, session.home.stat().st_gid)
     before = set(session.home.rglob("*")) | set(session.run.rglob("*"))
     daemon = start_user_daemon(session, umask=umask, env=drop_in)
     try:
@@ -94,6 +97,7 @@ def test_a_desktop_users_files_are_private_and_stay_in_speakds_directories(
         if st.st_uid != uid or st.st_mode & 0o077
     )
     assert open_to_others == [], f"not private to {USER} under umask {umask:03o}"
+    assert stat.S_IMODE(older.stat().st_mode) == 0o700, "an older speakd's folder left open"
 
 
 def test_the_system_services_files_have_the_modes_docs_systemd_states(base: Path) -> None:
