@@ -72,15 +72,12 @@ def _own_tmp_dir(path: Path) -> Path:
     return path
 
 
-def private_umask() -> int:
+def private_umask() -> None:
     """Set the process's umask so that what speakd and its libraries create is private whatever
     umask it was started with: 0077 for a desktop user (its cache holds every text it spoke),
-    at least 0027 for the system service (group ``speakd`` reads; the unit's ``UMask=``).
-    Returns the umask set."""
+    at least 0027 for the system service (group ``speakd`` reads; the unit's ``UMask=``)."""
     wanted = 0o027 if system_account() else 0o077
-    mask = os.umask(0) | wanted
-    os.umask(mask)
-    return mask
+    os.umask(os.umask(0) | wanted)
 
 
 def _chosen(systemd: str, system: str, xdg: str, home: str) -> Path:
