@@ -6,7 +6,14 @@ Its names load on first use, so ``import speakd`` (and the CLI) stays light.
 
 from __future__ import annotations
 
+import os
 from typing import Any
+
+# onnxruntime's telemetry (Linux wheels since 1.2x) keeps a device id and an event database in
+# ~/.cache/Microsoft/DeveloperTools/.onnxruntime/ from the moment it is imported: outside speakd's
+# directories, in the home of whoever runs it, for an offline daemon with nothing to report. Off
+# before any module of this package imports it; ORT_DISABLE_TELEMETRY=0 turns it back on.
+os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
 
 __version__ = "0.1.0"
 __all__ = ["AudioChunk", "LoadedEngine", "SynthesisConfig", "__version__", "load_engine"]

@@ -21,6 +21,7 @@ from speakd.engines.base import EngineError
 from speakd.engines.bundle import BundleError
 from speakd.library.client import Client, ClientError
 from speakd.machine import logcontext
+from speakd.paths import UnsafePath, close_own_dirs, private_umask
 from speakd.request.errors import RequestError
 
 EXIT_FAILED, EXIT_USAGE = 1, 2
@@ -42,6 +43,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from speakd.machine.memory import bound_heap
 
     bound_heap()
+    private_umask()  # before any file: the cache, the journal, SQLite's -wal, onnxruntime's
+    for path in close_own_dirs():
+        logging.getLogger(__name__).warning("%s was open to other users: now 0700", path)
     return serve(args.config)
 
 
@@ -195,6 +199,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
         return 0
     from speakd.cache.cli import run
 
+    private_umask()  # a cache it creates is as private as the daemon's
     return run(args)
 
 
@@ -289,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         return args.func(args)
-    except (ConfigError, BundleError, RequestError) as e:  # a request out of range, …
+    except (ConfigError, BundleError, RequestError, UnsafePath) as e:  # a request out of range…
         print(f"speakd: {e}", file=sys.stderr)
         return EXIT_USAGE
     except (ClientError, EngineError) as e:

@@ -506,8 +506,13 @@ def _section(name: str, cls: type, data: Any, env: dict[str, str]) -> Any:
     return cls(**values)
 
 
-def load_config(path: Path | str | None = None, env: dict[str, str] | None = None) -> Config:
-    """Read ``path`` (or /etc/speakd/speakd.toml when it exists, else defaults) and validate."""
+def load_config(
+    path: Path | str | None = None,
+    env: dict[str, str] | None = None,
+    only: tuple[str, ...] | None = None,
+) -> Config:
+    """Read ``path`` (or /etc/speakd/speakd.toml when it exists, else defaults) and validate;
+    with ``only``, the file's other sections are left at their defaults."""
     env = dict(os.environ) if env is None else env
     data: dict[str, Any] = {}
     source = ""
@@ -527,6 +532,9 @@ def load_config(path: Path | str | None = None, env: dict[str, str] | None = Non
     unknown = sorted(set(data) - sections)
     if unknown:
         raise ConfigError(f"{unknown[0]}: unknown section (known: {', '.join(sorted(sections))})")
+    if only is not None and data:
+        data = {name: data[name] for name in only if name in data}
+        source += f" ([{'], ['.join(only)}] only)"
     config = Config(
         **{name: _section(name, hints[name], data.get(name, {}), env) for name in sections},
         source=source,

@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 
 PITCH_RANGE = (-12.0, 12.0)  # semitones a request may ask for (one octave either way)
 SSIP_SEMITONES = 12 / 100  # SSIP's PITCH −100..100 → ±1 octave
+PITCH_STEP = 0.01  # semitones: SSML's precision; SSIP's PITCH moves by 0.12
 
 
 def ssip_semitones(pitch: int) -> float | None:
@@ -47,7 +48,14 @@ def ssip_semitones(pitch: int) -> float | None:
 
 
 def neutral(semitones: float | None) -> bool:
-    return semitones is None or abs(semitones) < 0.005
+    return semitones is None or abs(semitones) < PITCH_STEP / 2
+
+
+def resolved(semitones: float | None) -> float | None:
+    """A request's pitch as it is keyed and shifted: None when neutral, else rounded to
+    ``PITCH_STEP``, finer than any front-end's own step (SSIP's 0.12, SSML's 0.01), so a pitch is
+    one of 2 401 values (its key, its resampling step), not any float a JSON client sends."""
+    return None if neutral(semitones) else round(semitones, 2) + 0.0  # type: ignore[arg-type]
 
 
 def ratio(semitones: float) -> float:

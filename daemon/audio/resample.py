@@ -20,9 +20,12 @@ from numpy.lib.stride_tricks import sliding_window_view
 TAPS = 16  # each side: a transition band of about 1 kHz at 22.05 kHz
 PHASES = 512  # fraction steps: the rounding of a position is under 0.1 % of a sample
 KAISER_BETA = 8.6  # about −90 dB stop band
+# Kernels kept (65 KB each, about a millisecond to make): a request's pitch picks its step, so an
+# unbounded cache grew with every distinct pitch a client sent; a screen reader uses a few.
+KERNELS = 16
 
 
-@functools.cache
+@functools.lru_cache(maxsize=KERNELS)
 def kernel(step: float) -> np.ndarray:
     """(PHASES + 1, 2·TAPS) float32: for fraction f = phase / PHASES, the weights of input
     samples ``i0 − TAPS + 1 … i0 + TAPS`` for the output at position ``i0 + f``."""

@@ -106,8 +106,21 @@ def split_long(phonemes: list[str], limit: int) -> list[list[str]]:
     return pieces
 
 
-@functools.lru_cache(maxsize=4096)
+CACHED_CHARS = 64  # a word; a client's text may hold 5 000 characters with no space
+
+
 def phonemize_cached(
+    espeak_voice: str, text: str, vowel_clusters: frozenset[tuple[str, ...]] | None
+) -> list[list[str]]:
+    """``phonemize``, remembered for texts of a word's length (4 096 of them, least recently used
+    out): a token of thousands of characters was kept too, up to about a megabyte each."""
+    if len(text) > CACHED_CHARS:
+        return phonemize(espeak_voice, text, vowel_clusters)
+    return _phonemize_word(espeak_voice, text, vowel_clusters)
+
+
+@functools.lru_cache(maxsize=4096)
+def _phonemize_word(
     espeak_voice: str, text: str, vowel_clusters: frozenset[tuple[str, ...]] | None
 ) -> list[list[str]]:
     return phonemize(espeak_voice, text, vowel_clusters)

@@ -26,7 +26,7 @@ from speakd.audio import AudioChunk, join_chunks
 from speakd.audio.sinks import Sink, make_sink
 from speakd.cache.packs import adopt_versions
 from speakd.cache.versions import PackVersions
-from speakd.config import Config, ConfigError, EngineConfig, load_config
+from speakd.config import Config, ConfigError, EngineConfig
 from speakd.control import Control
 from speakd.control.metrics import Metrics
 from speakd.engines import load_engine
@@ -38,6 +38,7 @@ from speakd.frontends.mqtt import MqttFrontend
 from speakd.frontends.ssip import SsipFrontend
 from speakd.frontends.unixserver import AccessPolicy, start_unix_server
 from speakd.frontends.wyoming import WyomingFrontend
+from speakd.lifecycle.daemon_config import load_daemon_config
 from speakd.lifecycle.notify import listen_fds, notify, watchdog_interval
 from speakd.markup.lexicon import Lexicon, LexiconError
 from speakd.mqtt.journal import Journal
@@ -335,7 +336,7 @@ class Daemon:
 
     async def _reload(self) -> None:
         assert self.control is not None
-        new = load_config(self.config_path)
+        new = load_daemon_config(self.config_path)
         lexicon = _lexicon(new)  # read again: an edited file applies from now on
         guard = self.guard
         new_model = _model_key(new.engine) != _model_key(self.config.engine)
@@ -541,5 +542,5 @@ def _busy(thread: threading.Thread) -> bool:
 
 
 def serve(config_path: Path | None) -> NoReturn:
-    config = load_config(config_path)
+    config = load_daemon_config(config_path)
     exit_now(asyncio.run(Daemon(config, config_path).run()))

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from speakd.audio.pitch import PITCH_RANGE, neutral, unavailable
+from speakd.audio.pitch import PITCH_RANGE, neutral, resolved, unavailable
 from speakd.engines.base import EngineError, SynthesisConfig, VoiceInfo, VoiceModel
 from speakd.engines.keys import key_of, seed_from_key
 from speakd.engines.options import OptionError, validate
@@ -118,7 +118,8 @@ def prepare(
     ``loudness`` is the LUFS the clip is normalised to (``speakd.request.loudness``; None: as the
     engine makes it; the daemon's is audio.loudness_lufs). It is in ``params`` and so in the key,
     since it changes the clip's bytes, but not in the seed: the same request at another level is the
-    same speech, louder. ``config.pitch`` (semitones, ``speakd.audio.pitch``) is keyed the same way;
+    same speech, louder. ``config.pitch`` (semitones, ``speakd.audio.pitch``, rounded to its
+    ``PITCH_STEP``: ``resolved``) is keyed the same way;
     a neutral pitch adds nothing, so its key and audio are those of a request without one, and so
     does any pitch where this machine cannot shift one (``unavailable``: the caller warns).
     """
@@ -130,7 +131,9 @@ def prepare(
     voice, lang = select_voice(
         engine.voices(), engine.default_voice(), config.voice, config.lang, strict=strict_lang
     )
-    pitch = None if neutral(config.pitch) or unavailable() else config.pitch
+    pitch = resolved(config.pitch)
+    if pitch is not None and unavailable():
+        pitch = None
     config = dataclasses.replace(config, voice=voice, lang=lang, extra=extra, pitch=pitch)
     try:
         normalized = engine.normalize_text(text, lang)

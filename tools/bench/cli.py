@@ -31,6 +31,7 @@ BENCHMARKS = {
     "voices": "many voices: RSS with 1, 2, 3 loaded, cold vs warm first audio, LRU at limit 1",
     "ssml": "SSML parser: a document, and the refusal of a billion laughs, a blowup, deep nesting",
     "memory": "daemon RSS at READY, after a warm-up and after N mixed socket requests",
+    "values": "daemon RSS over N socket says, each with a pitch, speed and volume not sent before",
     "words": "Piper word timings against faster-whisper's word timestamps on the same audio",
     "cancel": "SSIP CANCEL → 703 CANCELED p50/p99 on the realtime null and WAV sinks",
     "journal": "CANCEL → 703 with and without MQTT says journaled at 20/s; an fsync's cost",

@@ -1,0 +1,132 @@
+"""A desktop user's daemon beside the system service, from the source tree: the system service's
+file turns on MQTT, Wyoming and HTTP (with a token only root may read), and a desktop user's
+daemon (``nobody``, no ``--config``, the user unit's environment) sees that file at
+/etc/speakd/speakd.toml. It must take none of the three: one MQTT connection each with its own
+client id and no reconnection, no port bound twice, and both answer. The same with MQTT in the
+user's own file on the same broker and site: distinct client ids all the same.
+(tests/test_deb.py's desktop test runs the installed package's units.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.daemon_proc import DaemonProc, start_daemon, write_config
+from tests.desktop_user import USER, Session, start_user_daemon
+from tests.mosquitto import MOSQUITTO, Mosquitto, free_port
+from tests.waits import wait_until
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs a daemon as another user: root")
+CONNECTED = re.compile(r"New client connected from \S+ as (\S+) ")
+TAKEN_OVER = "already connected, closing old connection"
+WATCH_S = 10.0  # both daemons answering for this long, the broker's log unchanged
+
+
+@pytest.fixture
+def base() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="speakd-identity-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def broker(base: Path) -> Iterator[Mosquitto]:
+    if not Path(MOSQUITTO).exists() and os.environ.get("CI") != "true":
+        pytest.skip("mosquitto missing")
+    b = Mosquitto(base / "broker").start()
+    yield b
+    b.stop()
+
+
+def _mqtt(broker: Mosquitto) -> str:
+    return (
+        f'[mqtt]\nenabled = true\nhost = "{broker.host}"\nport = {broker.port}\n'
+        'site_id = "kitchen"\nreconnect_min_s = 0.1\nreconnect_max_s = 0.5\n'
+    )
+
+
+def _system_service(base: Path, broker: Mosquitto) -> tuple[DaemonProc, int, int]:
+    """The system service's daemon (``--config``, as its unit runs it) with all three on."""
+    token = base / "http-token"
+    token.write_text("system-secret\n")
+    token.chmod(0o600)  # root's: user speakd's under the unit, never a desktop user's
+    wyoming, http = free_port(), free_port()
+    system = base / "system"
+    system.mkdir()
+    extra = (
+        f'{_mqtt(broker)}\n[wyoming]\nuri = "tcp://127.0.0.1:{wyoming}"\n\n'
+        f'[http]\nlisten = "127.0.0.1:{http}"\ntoken_file = "{token}"\n'
+    )
+    return start_daemon(write_config(system, extra, sink="null")), wyoming, http
+
+
+def _connections(broker: Mosquitto) -> list[str]:
+    return CONNECTED.findall(broker.log_text())
+
+
+def _answers(daemon: DaemonProc) -> bool:
+    with daemon.client() as c:
+        return bool(c.request({"op": "status"}))
+
+
+def _both_answer_and_nothing_reconnects(
+    broker: Mosquitto, daemons: list[DaemonProc], wyoming: int, http: int
+) -> list[str]:
+    """The connections the broker saw, once every daemon and front-end has answered for
+    ``WATCH_S`` with no new connection meanwhile."""
+    seen = _connections(broker)
+    end = time.monotonic() + WATCH_S
+    while time.monotonic() < end:  # real requests the whole time, not a sleep
+        assert all(_answers(d) for d in daemons)
+        with socket.create_connection(("127.0.0.1", wyoming), timeout=10) as s:
+            s.sendall(b'{"type": "describe"}\n')
+            assert b'"info"' in s.makefile("rb").readline()
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{http}/v1/status",
+            headers={"Authorization": "Bearer system-secret"},
+        )
+        with urllib.request.urlopen(request, timeout=10) as r:
+            assert json.loads(r.read())
+    assert _connections(broker) == seen, "a daemon reconnected"
+    assert TAKEN_OVER not in broker.log_text()
+    return seen
+
+
+def test_a_desktop_users_daemon_takes_nothing_of_the_system_services_network(
+    base: Path, broker: Mosquitto
+) -> None:
+    system, wyoming, http = _system_service(base, broker)
+    session = Session.make(base)
+    user = None
+    try:
+        wait_until(lambda: "speakd-kitchen" in _connections(broker), "the system's MQTT", 30)
+        user = start_user_daemon(session, system_file=system.config)
+        seen = _both_answer_and_nothing_reconnects(broker, [system, user], wyoming, http)
+        assert seen == ["speakd-kitchen"]  # the desktop daemon has no MQTT of the system's
+        user.stop()
+
+        session.own_config(
+            f'[audio]\nsink = "null"\n\n[ssip]\nprewarm_keys = false\n\n{_mqtt(broker)}'
+        )
+        user = start_user_daemon(session, system_file=system.config)
+        wait_until(lambda: f"speakd-kitchen-{USER}" in _connections(broker), "the user's MQTT", 30)
+        seen = _both_answer_and_nothing_reconnects(broker, [system, user], wyoming, http)
+        assert sorted(seen) == ["speakd-kitchen", f"speakd-kitchen-{USER}"]
+    finally:
+        if user is not None:
+            user.stop()
+        system.stop()
+    for daemon in (system, user):
+        assert "Address already in use" not in daemon.log_text()
+        assert "token_file" not in daemon.log_text()
