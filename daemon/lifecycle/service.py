@@ -96,7 +96,7 @@ class Daemon:
         )
         self.control.lexicon = _lexicon(self.config)
         self.metrics = Metrics(self.control)
-        self.guard.on_synthesis = self.metrics.synthesis
+        self.guard.on_synthesis, self.guard.on_parts = self.metrics.synthesis, self.metrics.parts
         self._tasks.append(asyncio.create_task(scheduler.run(), name="scheduler"))
         await self._start_listeners()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -345,7 +345,8 @@ class Daemon:
             engine = await _load_engine(new.engine)
         if new.engine != self.config.engine:  # a new model, or new watchdog/breaker settings
             guard = make_guard(new.engine)
-            guard.on_synthesis = self.metrics.synthesis if self.metrics else None
+            if self.metrics:
+                guard.on_synthesis, guard.on_parts = self.metrics.synthesis, self.metrics.parts
         if (new.socket, new.limits.max_line_bytes) != (
             self.config.socket,
             self.config.limits.max_line_bytes,
@@ -450,7 +451,7 @@ def _lexicon(config: Config) -> Lexicon:
 
 def make_guard(config: EngineConfig) -> Guard:
     breaker = CircuitBreaker(config.breaker_failures, config.breaker_reset_s)
-    return Guard(breaker, config.hang_timeout_s, config.max_rtf)
+    return Guard(breaker, config.hang_timeout_s, config.max_rtf, trace_parts=config.trace_parts)
 
 
 def _fallback_audio(resolver: Resolver, text: str, halt: threading.Event) -> AudioChunk | None:
