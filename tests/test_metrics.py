@@ -139,9 +139,11 @@ def test_the_parts_of_a_synthesis_up_to_its_first_chunk() -> None:
     from speakd.engines.spans import Spans
 
     m = make()
-    m.parts(Spans(parts={"prior": 0.5}))  # no chunk: nothing to say about a first chunk
+    m.synthesis(1.0, 2.0, Spans(parts={"prior": 0.5}))  # no chunk: no first-chunk figures
     assert not value(m, "speakd_synthesis_part_seconds_count", part="first_chunk")
-    m.parts(Spans(parts={"prior": 0.5, "decoder": 0.9}, first={"prior": 0.5}, first_s=0.75))
+    m.synthesis(
+        1.0, 2.0, Spans(parts={"prior": 0.5, "decoder": 0.9}, first={"prior": 0.5}, first_s=0.75)
+    )
     assert value(m, "speakd_synthesis_part_seconds_sum", part="prior") == 0.5
     assert not value(m, "speakd_synthesis_part_seconds_count", part="decoder")
     assert value(m, "speakd_synthesis_part_seconds_sum", part="first_chunk") == 0.75

@@ -203,12 +203,10 @@ class Metrics:
 
     # ---- synthesis: the Guard ---------------------------------------------------------------
 
-    def synthesis(self, elapsed_s: float, audio_s: float) -> None:
+    def synthesis(self, elapsed_s: float, audio_s: float, spans: Spans | None = None) -> None:
         if audio_s > 0:
             self.rtf.observe(elapsed_s / audio_s)
-
-    def parts(self, spans: Spans) -> None:
-        if spans.first is None or spans.first_s is None:
+        if spans is None or spans.first is None or spans.first_s is None:
             return
         for part, seconds in spans.first.items():
             self.part_seconds.labels(part).observe(seconds)

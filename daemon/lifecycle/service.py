@@ -38,6 +38,7 @@ from speakd.frontends.mqtt import MqttFrontend
 from speakd.frontends.ssip import SsipFrontend
 from speakd.frontends.unixserver import AccessPolicy, start_unix_server
 from speakd.frontends.wyoming import WyomingFrontend
+from speakd.lifecycle.loopcare import LoopCare
 from speakd.lifecycle.notify import listen_fds, notify, watchdog_interval
 from speakd.markup.lexicon import Lexicon, LexiconError
 from speakd.mqtt.journal import Journal
@@ -96,7 +97,7 @@ class Daemon:
         )
         self.control.lexicon = _lexicon(self.config)
         self.metrics = Metrics(self.control)
-        self.guard.on_synthesis, self.guard.on_parts = self.metrics.synthesis, self.metrics.parts
+        self.guard.on_synthesis = self.metrics.synthesis
         self._tasks.append(asyncio.create_task(scheduler.run(), name="scheduler"))
         await self._start_listeners()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -107,6 +108,8 @@ class Daemon:
         if os.environ.get("NOTIFY_SOCKET"):
             notifier = self._notifier(watchdog_interval())
             self._tasks.append(asyncio.create_task(notifier, name="notifier"))
+        self.control.loop = LoopCare(self.control.idle)  # after start-up's allocations
+        self._tasks += self.control.loop.start()
         notify("READY=1", f"STATUS={self._status_line()}")
         log.info("speakd ready: %s", self._status_line())
         if self.config.socket.ssip_path and self.config.ssip.prewarm_keys:  # after READY
@@ -345,8 +348,7 @@ class Daemon:
             engine = await _load_engine(new.engine)
         if new.engine != self.config.engine:  # a new model, or new watchdog/breaker settings
             guard = make_guard(new.engine)
-            if self.metrics:
-                guard.on_synthesis, guard.on_parts = self.metrics.synthesis, self.metrics.parts
+            guard.on_synthesis = self.metrics.synthesis if self.metrics else None
         if (new.socket, new.limits.max_line_bytes) != (
             self.config.socket,
             self.config.limits.max_line_bytes,
@@ -397,6 +399,8 @@ class Daemon:
         elif new.http.listen:
             log.warning("http.listen changes take effect after a restart")
         log.info("configuration reloaded (%d)", self.control.reloads)
+        self.control.loop = LoopCare(self.control.idle)  # after start-up's allocations
+        self._tasks += self.control.loop.start()
         notify("READY=1", f"STATUS={self._status_line()}")
 
     async def shutdown(self) -> None:

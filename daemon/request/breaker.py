@@ -96,10 +96,9 @@ class Guard:
     breaker: CircuitBreaker
     hang_timeout_s: float = 30.0
     max_rtf: float = 3.0
-    # told (compute s, audio s) of every synthesis that ran to its end (speakd.control.metrics: RTF)
-    on_synthesis: Callable[[float, float], None] | None = None
-    # told the parts of every synthesis that ran to its end (speakd.control.metrics)
-    on_parts: Callable[[Spans], None] | None = None
+    # told (compute s, audio s, its parts) of every synthesis that ran to its end
+    # (speakd.control.metrics: RTF, and the parts up to the first chunk)
+    on_synthesis: Callable[[float, float, Spans | None], None] | None = None
     trace_parts: bool = False  # engine.trace_parts: one log line of them per synthesis
 
     def admit(self) -> None:
@@ -121,11 +120,8 @@ class Guard:
         time went (``speakd.engines.spans``), logged with ``trace_parts``."""
         if parts is not None and self.trace_parts:
             log.info("synthesis parts, ms: %s", parts.summary())
-        if error is None and not cancelled:
-            if self.on_synthesis is not None:
-                self.on_synthesis(elapsed, audio_s)
-            if parts is not None and self.on_parts is not None:
-                self.on_parts(parts)
+        if error is None and not cancelled and self.on_synthesis is not None:
+            self.on_synthesis(elapsed, audio_s, parts)
         if isinstance(error, EngineError) or (error is None and cancelled):
             self.breaker.release()
         elif error is not None:
