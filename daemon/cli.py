@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from speakd import __version__
-from speakd.config import ConfigError, load_config
+from speakd.config import ConfigError
 from speakd.engines.base import EngineError
 from speakd.engines.bundle import BundleError
 from speakd.library.client import Client, ClientError
@@ -191,16 +191,19 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
+    from speakd.lifecycle.daemon_config import load_daemon_config
+
+    config = load_daemon_config(args.config)  # the cache of the daemon this user runs
     if args.cache_command == "key-echo":  # a daemon's parts, not the cache's: lifecycle/
         from speakd.lifecycle.keyecho import build
 
-        done = build(load_config(args.config), args.out)
+        done = build(config, args.out)
         print(f"key-echo pack {args.out}: {done.made + done.found} clips")
         return 0
     from speakd.cache.cli import run
 
     private_umask()  # a cache it creates is as private as the daemon's
-    return run(args)
+    return run(args, config)
 
 
 def build_parser() -> argparse.ArgumentParser:

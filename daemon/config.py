@@ -59,6 +59,7 @@ class EngineConfig:
     # NPU when its driver, librknnrt.so and rknn-toolkit-lite2 are there, else the CPU, saying why
     # in one line (a warning for "rknn"). NPU audio is another precision: its own bundle id.
     accelerator: str = "cpu"
+    trace_parts: bool = False  # log each synthesis' parts in ms (speakd.engines.spans)
 
     def validate(self) -> None:
         _choice("engine.kind", self.kind, ENGINE_KINDS)

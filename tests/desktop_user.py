@@ -82,6 +82,23 @@ def _with_system_file(system_file: Path, base: Path) -> list[str]:
             "sh"]  # fmt: skip
 
 
+def _as_user(session: Session, command: list[str], system_file: Path | None) -> list[str]:
+    """``command`` run as ``USER``, with ``system_file`` at /etc/speakd/speakd.toml if given."""
+    pw = pwd.getpwnam(USER)
+    as_user = ["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--clear-groups", "--"]
+    prefix = _with_system_file(system_file, session.base) if system_file else []
+    return [*prefix, *as_user, *command]
+
+
+def run_as_user(
+    session: Session, args: list[str], system_file: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """A ``speakd`` client command as ``USER`` in the session, as a terminal of theirs runs it."""
+    command = _as_user(session, [sys.executable, "-m", "speakd", *args], system_file)
+    return subprocess.run(command, capture_output=True, text=True, env=session.env, cwd="/",
+                          timeout=120)  # fmt: skip
+
+
 def start_user_daemon(
     session: Session,
     umask: int = 0o022,
@@ -91,13 +108,10 @@ def start_user_daemon(
 ) -> DaemonProc:
     """``speakd serve`` as ``USER`` under ``umask``, ready (its READY line logged); ``env`` adds
     to the session's (a drop-in's ``Environment=``)."""
-    pw = pwd.getpwnam(USER)
     command = [sys.executable, "-m", "speakd", "--log-level", "DEBUG", "serve"]
-    as_user = ["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--clear-groups", "--"]
-    prefix = _with_system_file(system_file, session.base) if system_file else []
     log = session.base / f"user-daemon-{len(list(session.base.glob('user-daemon-*')))}.log"
     proc = subprocess.Popen(
-        [*prefix, *as_user, *command],
+        _as_user(session, command, system_file),
         stdout=log.open("wb"),
         stderr=subprocess.STDOUT,
         env=session.env | (env or {}),

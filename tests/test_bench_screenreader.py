@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 
+from speakd_tools.bench.daemon_parts import KINDS
 from speakd_tools.bench.screenreader import NAV_ROWS, ROWS, marked, report
 
 
@@ -19,7 +20,7 @@ def test_quick_replay_on_speakd_measures_every_row() -> None:
     r = subprocess.run(
         [
             *(sys.executable, "-m", "speakd_tools.cli", "bench", "screenreader"),
-            *("--quick", "--only", "speakd", "--json"),
+            *("--quick", "--only", "speakd", "--json", "--floor"),
         ],
         capture_output=True,
         text=True,
@@ -49,3 +50,15 @@ def test_quick_replay_on_speakd_measures_every_row() -> None:
     assert "| new line or menu item: SPEAK → first audio |" in text
     assert f"speakd, slowest echoes: {slowest[0]} ms " in text
     assert "Machine: " in text
+    # speakd's own figures: its event loop's stalls since the warm-up, and by kind of text the
+    # engine's parts up to the first chunk (its log) beside bench floor's on the same texts
+    assert speakd["loop"]["gc"]["frozen"] > 0 and speakd["loop"]["at_least_ms"]
+    assert "speakd's event loop during the run: worst " in text
+    kinds = speakd["parts"]
+    assert set(kinds) == set(result["floor"]["kinds"]) == set(KINDS.values())
+    for kind in kinds.values():
+        assert {"phonemes", "prior", "flow", "decoder", "first chunk"} <= set(kind["parts"])
+        engine = sum(v for k, v in kind["parts"].items() if k != "first chunk")
+        assert engine <= kind["parts"]["first chunk"] + 0.5  # each part rounded to 0.1 ms
+        assert kind["first_audio"] > 0
+    assert "× floor (daemon)" in text and "| line (3) |" in text

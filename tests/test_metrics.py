@@ -133,3 +133,17 @@ def test_rtf_and_the_figures_read_at_scrape_time() -> None:
     assert value(m, "speakd_voice_load_seconds", **piper) == 0.5
     assert value(m, "speakd_voice_loaded", voice="chattts", engine="chattts") == 0
     assert b"# TYPE speakd_queue_length gauge" in m.exposition()
+
+
+def test_the_parts_of_a_synthesis_up_to_its_first_chunk() -> None:
+    from speakd.engines.spans import Spans
+
+    m = make()
+    m.synthesis(1.0, 2.0, Spans(parts={"prior": 0.5}))  # no chunk: no first-chunk figures
+    assert not value(m, "speakd_synthesis_part_seconds_count", part="first_chunk")
+    m.synthesis(
+        1.0, 2.0, Spans(parts={"prior": 0.5, "decoder": 0.9}, first={"prior": 0.5}, first_s=0.75)
+    )
+    assert value(m, "speakd_synthesis_part_seconds_sum", part="prior") == 0.5
+    assert not value(m, "speakd_synthesis_part_seconds_count", part="decoder")
+    assert value(m, "speakd_synthesis_part_seconds_sum", part="first_chunk") == 0.75

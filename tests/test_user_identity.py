@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.daemon_proc import DaemonProc, start_daemon, write_config
-from tests.desktop_user import USER, Session, start_user_daemon
+from tests.desktop_user import USER, Session, run_as_user, start_user_daemon
 from tests.mosquitto import MOSQUITTO, Mosquitto, free_port
 from tests.waits import wait_until
 
@@ -114,6 +114,12 @@ def test_a_desktop_users_daemon_takes_nothing_of_the_system_services_network(
         user = start_user_daemon(session, system_file=system.config)
         seen = _both_answer_and_nothing_reconnects(broker, [system, user], wyoming, http)
         assert seen == ["speakd-kitchen"]  # the desktop daemon has no MQTT of the system's
+        # the user's commands read what their daemon serves with: its cache, not the system's
+        verify = run_as_user(session, ["cache", "verify"], system.config)
+        assert verify.returncode == 0, verify.stderr
+        assert verify.stdout.startswith(f"{session.home}/.cache/speakd/cache.db: ok"), verify.stdout
+        doctor = run_as_user(session, ["doctor"], system.config)
+        assert "[FAIL] config" not in doctor.stdout, doctor.stdout
         user.stop()
 
         session.own_config(

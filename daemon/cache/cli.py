@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from speakd.config import CacheConfig, load_config
+from speakd.config import CacheConfig, Config
 
 if TYPE_CHECKING:  # the store pulls in sqlite-utils and numpy: not at `speakd stop` start-up
     from speakd.cache.store import CacheStore
@@ -61,14 +61,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("out", type=Path, help="pack file to create")
 
 
-def _config(args: argparse.Namespace) -> CacheConfig:
-    return load_config(args.config).cache
-
-
-def _open(args: argparse.Namespace, create: bool = False) -> CacheStore:
+def _open(args: argparse.Namespace, config: CacheConfig, create: bool = False) -> CacheStore:
     from speakd.cache.store import CacheError, CacheStore
 
-    config = _config(args)
     path = args.db or Path(config.path)
     if not create and not path.exists():
         raise CacheError(f"{path}: no cache database here (set cache.path or pass --db)")
@@ -81,12 +76,14 @@ def _open(args: argparse.Namespace, create: bool = False) -> CacheStore:
     )
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, config: Config) -> int:
+    """``config``: what the daemon this user runs serves with (``speakd.cli`` reads it), so that
+    a desktop user's command opens their own daemon's cache, not the system service's."""
     from speakd.cache.store import CacheError
     from speakd.cache.trust import TrustError
 
     try:
-        return _run(args)
+        return _run(args, config)
     except CacheError as e:
         print(f"speakd cache: {e}", file=sys.stderr)
         return EXIT_FAILED
@@ -95,15 +92,14 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_FAILED
 
 
-def _run(args: argparse.Namespace) -> int:
+def _run(args: argparse.Namespace, config: Config) -> int:
     from speakd.cache.packs import export_pack, import_by_hand
     from speakd.cache.trust import Trust
     from speakd.cache.versions import PackVersions
 
     command = args.cache_command
-    with _open(args, create=command == "import") as store:
+    with _open(args, config.cache, create=command == "import") as store:
         if command == "import":
-            config = load_config(args.config)
             versions = PackVersions.in_state_dir(config.state.dir)  # the daemon's record
             try:
                 done = import_by_hand(

@@ -42,6 +42,7 @@ from speakd.request.voices import VoiceLibrary
 
 if TYPE_CHECKING:
     from speakd.cache.store import CacheStore, Clip
+    from speakd.lifecycle.loopcare import LoopCare
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,7 @@ class Control:
     observer: Observer | None = None
     lexicon: Lexicon = field(default_factory=Lexicon)  # [lexicon] files; a reload replaces it
     mqtt_journal: Callable[[], dict[str, Any]] | None = None  # its status, when MQTT is on
+    loop: LoopCare | None = None  # the loop-lag probe and idle collector, once READY
     _turns: collections.deque[asyncio.Future[None]] = field(default_factory=collections.deque)
 
     def build_request(self, fields: dict[str, Any], *, origin: str, **kw: Any) -> SpeakRequest:
@@ -461,7 +463,14 @@ class Control:
                 for lex in self.lexicon.languages
             },
             **({"mqtt_journal": self.mqtt_journal()} if self.mqtt_journal else {}),
+            **({"loop": self.loop.status()} if self.loop else {}),
         }
+
+    def idle(self) -> bool:
+        """Nothing playing, queued, synthesizing or streaming: a pause now delays no audio."""
+        state = self.scheduler.status()
+        cache = state["source"].get("cache") or {}
+        return state["state"] == "idle" and not self.streaming and not cache.get("inflight")
 
 
 def _given(turn: asyncio.Future[None]) -> bool:

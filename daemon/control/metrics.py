@@ -38,6 +38,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from speakd.control.recent import Recent
+from speakd.engines.spans import Spans
 from speakd.request.messages import Event, EventType, SpeakRequest, error_data
 from speakd.request.stream import AudioStream
 
@@ -98,6 +99,15 @@ class Metrics:
             "speakd_synthesis_rtf",
             "Real-time factor of each finished synthesis (compute s / audio s; < 1 is faster)",
             buckets=RTF_BUCKETS,
+            registry=self.registry,
+        )
+        self.part_seconds = Histogram(
+            "speakd_synthesis_part_seconds",
+            "Time of each part of a finished synthesis up to its first chunk, by part (VITS: "
+            "phonemes, prior, flow, decoder, words; ChatTTS: text, prompt, gpt prompt, gpt step, "
+            "sampling, vocoder) and first_chunk (the whole wait; the rest is the daemon's own)",
+            ["part"],
+            buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
         self.pack_refusals = Counter(
@@ -193,9 +203,14 @@ class Metrics:
 
     # ---- synthesis: the Guard ---------------------------------------------------------------
 
-    def synthesis(self, elapsed_s: float, audio_s: float) -> None:
+    def synthesis(self, elapsed_s: float, audio_s: float, spans: Spans | None = None) -> None:
         if audio_s > 0:
             self.rtf.observe(elapsed_s / audio_s)
+        if spans is None or spans.first is None or spans.first_s is None:
+            return
+        for part, seconds in spans.first.items():
+            self.part_seconds.labels(part).observe(seconds)
+        self.part_seconds.labels("first_chunk").observe(spans.first_s)
 
 
 class _StateCollector(Collector):

@@ -40,6 +40,7 @@ from speakd.engines.bundle import load_bundle
 from speakd.engines.noise import SEED_INPUT
 from speakd.engines.options import Option
 from speakd.engines.ortsession import session_options
+from speakd.engines.spans import span
 from speakd.engines.vits_graph import (
     VoiceConfig,
     model_card_licence,
@@ -399,15 +400,16 @@ class VitsEngine(VitsVoice):
         if not normalized:
             raise EngineError("nothing to say: the text is empty")
         # (phonemes, whether they go on with the sentence before them after a clause break)
-        sentences = [
-            (piece, k > 0)
-            for sentence in phonemize(
-                self.config.espeak_voice, normalized, self.config.vowel_clusters
-            )
-            for clause in split_long(sentence, self.max_phonemes)
-            for k, piece in enumerate(split_clauses(clause))
-            if speakable(piece)
-        ]
+        with span("phonemes"):
+            sentences = [
+                (piece, k > 0)
+                for sentence in phonemize(
+                    self.config.espeak_voice, normalized, self.config.vowel_clusters
+                )
+                for clause in split_long(sentence, self.max_phonemes)
+                for k, piece in enumerate(split_clauses(clause))
+                if speakable(piece)
+            ]
         if not sentences:
             raise EngineError(f"nothing to say: no speakable sounds in {normalized[:60]!r}")
         seed = config.seed if config.seed is not None else derive_seed(normalized, asdict(params))
@@ -433,13 +435,15 @@ class VitsEngine(VitsVoice):
             add_hook(terminate)
         try:
             for i, (phonemes, goes_on) in enumerate(sentences):
-                feeds = self._feeds(phonemes, params, derive_seed(seed, i))
+                with span("phonemes"):
+                    feeds = self._feeds(phonemes, params, derive_seed(seed, i))
                 windows = self.graphs.render(feeds, run, trim=i == 0 or goes_on)
                 words: list[Word] = []
                 made = total = 0  # samples of the sentence made so far, and in all
                 while (window := self._next(windows, cancel)) is not None:
                     if made == 0 and window.id_samples is not None:
-                        words = timings(aligner.spans(phonemes), window.id_samples)
+                        with span("words"):
+                            words = timings(aligner.spans(phonemes), window.id_samples)
                         total = int(window.id_samples.sum())
                         made = window.skipped  # its leading silence, when trimmed
                     made += window.audio.size

@@ -35,6 +35,7 @@ from onnx import numpy_helper
 from onnx.utils import Extractor
 
 from speakd.engines.base import EngineError
+from speakd.engines.spans import span
 
 log = logging.getLogger(__name__)
 
@@ -299,7 +300,9 @@ class WholeVoice:
         self, feeds: dict[str, np.ndarray], run: ort.RunOptions, trim: bool = False
     ) -> Iterator[Window]:
         """The sentence in one run; ``trim`` is ignored (the whole graph gives no durations)."""
-        yield Window(self.entry.run([self._output], feeds, run)[0].reshape(-1), None)
+        with span("whole graph"):
+            audio = self.entry.run([self._output], feeds, run)[0].reshape(-1)
+        yield Window(audio, None)
 
 
 class SplitVoice:
@@ -342,7 +345,8 @@ class SplitVoice:
             yield Window(audio, id_samples, skipped)
 
     def prior(self, feeds: dict[str, np.ndarray], run: ort.RunOptions) -> Latents:
-        z_p, durations = self.entry.run([self.joints.z_p, self.joints.durations], feeds, run)
+        with span("prior"):  # text encoder, duration predictor, alignment, prior noise
+            z_p, durations = self.entry.run([self.joints.z_p, self.joints.durations], feeds, run)
         return Latents(z_p, durations.reshape(-1))
 
     def audio(
@@ -366,7 +370,8 @@ class SplitVoice:
                 z[:, :, made:hi] = self._run_flow(z_p, made, hi, speaker, run)
                 made = hi
             feeds = {self.joints.z: np.ascontiguousarray(z[:, :, lo:hi]), **speaker}
-            audio = self._decoder.run([self._decoder_out], feeds, run)[0].reshape(-1)
+            with span("decoder"):
+                audio = self._decoder.run([self._decoder_out], feeds, run)[0].reshape(-1)
             if audio.size != (hi - lo) * hop:
                 raise ValueError(f"the decoder made {audio.size} samples for {hi - lo} frames")
             yield audio[(start - lo) * hop : (end - lo) * hop]
@@ -387,7 +392,8 @@ class SplitVoice:
             self.joints.mask: np.ones((1, 1, hi - lo), np.float32),
             **speaker,
         }
-        out = self._flow.run([self._flow_out], feeds, run)[0]
+        with span("flow"):
+            out = self._flow.run([self._flow_out], feeds, run)[0]
         return out[:, :, start - lo : end - lo]
 
 

@@ -7,7 +7,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from speakd.config import Config, load_config
+from speakd.config import Config
+from speakd.lifecycle.daemon_config import load_daemon_config
 from speakd.machine.hardware import (
     PROJECTION_CONTEXT,
     WEIGHT_RATIO,
@@ -311,7 +312,7 @@ def _check_fleet(config: Config) -> Check:
 
 def run_doctor(config_path: Path | None, socket_path: str | None = None, out=sys.stdout) -> bool:
     try:
-        config = load_config(config_path)
+        config = load_daemon_config(config_path)  # what `speakd serve` would run with
     except Exception as e:
         print(f"[FAIL] config: {e}", file=out)
         return False

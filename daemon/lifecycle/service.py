@@ -39,6 +39,7 @@ from speakd.frontends.ssip import SsipFrontend
 from speakd.frontends.unixserver import AccessPolicy, start_unix_server
 from speakd.frontends.wyoming import WyomingFrontend
 from speakd.lifecycle.daemon_config import load_daemon_config
+from speakd.lifecycle.loopcare import LoopCare
 from speakd.lifecycle.notify import listen_fds, notify, watchdog_interval
 from speakd.markup.lexicon import Lexicon, LexiconError
 from speakd.mqtt.journal import Journal
@@ -108,6 +109,8 @@ class Daemon:
         if os.environ.get("NOTIFY_SOCKET"):
             notifier = self._notifier(watchdog_interval())
             self._tasks.append(asyncio.create_task(notifier, name="notifier"))
+        self.control.loop = LoopCare(self.control.idle)  # after start-up's allocations
+        self._tasks += self.control.loop.start()
         notify("READY=1", f"STATUS={self._status_line()}")
         log.info("speakd ready: %s", self._status_line())
         if self.config.socket.ssip_path and self.config.ssip.prewarm_keys:  # after READY
@@ -397,6 +400,7 @@ class Daemon:
         elif new.http.listen:
             log.warning("http.listen changes take effect after a restart")
         log.info("configuration reloaded (%d)", self.control.reloads)
+        LoopCare.freeze()  # the probe and the collector go on; what the reload made is frozen
         notify("READY=1", f"STATUS={self._status_line()}")
 
     async def shutdown(self) -> None:
@@ -451,7 +455,7 @@ def _lexicon(config: Config) -> Lexicon:
 
 def make_guard(config: EngineConfig) -> Guard:
     breaker = CircuitBreaker(config.breaker_failures, config.breaker_reset_s)
-    return Guard(breaker, config.hang_timeout_s, config.max_rtf)
+    return Guard(breaker, config.hang_timeout_s, config.max_rtf, trace_parts=config.trace_parts)
 
 
 def _fallback_audio(resolver: Resolver, text: str, halt: threading.Event) -> AudioChunk | None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from speakd.engines.base import EngineError
+from speakd.engines.spans import Spans
 from speakd.request.stream import EngineTimeout
 
 __all__ = ["CircuitBreaker", "EngineTimeout", "EngineUnavailable", "Guard"]
@@ -95,8 +96,10 @@ class Guard:
     breaker: CircuitBreaker
     hang_timeout_s: float = 30.0
     max_rtf: float = 3.0
-    # told (compute s, audio s) of every synthesis that ran to its end (speakd.control.metrics: RTF)
-    on_synthesis: Callable[[float, float], None] | None = None
+    # told (compute s, audio s, its parts) of every synthesis that ran to its end
+    # (speakd.control.metrics: RTF, and the parts up to the first chunk)
+    on_synthesis: Callable[[float, float, Spans | None], None] | None = None
+    trace_parts: bool = False  # engine.trace_parts: one log line of them per synthesis
 
     def admit(self) -> None:
         if not self.breaker.allow():
@@ -105,12 +108,20 @@ class Guard:
             )
 
     def judge(
-        self, error: BaseException | None, cancelled: bool, elapsed: float, audio_s: float
+        self,
+        error: BaseException | None,
+        cancelled: bool,
+        elapsed: float,
+        audio_s: float,
+        parts: Spans | None = None,
     ) -> None:
         """A clean EngineError is about the request (bad text, unknown voice), and a cancelled
-        synthesis says nothing; anything else is a fault, and so is a crawl."""
+        synthesis says nothing; anything else is a fault, and so is a crawl. ``parts``: where its
+        time went (``speakd.engines.spans``), logged with ``trace_parts``."""
+        if parts is not None and self.trace_parts:
+            log.info("synthesis parts, ms: %s", parts.summary())
         if error is None and not cancelled and self.on_synthesis is not None:
-            self.on_synthesis(elapsed, audio_s)
+            self.on_synthesis(elapsed, audio_s, parts)
         if isinstance(error, EngineError) or (error is None and cancelled):
             self.breaker.release()
         elif error is not None:

@@ -40,6 +40,7 @@ from speakd.cache.shipped import ShippedPack
 from speakd.cache.store import CacheError, CacheStore, Clip
 from speakd.config import CacheConfig
 from speakd.engines.base import Engine, EngineError, SynthesisConfig
+from speakd.engines.spans import Spans, recording
 from speakd.request.breaker import CircuitBreaker, Guard
 from speakd.request.compose import compose
 from speakd.request.errors import RequestError
@@ -400,6 +401,7 @@ class Resolver:
     def _synthesize(self, stream: AudioStream, prepared: Prepared) -> None:
         error: BaseException | None = None
         admitted, t0 = False, 0.0
+        parts: Spans | None = None
         try:
             with self.voices.using(prepared.bundle, stream.loaded_voice) as engine:
                 target = prepared.params.get("loudness", {}).get("lufs")
@@ -408,14 +410,16 @@ class Resolver:
                     self.guard.admit()
                     admitted, t0 = True, time.monotonic()
                     stream.begin()
-                    chunks = engine.synthesize(prepared.text, prepared.config, stream.cancel)
-                    pitch = prepared.params.get("pitch")
-                    if not by_resampling(engine, pitch):  # else the engine made it
-                        chunks = shifted(chunks, pitch)
-                    for chunk in chunks:
-                        stream.put(scale_volume(chunk, gain))  # normalised before it is stored
-                        if stream.cancel.is_set():
-                            break
+                    with recording() as parts:  # the engine's parts (speakd.engines.spans)
+                        chunks = engine.synthesize(prepared.text, prepared.config, stream.cancel)
+                        pitch = prepared.params.get("pitch")
+                        if not by_resampling(engine, pitch):  # else the engine made it
+                            chunks = shifted(chunks, pitch)
+                        for chunk in chunks:
+                            parts.chunk()
+                            stream.put(scale_volume(chunk, gain))  # normalised before it is stored
+                            if stream.cancel.is_set():
+                                break
         except Exception as e:
             error = e
         with self._lock:  # decided under the lock: a closing resolver waits for what stores
@@ -423,7 +427,7 @@ class Resolver:
             if not cancelled:
                 self._finishing.add(stream)
         if admitted and not stream.done:  # judged before readers hear the end; a hang already was
-            self.guard.judge(error, cancelled, time.monotonic() - t0, stream.duration)
+            self.guard.judge(error, cancelled, time.monotonic() - t0, stream.duration, parts)
         # Stored before readers hear the end, so a repeat sent the moment the audio ends finds
         # the clip instead of synthesizing again. A stream the hang guard already ended (judged
         # failed) is not stored.

@@ -35,6 +35,7 @@ import onnx
 import onnxruntime as ort
 
 from .machine import describe, line
+from .screenreader_nav import Texts, fresh
 from .stats import median_s
 
 IDLE_S = 0.3  # quiet before each text, as between a screen reader's keys
@@ -157,7 +158,8 @@ def encoder_graph(prior: onnx.ModelProto) -> onnx.ModelProto:
     return Extractor(prior).extract_model(inputs, [first.input[0]])
 
 
-def measure(args: argparse.Namespace) -> dict[str, Any]:
+def measure(args: argparse.Namespace, texts: Texts | None = None) -> dict[str, Any]:
+    """``texts``: the run's (``bench screenreader --floor``: its own), else drawn from the seed."""
     from speakd.audio.pitch import by_resampling, slower
     from speakd.engines.base import SynthesisConfig
     from speakd.engines.ortsession import session_options
@@ -165,8 +167,6 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     from speakd.engines.vits_graph import voice_graph
     from speakd.engines.vits_split import SplitVoice, lead_frames, split_voice
     from speakd.engines.vits_text import phonemize, split_clauses
-
-    from .screenreader_nav import fresh
 
     voice = VitsVoice.from_bundle(args.bundle) if args.bundle else VitsVoice.embedded()
     parts = split_voice(voice_graph(voice))
@@ -179,8 +179,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     graphs._flow = flow
     graphs.use_decoder(decoder)
     joints = graphs.joints
-    n = args.texts
-    texts = fresh(args.seed, n, n, max(1, n // 4))
+    if texts is None:
+        texts = fresh(args.seed, args.texts, args.texts, max(1, args.texts // 4))
     config = SynthesisConfig(pitch=args.pitch)
     params = engine._resolve(config)
     if by_resampling(engine, args.pitch):

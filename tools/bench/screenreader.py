@@ -34,7 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from . import floor, loopstall
 from .cache import serve
+from .daemon_parts import SpeakdFigures, parts_table
 from .machine import describe
 from .machine import line as machine_line
 from .screenreader_nav import (
@@ -44,7 +46,6 @@ from .screenreader_nav import (
     NavTrial,
     Spoken,
     Texts,
-    WavOffsets,
     fresh,
 )
 from .screenreader_nav import samples as nav_samples
@@ -84,11 +85,13 @@ class Options:
     seed: int = field(default_factory=lambda: int.from_bytes(os.urandom(4), "little"))
     nav_rounds: int = 0  # the navigation phase's rounds (0: as many as the script's)
     nav_pitch: int = ORCA_PITCH  # the navigation phase's SSIP PITCH
+    nav_texts: int = 0  # new lines and menu items each per round (0: 20, 3 with quick)
+    floor: bool = False  # also bench floor's parts and floors on the same texts
 
     def texts(self) -> Texts:
         """The navigation phase's new text, the same for every contender of the run."""
-        n, each = self.rounds, 3 if self.quick else 20
-        return fresh(self.seed, each * n, each * n, (1 if self.quick else 3) * n)
+        n, each = self.rounds, self.nav_texts or (3 if self.quick else 20)
+        return fresh(self.seed, each * n, each * n, max(1, each * 3 // 20) * n)
 
     @property
     def typed(self) -> str:
@@ -113,6 +116,7 @@ class Trial:
     marked_messages: int = 0
     echoes: list[tuple[float, str]] = field(default_factory=list)  # (ms, which key), for the tail
     nav: NavTrial = field(default_factory=NavTrial)
+    server: dict[str, Any] = field(default_factory=dict)  # FirstAudio.figures
 
 
 def marked(text: str) -> str:
@@ -237,6 +241,7 @@ def replay(path: str, audio: FirstAudio, opts: Options) -> Trial:
         trial.marked_ms.clear()
         trial.unmarked_ms.clear()
         trial.marked_messages = trial.marks_before_begin = 0
+        audio.mark()
         for n in range(opts.rounds):
             if opts.phase in ("all", "keys"):
                 r.typing(opts.typed, 0.7, trial.begin_700)
@@ -259,6 +264,7 @@ def replay(path: str, audio: FirstAudio, opts: Options) -> Trial:
                     r.navigate(phase, all_texts[n * share : (n + 1) * share], opts.nav_pitch)
         for m in trial.nav.spoken:
             trial.nav.first[m.msg_id] = audio.first_audio(m)
+        trial.server = audio.figures(trial.nav)
     finally:
         s.close()
     return trial
@@ -277,6 +283,7 @@ def results(trial: Trial) -> dict[str, Any]:
         out["marked_ratio"] = round(sum(trial.marked_ms) / sum(trial.unmarked_ms), 3)
     out["marks_before_begin"] = [trial.marks_before_begin, trial.marked_messages]
     out["slowest"] = [[round(ms, 1), what] for ms, what in sorted(trial.echoes, reverse=True)[:5]]
+    out.update(trial.server)
     return out
 
 
@@ -289,7 +296,13 @@ def speakd_ssip(work: Path) -> Iterator[tuple[str, FirstAudio]]:
     ssip = work / "ssip.sock"
     audio = f'sink = "wav"\nwav_dir = "{work / "wav"}"\nrealtime = true'
     (work / "wav").mkdir()
-    proc, _ = serve(work, audio=audio, ssip_path=str(ssip), env={"SPEAKD_LOG_LEVEL": "INFO"})
+    proc, sock = serve(
+        work,
+        engine="trace_parts = true",
+        audio=audio,
+        ssip_path=str(ssip),
+        env={"SPEAKD_LOG_LEVEL": "INFO"},
+    )
     log = work / "speakd.log"
     deadline = time.monotonic() + 600
     while DONE_LINE not in log.read_text(errors="replace"):
@@ -298,7 +311,7 @@ def speakd_ssip(work: Path) -> Iterator[tuple[str, FirstAudio]]:
             raise RuntimeError(f"speakd's key-echo prewarm did not finish: {log}")
         time.sleep(0.5)
     try:
-        yield str(ssip), WavOffsets(work / "wav")
+        yield str(ssip), SpeakdFigures(work / "wav", sock, log)
     finally:
         proc.terminate()
         proc.wait(30)
@@ -415,6 +428,18 @@ def measure(opts: Options) -> dict[str, Any]:
                     out["contenders"][name] = results(replay(path, audio, opts))
             except RuntimeError as e:
                 out["contenders"][name] = {"missing": str(e)}
+    if opts.floor:
+        from speakd.audio.pitch import ssip_semitones
+
+        args = argparse.Namespace(
+            runs=1,
+            pitch=ssip_semitones(opts.nav_pitch),
+            threads=2,
+            bundle=None,
+            no_bandwidth=True,
+            seed=opts.seed,
+        )
+        out["floor"] = floor.measure(args, opts.texts())
     out["loadavg_end"] = loadavg()
     out["machine"] = describe(bandwidth=False)
     return out
@@ -466,6 +491,10 @@ def report(result: dict[str, Any]) -> str:
     silent = {name: r.get("nav_silent") for name, r in c.items() if r.get("nav_silent")}
     if silent:
         lines.append(f"\nnew texts with no audio found (not counted): {silent}")
+    if "loop" in sd:
+        lines.append(f"\nspeakd's event loop during the run: {loopstall.describe(sd['loop'])}")
+    if sd.get("parts"):
+        lines += ["", *parts_table(sd["parts"], result.get("floor"))]
     return "\n".join(lines)
 
 
@@ -485,11 +514,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, help="the new texts' draw (default: fresh each run)")
     p.add_argument("--rounds", type=int, default=0, help="rounds of the script (default 3)")
     p.add_argument("--nav-pitch", type=int, default=ORCA_PITCH, help="SSIP PITCH of the new texts")
+    p.add_argument(
+        "--nav-texts",
+        type=int,
+        default=0,
+        help="new lines and menu items each per round (default 20: n = 40 × rounds)",
+    )
+    p.add_argument(
+        "--floor",
+        action="store_true",
+        help="also bench floor's parts and floor on the same texts, beside speakd's own",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     opts = Options(quick=args.quick, only=args.only, phase=args.phase, nav_rounds=args.rounds)
-    opts.nav_pitch = args.nav_pitch
+    opts.nav_pitch, opts.nav_texts, opts.floor = args.nav_pitch, args.nav_texts, args.floor
     if args.seed is not None:
         opts.seed = args.seed
     result = measure(opts)

@@ -28,7 +28,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -174,6 +174,13 @@ class Spoken:
 class FirstAudio(Protocol):
     def first_audio(self, m: Spoken) -> float | None: ...
 
+    def mark(self) -> None:
+        """The measured part of the run starts (after its warm-up)."""
+
+    def figures(self, nav: NavTrial) -> dict[str, Any]:
+        """What the server itself says of the run since ``mark`` (speakd: its parts, its loop)."""
+        return {}
+
     def close(self) -> None: ...
 
 
@@ -238,6 +245,12 @@ class Monitor:
             if at is not None:
                 return max(m.sent, t - (block.size - at) / RATE)
         return None
+
+    def mark(self) -> None:
+        pass
+
+    def figures(self, nav: NavTrial) -> dict[str, Any]:
+        return {}
 
     def close(self) -> None:
         self._proc.terminate()

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..bench import loopstall
+
 COLUMNS = ("sent", "terminal", "missing", "duplicate", "lost_to_kill", "abandoned")
 
 
@@ -36,6 +38,8 @@ def table(result: dict[str, Any]) -> str:
             f"{inc['baseline_fds_threads']} → {inc['end_fds_threads']}"
             + (f" (more: {inc['fd_kinds_grown']})" if inc["fd_kinds_grown"] else "")
         )
+        if inc.get("loop"):
+            lines.append(f"process {inc['epoch']}, event loop: {loopstall.describe(inc['loop'])}")
     for check in result["cache_checks"]:
         lines.append(
             f"cache after {check['after']}: integrity {', '.join(check['integrity'][:3])}; "

@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from speakd.library.client import Client
+from speakd.library.client import Client, ClientError
 
+from ..bench import loopstall
 from ..bench.cache import PROMPTS
 from . import traffic
 from .daemon import (
@@ -72,6 +73,8 @@ class Incarnation:
     peak_rss_mb: float = 0.0
     baseline: Sample | None = None
     end: Sample | None = None
+    loop_at_baseline: tuple[float, dict[str, Any] | None] | None = None  # (instant, status' loop)
+    loop: dict[str, Any] | None = None  # its event loop's stalls from baseline to end (loopstall)
 
     def verdict(self) -> dict[str, Any]:
         """RSS is judged where fds and threads are, idle at the baseline and at the end: what
@@ -98,6 +101,7 @@ class Incarnation:
             "baseline_fds_threads": None if base is None else [base.fds, base.threads],
             "end_fds_threads": None if end is None else [end.fds, end.threads],
             "fds_threads_back": bool(back),
+            "loop": self.loop,
             "fd_kinds_grown": {
                 k: n - (base.fd_kinds or {}).get(k, 0)
                 for k, n in (end.fd_kinds or {}).items()
@@ -159,8 +163,23 @@ class Soak:
                 inc.baseline, inc.peak_rss_mb = s, s.rss_mb
             else:
                 inc.end = s
+        loop = self._loop()
+        if what == "baseline":
+            inc.loop_at_baseline = (time.monotonic(), loop)
+        elif inc.loop_at_baseline is not None:
+            start, before = inc.loop_at_baseline
+            inc.loop = loopstall.during(before, loop, start)
         if what == "baseline":
             self.ledger.open()
+
+    def _loop(self) -> dict[str, Any] | None:
+        """The daemon's event-loop probe (``status()["loop"]``); None when it cannot answer."""
+        if self.daemon is None or self.current_pid() is None:
+            return None
+        try:
+            return self.daemon.status().get("loop")
+        except (OSError, ClientError):
+            return None
 
     def reference(self, socket: str, voice: str, text: str) -> None:
         """The clip's length from a socket ``synth`` (a cache hit once it has been made)."""

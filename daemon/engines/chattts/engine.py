@@ -44,6 +44,7 @@ from speakd.engines.chattts.vocoder import (
 )
 from speakd.engines.options import Option
 from speakd.engines.ortsession import make_session
+from speakd.engines.spans import span
 
 if TYPE_CHECKING:
     from speakd.machine.npu import NpuPlan
@@ -434,7 +435,8 @@ class ChatTTSEngine(ChatTTSVoice):
     ) -> Iterator[np.ndarray]:
         """One sentence's audio chunks; with a ``gate`` they are held (decoding goes on) until
         it opens or the sentence ends (prebuffer.py)."""
-        embeds = self.prompt_embeds(sentence, params)
+        with span("text, prompt"):
+            embeds = self.prompt_embeds(sentence, params)
         max_steps = min(sampler.params.max_new_token, self.spec.max_context)
         stream = StreamingVocoder(self.vocoder, self.schedule, max_steps, self.spec.hidden_size)
         held: list[np.ndarray] = []
@@ -457,7 +459,8 @@ class ChatTTSEngine(ChatTTSVoice):
 
     def _render(self, stream: StreamingVocoder, render: Render) -> np.ndarray:
         t0 = self.clock()
-        audio = stream.emit(render, self.vocoder.spectra(render.hiddens))
+        with span("vocoder"):  # decoder, Vocos, iSTFT
+            audio = stream.emit(render, self.vocoder.spectra(render.hiddens))
         self._render_s += self.clock() - t0
         self._rendered_steps += len(render.hiddens)
         return audio

@@ -23,6 +23,7 @@ import numpy as np
 import onnxruntime as ort
 
 from speakd.engines.chattts.sampling import CodeSampler
+from speakd.engines.spans import span
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +147,8 @@ class GptRunner:
         spec, stats = self.spec, stats if stats is not None else DecodeStats()
         q, v, eos = spec.num_vq, spec.num_audio_tokens, spec.eos_token
         t0 = time.perf_counter()
-        hidden, logits = self.prompt(prompt_embeds)
+        with span("gpt prompt"):
+            hidden, logits = self.prompt(prompt_embeds)
         t1 = time.perf_counter()
         stats.prompt_tokens, stats.prompt_ms = prompt_embeds.shape[1], (t1 - t0) * 1e3
         max_new = min(sampler.params.max_new_token, spec.max_context - self.position)
@@ -158,7 +160,8 @@ class GptRunner:
                 if cancel is not None and cancel.is_set():
                     stats.stop = "cancelled"
                     return
-                codes = self._draw(scratch, logits, history[:i], i, sampler)
+                with span("sampling"):
+                    codes = self._draw(scratch, logits, history[:i], i, sampler)
                 if (codes == eos).any():
                     stats.stop = "eos" if i else "empty"
                     return
@@ -166,7 +169,8 @@ class GptRunner:
                 stats.steps = i + 1
                 yield codes, hidden
                 if i + 1 < max_new:
-                    hidden, logits = self.step(codes)
+                    with span("gpt step"):
+                        hidden, logits = self.step(codes)
         finally:
             stats.decode_ms = (time.perf_counter() - t1) * 1e3
 
