@@ -6,7 +6,8 @@
 #   make soak       the long soak (docs/reliability.md, "Soak"): every front-end and every fault,
 #                   SIGKILL, SIGTERM and a package upgrade among them; SOAK_MINUTES=30
 #   make deb        dist/speakd_<version>_{amd64,arm64}.deb for boards (docs/systemd.md); for
-#                   Ubuntu 24.04 `make deb DEB_PYTHON=3.12`, for Debian 13 trixie DEB_PYTHON=3.13
+#                   Ubuntu 24.04 `make deb DEB_PYTHON=3.12`, for Debian 13 trixie DEB_PYTHON=3.13;
+#                   DEB_ARCHES=amd64, DEB_COMPRESS=gzip|none, DEB_VERSION=0.1.0-2 narrow it
 #   make image      localhost/speakd:<version>, the amd64 container image (root; podman, no
 #                   registry; DEB=path reuses a built .deb), `make image-test` checks it
 
@@ -18,6 +19,8 @@ TEST_APT := libportaudio2 mosquitto mosquitto-clients openssl speech-dispatcher 
 # make deb: the target CPython (the wheels are ABI-specific; 3.11 = Debian 12 / Pi OS bookworm)
 DEB_PYTHON ?= 3.11
 DEB_ARCHES ?= amd64 arm64
+DEB_COMPRESS ?= xz
+DEB_VERSION ?=
 IMAGE_APT := podman debootstrap
 
 RKNN_VENV := .venv-rknn
@@ -25,7 +28,7 @@ RKNN_TOOLKIT := rknn-toolkit2==2.5.0
 
 SOAK_MINUTES ?= 30
 
-.PHONY: run test apt-run apt-test apt-image venv lint rknn-env deb image image-test soak
+.PHONY: run test apt-run apt-test apt-image venv lint rknn-env deb deb-env image image-test soak
 
 apt-run:
 	@dpkg -s $(RUN_APT) >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq --no-install-recommends $(RUN_APT); }
@@ -59,21 +62,34 @@ rknn-env:
 	$(RKNN_VENV)/bin/python -c "from rknn.api import RKNN"
 
 # Debian packages from wheels for each target architecture: no compiler, no emulation.
-deb: $(VENV)/bin/python
+# build.sh makes the key-echo pack with the speakd it packages, on this host, which imports
+# speakd's device dependencies: deb-env puts them in .venv (a fresh clone's venv is empty).
+deb-env: $(VENV)/bin/python
+	$(VENV)/bin/pip install -q -e .
+
+deb: deb-env
 	for arch in $(DEB_ARCHES); do \
-		PYTHON=$(VENV)/bin/python systemd/debian/build.sh --arch $$arch --python $(DEB_PYTHON) || exit 1; \
+		PYTHON=$(VENV)/bin/python systemd/debian/build.sh --arch $$arch --python $(DEB_PYTHON) \
+			--compress $(DEB_COMPRESS) $(if $(DEB_VERSION),--version $(DEB_VERSION),) || exit 1; \
 	done
 
 # The container image from the .deb (container/build.sh; docs/home-assistant.md). Needs root:
-# debootstrap makes the base once, podman keeps it. `make image-test` runs it from its unpacked
-# root as it declares itself (tests/test_image.py); the suite skips that file without the image.
+# debootstrap makes the base once, podman keeps it. ADDON=yes also builds the add-on's image.
+# `make image-test` runs `make image` in a fresh clone of this checkout's HEAD (commit first), as
+# a newcomer would, then runs the image from its unpacked root as it declares itself
+# (tests/test_image.py); the suite skips that file without the image, and .ci/run does not run
+# image-test (minutes, and root with podman and debootstrap).
+IMAGE_CLONE := $(or $(TMPDIR),/tmp)/speakd-image-test
+
 apt-image:
 	@dpkg -s $(IMAGE_APT) >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(IMAGE_APT); }
 
-image: apt-image $(VENV)/bin/python
-	$(SUDO) env PYTHON=$(VENV)/bin/python container/build.sh $(if $(DEB),--deb $(DEB),)
+image: apt-image deb-env
+	$(SUDO) env PYTHON=$(VENV)/bin/python container/build.sh $(if $(ADDON),--addon $(ADDON),) $(if $(DEB),--deb $(DEB),)
 
 image-test: apt-image $(VENV)/bin/python
-	$(SUDO) env PYTHON=$(VENV)/bin/python container/build.sh --addon yes $(if $(DEB),--deb $(DEB),)
+	rm -rf $(IMAGE_CLONE) && git clone -q . $(IMAGE_CLONE)
+	$(MAKE) -C $(IMAGE_CLONE) image ADDON=yes $(if $(DEB),DEB=$(abspath $(DEB)),)
+	rm -rf $(IMAGE_CLONE)
 	$(VENV)/bin/pip install -q -e ".[dev,host]"
 	$(SUDO) env SPEAKD_IMAGE_REQUIRED=1 $(VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_image.py

@@ -1,18 +1,23 @@
-"""The Debian package, installed for real: ``systemd/debian/build.sh`` builds it, apt installs,
-upgrades, removes and purges it on this machine, and the arm64 build speaks under qemu-user.
+"""The Debian package, installed for real: ``make deb`` builds it in a clone of the checkout (as
+a user would: the clone's own .venv, its HEAD, so commit first), apt installs, upgrades,
+downgrades, removes and purges it on this machine, and the arm64 build speaks under qemu-user.
 
 * lintian finds no errors in the amd64 package;
 * ``apt-get install ./speakd_…_amd64.deb``: the ``speakd`` user, its directories, the enable links
   (systemd is not PID 1 here, so nothing is started), ``speakd synth`` from /usr/bin, and a
   ``speakd serve`` of the package run as user ``speakd`` with the packaged config, answering
   ``speakd say`` and caching in /var/cache/speakd;
-* an upgrade to a rebuilt higher version keeps the admin's config, the cache and the voices dir;
+* a downgrade to the package of 7a29775 (the last whose MQTT journal lives beside the cache) and
+  the upgrade back keep the admin's config, the cache and the voices dir;
+* upgrades both ways with MQTT says in flight (old, new, old, new; the broker away in between):
+  every acknowledged say is spoken and reported once, none spoken twice;
 * remove keeps exactly config, data and the units' masks; purge leaves nothing, not even the user;
 * the arm64 package, unpacked into tests/arm64's bookworm root, synthesizes under qemu-aarch64.
 
 It needs root (CI runs as root) and installs system-wide for a few minutes; it will not touch a
 machine that already has a speakd install, or the data of one run as root (`make run`).
-Downloaded wheels stay in ~/.cache/speakd-deb.
+Downloaded wheels stay in ~/.cache/speakd-deb, and so does the old package (built once per commit
+by that commit's own ``make deb``).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import os
 import re
 import shutil
 import socket
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -35,17 +41,23 @@ from speakd.library.client import Client
 from speakd_tools.bench.screenreader import SETUP, Replay, Trial, null_sink_pulse
 from speakd_tools.bench.ssip_session import SsipSession
 from tests import unit_run
+from tests.mosquitto import Mosquitto, Watcher
+from tests.test_mqtt_journal import Recorder
 from tests.unit_run import Manager
 from tests.waits import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
-BUILD = ROOT / "systemd" / "debian" / "build.sh"
 UPSTREAM = next(
     line.split('"')[1]
     for line in (ROOT / "pyproject.toml").read_text().splitlines()
     if line.startswith("version = ")
 )
-V1, V2 = f"{UPSTREAM}-1", f"{UPSTREAM}-2"
+V1, V2 = f"{UPSTREAM}-1", f"{UPSTREAM}-2"  # V1: OLD_COMMIT's package (its default), V2: ours
+OLD_COMMIT = "7a29775"  # the last commit whose MQTT journal lives beside the cache
+CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "speakd-deb"
+# make as a user runs it: the system's python3, nothing of the test's venv
+USER_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "HOME": str(Path.home()),
+            "LANG": "C.UTF-8"}  # fmt: skip
 # Where the package leaves traces; every path whose name has "speakd" in it is compared.
 WATCHED = ("/etc", "/opt", "/usr/bin", "/usr/lib", "/usr/share/doc", "/usr/share/lintian", "/var")
 NOT_OURS = ("/var/lib/dpkg/", "/var/cache/speakd-arm64", "/var/cache/apt/", "/var/lib/apt/")
@@ -104,12 +116,40 @@ def apt(*args: str | Path) -> subprocess.CompletedProcess[str]:
     return run("apt-get", "-y", "-q", "-o", "DPkg::Lock::Timeout=600", *args, env=env)
 
 
-def build(out: Path, arch: str, version: str) -> Path:
-    r = run(BUILD, "--arch", arch, "--version", version, "--out", out, "--compress", "none",
-            env={**os.environ, "PYTHON": sys.executable})  # fmt: skip
-    deb = Path(r.stdout.strip().splitlines()[-1])
-    assert deb == out / f"speakd_{version}_{arch}.deb" and deb.is_file(), r.stdout
+def make_deb(clone: Path, arch: str, *variables: str) -> Path:
+    """``make deb`` in ``clone`` for one architecture, uncompressed; returns the new .deb."""
+    before = set((clone / "dist").glob("*.deb"))
+    run("make", "-C", clone, "deb", f"DEB_ARCHES={arch}", *variables, env=USER_ENV, timeout=2400)
+    (deb,) = set((clone / "dist").glob(f"*_{arch}.deb")) - before
     return deb
+
+
+@pytest.fixture(scope="module")
+def clone(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A clone of this checkout (its HEAD), where ``make deb`` runs as it would for a user."""
+    where = tmp_path_factory.mktemp("clone") / "speakd"
+    run("git", "clone", "-q", ROOT, where)
+    return where
+
+
+def old_package(clone: Path) -> Path:
+    """OLD_COMMIT's amd64 package, built by its own ``make deb`` in a clone at that commit, kept
+    in CACHE under the commit. Its Makefile left .venv empty (issue 53): it borrows ours, made
+    by ``make deb`` (its dependencies are a subset); its build.sh compresses with xz unless
+    told, and its Makefile passes DEB_PYTHON through unquoted, which carries --compress."""
+    full = run("git", "-C", ROOT, "rev-parse", f"{OLD_COMMIT}^{{commit}}").stdout.strip()
+    kept = CACHE / "old" / full / f"speakd_{V1}_amd64.deb"
+    if kept.is_file():
+        return kept
+    old = clone.parent / "old"
+    run("git", "clone", "-q", ROOT, old)
+    run("git", "-C", old, "checkout", "-q", full)
+    (old / ".venv").symlink_to(clone / ".venv")
+    deb = make_deb(old, "amd64", "DEB_PYTHON=3.11 --compress none")
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(deb, f"{kept}.part")
+    os.replace(f"{kept}.part", kept)
+    return kept
 
 
 def traces() -> set[str]:
@@ -168,8 +208,8 @@ def wav_seconds(path: Path) -> float:
 
 
 @pytest.fixture(scope="module")
-def debs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """amd64 at V1 and V2 (the upgrade), built once for the module."""
+def debs(clone: Path) -> dict[str, Path]:
+    """amd64: V1 from OLD_COMMIT, V2 from this checkout, built once for the module."""
     if installed_version() or CONFIG.exists() or Path("/opt/speakd").exists():
         pytest.skip("this machine already has a speakd install; the test will not touch it")
     # A daemon run as root outside the package (`make run`) keeps its cache here: the purge
@@ -177,8 +217,8 @@ def debs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     data = [d for d in (Path("/var/cache/speakd"), Path("/var/lib/speakd")) if d.exists()]
     if data:
         pytest.skip(f"speakd data outside a package ({', '.join(map(str, data))}); not purging it")
-    out = tmp_path_factory.mktemp("debs")
-    return {"v1": build(out, "amd64", V1), "v2": build(out, "amd64", V2)}
+    v2 = make_deb(clone, "amd64", f"DEB_VERSION={V2}", "DEB_COMPRESS=none")
+    return {"v1": old_package(clone), "v2": v2}
 
 
 @pytest.fixture(scope="module")
@@ -194,7 +234,7 @@ def test_lintian_finds_no_errors(debs: dict[str, Path]) -> None:
     if not shutil.which("lintian"):
         pytest.skip("lintian missing (Debian: lintian)")
     r = subprocess.run(
-        ["lintian", "--fail-on", "error", "--suppress-tags", UNCOMPRESSED, str(debs["v1"])],
+        ["lintian", "--fail-on", "error", "--suppress-tags", UNCOMPRESSED, str(debs["v2"])],
         capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     errors = [line for line in r.stdout.splitlines() if line.startswith("E:")]
@@ -205,8 +245,8 @@ def test_install_creates_the_user_and_enables_without_starting(
     debs: dict[str, Path], before: set[str]
 ) -> None:
     assert not user_exists()
-    r = apt("install", "--no-install-recommends", debs["v1"])
-    assert installed_version() == f"install ok installed {V1}"
+    r = apt("install", "--no-install-recommends", debs["v2"])
+    assert installed_version() == f"install ok installed {V2}"
     assert user_exists()
     for d in (Path("/var/lib/speakd"), VOICES, Path("/var/cache/speakd")):
         st = d.stat()
@@ -353,17 +393,151 @@ def test_desktop_screen_reader_as_installed(before: set[str]) -> None:
         shutil.rmtree(base)
 
 
-def test_upgrade_keeps_config_cache_and_voices(debs: dict[str, Path], before: set[str]) -> None:
+def install(deb: Path) -> None:
+    """apt's install of ``deb``, up or down; the admin's edited config is kept (no prompt)."""
+    apt("install", "--no-install-recommends", "--allow-downgrades",
+        "-o", "Dpkg::Options::=--force-confold", deb)  # fmt: skip
+    # dpkg leaves the package's own config beside the kept one, for the admin to compare
+    Path(f"{CONFIG}.dpkg-dist").unlink(missing_ok=True)
+
+
+def test_downgrade_and_upgrade_keep_config_cache_and_voices(
+    debs: dict[str, Path], before: set[str]
+) -> None:
     changed = CONFIG.read_text().replace("# volume = 1.0 ", "volume = 0.8   # the admin's ", 1)
     assert changed != CONFIG.read_text()
     CONFIG.write_text(changed)
     (VOICES / "admin-note.txt").write_text("a voice would be here")
     cache = CACHE_DB.read_bytes()
-    apt("install", "--no-install-recommends", debs["v2"])
-    assert installed_version() == f"install ok installed {V2}"
-    assert CONFIG.read_text() == changed
-    assert (VOICES / "admin-note.txt").is_file()
-    assert CACHE_DB.read_bytes() == cache
+    for deb, version in ((debs["v1"], V1), (debs["v2"], V2)):
+        install(deb)
+        assert installed_version() == f"install ok installed {version}"
+        assert CONFIG.read_text() == changed
+        assert (VOICES / "admin-note.txt").is_file()
+        assert CACHE_DB.read_bytes() == cache
+
+
+WAV = Path("/var/lib/speakd/wav")
+SITE = "debsite"
+LONG = "The long announcement is playing now, for a few seconds."
+
+
+def with_mqtt(config: str, broker: Mosquitto) -> str:
+    """The packaged config with MQTT on the test's broker and a realtime WAV sink (the same
+    keys in both versions), without the ``[state]`` header (only comments under it), which the
+    old version refuses ("state: unknown section"), as docs/reliability.md tells an admin."""
+    assert config.count("\n[state]\n") == 1
+    config = config.replace("\n[state]\n", "\n", 1)
+    audio = f'[audio]\nsink = "wav"\nwav_dir = "{WAV}"\nrealtime = true\n'
+    mqtt = (f'[mqtt]\nenabled = true\nhost = "{broker.host}"\nport = {broker.port}\n'
+            f'site_id = "{SITE}"\nreconnect_min_s = 0.1\nreconnect_max_s = 0.5\n')  # fmt: skip
+    assert config.count("\n[audio]\n") == 1 and config.count("\n[mqtt]\n") == 1
+    return config.replace("\n[audio]\n", f"\n{audio}", 1).replace("\n[mqtt]\n", f"\n{mqtt}", 1)
+
+
+def serve(log: Path, watcher: Watcher | None = None) -> unit_run.Activated:
+    """The installed system service, started (its first connection starts the daemon); with
+    ``watcher``, once it is online (the retained availability is its last will's "offline")."""
+    if watcher is not None:
+        watcher.publish("test/deb/mark", "")  # connected and subscribed again
+    since = watcher.mark() if watcher is not None else 0
+    daemon = unit_run.start(SYSTEM_UNIT, Manager.system(), log)
+    run("/usr/bin/speakd", "status", cwd="/")
+    if watcher is not None:
+        online = watcher.wait(f"speakd/{SITE}/availability", since=since, timeout=60,
+                              pred=lambda m: m.payload == b"online")  # fmt: skip
+        assert online, daemon.log_text()
+    return daemon
+
+
+def acknowledged(broker: Mosquitto, watcher: Watcher, ids: list[str]) -> None:
+    """A long say playing and ``ids[1:]`` behind it, each journaled and PUBACKed by the daemon."""
+    since = watcher.mark()
+    pubacks = f"Received PUBACK from speakd-{SITE}"
+    acks = broker.log_text().count(pubacks)
+    for n, rid in enumerate(ids):
+        fields = {"text": LONG, "priority": "important"} if n == 0 else {"text": f"Say {rid}."}
+        payload = json.dumps({**fields, "id": rid})
+        watcher.publish(f"speakd/{SITE}/say", payload, response_topic="test/deb")
+    for rid in ids:
+        queued = {"id": rid, "status": "queued"}
+        watcher.wait("test/deb", lambda m, q=queued: m.json().items() >= q.items(), since, 120)
+    wait_until(lambda: broker.log_text().count(pubacks) >= acks + len(ids), "PUBACKs", 30)
+
+
+def kill(daemon: unit_run.Activated) -> None:
+    """A crash: SIGKILL (systemd-socket-activate and setpriv exec the daemon)."""
+    daemon.proc.kill()
+    daemon.proc.wait(30)
+
+
+def test_upgrades_both_ways_keep_every_mqtt_say(
+    debs: dict[str, Path], before: set[str], tmp_path: Path
+) -> None:
+    """Old package (journal beside the cache), new, old, new, with says acknowledged in each old
+    one and a crash before it spoke them, the broker away while the new one speaks: the new one
+    moves the old journal in both times and speaks those says, publishes the outcomes it kept
+    once the broker is back without speaking them again, and every say gets one ``done``."""
+    broker = Mosquitto(tmp_path / "broker").start()
+    recorder = Recorder(broker, "test/deb")  # a persistent session: nothing lost while away
+    watcher = Watcher(broker, f"speakd/{SITE}/#", "test/deb")
+    admin = CONFIG.read_text()
+    WAV.mkdir(exist_ok=True)
+    shutil.chown(WAV, "speakd", "speakd")
+    CONFIG.write_text(with_mqtt(admin, broker))
+    journal = Path("/var/lib/speakd/mqtt-journal.db")
+    daemon: unit_run.Activated | None = None
+    try:
+        install(debs["v1"])
+        daemon = serve(tmp_path / "v1.log", watcher)
+        acknowledged(broker, watcher, ["l-1", "a"])
+        kill(daemon)
+        assert Path("/var/cache/speakd/mqtt-journal.db").exists()
+
+        install(debs["v2"])  # the upgrade, the broker away while it speaks
+        broker.stop()
+        daemon = serve(tmp_path / "v2.log")
+
+        def kept() -> bool:
+            if not journal.exists():
+                return False
+            with sqlite3.connect(journal) as conn:
+                rows = conn.execute("SELECT count(*) FROM says WHERE outcome IS NOT NULL")
+                return rows.fetchone()[0] == 2
+
+        wait_until(kept, "l-1 and a spoken, their outcomes kept", timeout=120)
+        assert daemon.stop() == 0, daemon.log_text()[-3000:]
+        spoken = {p.name: p.stat().st_mtime_ns for p in WAV.iterdir()}
+        assert set(spoken) == {"l-1.wav", "a.wav"}, daemon.log_text()[-3000:]
+
+        install(debs["v1"])  # the downgrade: the broker back, two more says, a crash
+        broker.start()
+        daemon = serve(tmp_path / "v1-again.log", watcher)
+        acknowledged(broker, watcher, ["l-2", "b"])
+        kill(daemon)
+
+        install(debs["v2"])  # the upgrade again
+        daemon = serve(tmp_path / "v2-again.log")
+        done = [json.dumps({"id": rid, "status": "done"}, separators=(",", ":")).encode()
+                for rid in ("l-1", "a", "l-2", "b")]  # fmt: skip
+        recorder.wait_for(lambda got: all(m in got for m in done), timeout=180)
+        assert daemon.stop() == 0, daemon.log_text()[-3000:]
+        log = daemon.log_text()
+        assert "publishing the outcome of 2 says" in log and "moved in" in log, log[-3000:]
+        now = {p.name: p.stat().st_mtime_ns for p in WAV.iterdir()}
+        assert {k: now[k] for k in spoken} == spoken, "spoken again"
+        assert set(now) == {"l-1.wav", "a.wav", "l-2.wav", "b.wav"}
+        assert [recorder.got.count(m) for m in done] == [1, 1, 1, 1]
+        assert not list(Path("/var/cache/speakd").glob("mqtt-journal.db*"))
+    finally:
+        if daemon is not None:
+            daemon.stop()
+        CONFIG.write_text(admin)
+        shutil.rmtree(WAV, ignore_errors=True)
+        shutil.rmtree(RUN, ignore_errors=True)
+        watcher.close()
+        recorder.close()
+        broker.stop()
 
 
 def test_remove_keeps_config_and_data(before: set[str]) -> None:
@@ -388,9 +562,11 @@ def test_purge_leaves_nothing_behind(before: set[str]) -> None:
 # ---- arm64: built on this x86 host, unpacked and run under qemu-aarch64 -----------------------
 
 
-def test_arm64_package_speaks_under_qemu(tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_arm64_package_speaks_under_qemu(
+    clone: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     work = tmp_path_factory.mktemp("arm64-deb")
-    deb = build(work, "arm64", V1)
+    deb = make_deb(clone, "arm64", "DEB_COMPRESS=none")
     assert run("dpkg-deb", "-f", deb, "Architecture").stdout.strip() == "arm64"
     r = run("bash", ROOT / "tests" / "arm64" / "build.sh", sys.executable, timeout=1800)
     arm = dict(line.split("=", 1) for line in r.stdout.splitlines() if "=" in line)

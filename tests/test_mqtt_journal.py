@@ -15,14 +15,16 @@ import sqlite3
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from speakd.config import load_config
 from speakd.lifecycle.doctor import _check_socket
@@ -31,6 +33,7 @@ from speakd_tools.soak.daemon import install_copy, upgrade
 from tests.daemon_proc import DaemonProc, start_daemon, write_config
 from tests.mosquitto import Mosquitto, Watcher
 from tests.test_mqtt import finished, mqtt_toml, start_mqtt_daemon, wav_dir
+from tests.waits import wait_until
 
 REPLIES = "test/journal"
 LONG = "The long announcement is playing now, for a few seconds."
@@ -276,7 +279,7 @@ def test_journal_migrates_moves_in_and_remembers_redeliveries(tmp_path: Path) ->
     assert not j.redelivery((7, digest("t", b"x"))), "only max_done finished ones"
     j.close()
     with sqlite3.connect(new) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 3
     conn.close()
     again = Journal(new, legacy=old)
     assert [e.payload for e in again.replay] == [b"{}"] and again.pending == 1
@@ -296,6 +299,84 @@ def test_journal_migrates_moves_in_and_remembers_redeliveries(tmp_path: Path) ->
     again.add("t", b"w", None, None, 10, lambda e: ok.set() if e is None else None)
     assert ok.wait(10) and again.status()["error"] is None
     again.close()
+
+
+V1_SCHEMA = (  # the journal beside the cache, as the versions before the state directory had it
+    "CREATE TABLE says (key TEXT PRIMARY KEY, topic TEXT NOT NULL, payload BLOB NOT NULL,"
+    " response_topic TEXT, correlation BLOB, done REAL)"
+)
+
+
+def old_journal(path: Path, *keys: str, crashed: bool = False) -> None:
+    """An old version's journal with these pending says; ``crashed``: its last commit is
+    still in the WAL (the old daemon was killed), as a copy taken while it is open."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    live = path.with_name("live.db") if crashed else path
+    conn = sqlite3.connect(live, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute(V1_SCHEMA)
+    for key in keys:
+        payload = json.dumps({"text": f"Say {key}.", "id": key}).encode()
+        conn.execute("INSERT INTO says VALUES (?, 'speakd/p/say', ?, NULL, NULL, NULL)",
+                     (key, payload))  # fmt: skip
+    if crashed:
+        for suffix in ("", "-wal"):
+            Path(f"{path}{suffix}").write_bytes(Path(f"{live}{suffix}").read_bytes())
+    conn.close()
+    live.with_name("live.db").unlink(missing_ok=True)
+
+
+def ids(entries: list[Any]) -> list[str]:
+    return [json.loads(e.payload)["id"] for e in entries]
+
+
+def test_an_old_journal_is_moved_in_every_time(tmp_path: Path) -> None:
+    """Upgrade, downgrade, upgrade: each start that finds an old journal beside the cache moves
+    its pending says in (one reusing an id among them), with what was still in its WAL; a crash
+    between the copy and the removal, or between the rename and the copy, copies each row once."""
+    old = tmp_path / "cache" / "mqtt-journal.db"
+    new = tmp_path / "state" / "mqtt-journal.db"
+    old_journal(old, "a")
+    Journal(new, legacy=old).close()  # the upgrade
+    old_journal(old, "a", "b", crashed=True)  # the downgrade journals beside the cache again
+    j = Journal(new, legacy=old)  # the upgrade again
+    assert ids(j.replay) == ["a", "a", "b"] and not old.exists()
+    assert not list(old.parent.iterdir()), "the old file and its WAL are gone"
+    j.close()
+
+    old_journal(old, "c")  # a crash after the commit, before the removal
+    real_unlink = Path.unlink
+
+    def crash(self: Path, missing_ok: bool = False) -> None:
+        if ".moving-" in self.name:
+            raise KeyboardInterrupt  # stands for a SIGKILL: nothing after it runs
+        real_unlink(self, missing_ok)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Path, "unlink", crash)
+        with pytest.raises(KeyboardInterrupt):
+            Journal(new, legacy=old)
+    assert len(list(old.parent.glob("mqtt-journal.db.moving-*"))) == 1
+    old_journal(old, "d")  # and then a downgrade's daemon made a new one
+    j = Journal(new, legacy=old)
+    assert ids(j.replay) == ["a", "a", "b", "c", "d"]
+    assert not list(old.parent.iterdir())
+    j.close()
+
+    old_journal(old, "e")  # a crash after the rename, before the copy's commit
+
+    def killed(self: Journal, db: sqlite3.Connection) -> list[Path]:
+        raise KeyboardInterrupt
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Journal, "_move_in", killed)
+        with pytest.raises(KeyboardInterrupt):
+            Journal(new, legacy=old)
+    assert not old.exists()
+    j = Journal(new, legacy=old)
+    assert ids(j.replay) == ["a", "a", "b", "c", "d", "e"]
+    assert not list(old.parent.iterdir())
+    j.close()
 
 
 def test_pubacks_leave_in_the_order_the_publishes_came() -> None:
@@ -322,3 +403,131 @@ def test_pubacks_leave_in_the_order_the_publishes_came() -> None:
     releases[3]()  # QoS 0: nothing to acknowledge
     releases[0]()  # twice: harmless
     assert sent == [1, 2, 3]
+
+
+class Recorder:
+    """A subscriber with a persistent session: the broker keeps what comes while it is away."""
+
+    def __init__(self, broker: Mosquitto, *topics: str) -> None:
+        self.got: list[bytes] = []
+        self.cond = threading.Condition()
+        self.client = mqtt.Client(
+            CallbackAPIVersion.VERSION2, client_id="recorder", protocol=mqtt.MQTTv5
+        )
+        self.client.on_message = self._on_message
+        self.client.reconnect_delay_set(0.1, 0.5)  # type: ignore[arg-type]
+        subscribed = threading.Event()
+        self.client.on_subscribe = lambda *_: subscribed.set()
+        props = Properties(PacketTypes.CONNECT)
+        props.SessionExpiryInterval = 3600
+        self.client.connect(broker.host, broker.port, clean_start=False, properties=props)
+        self.client.loop_start()
+        self.client.subscribe([(topic, 1) for topic in topics])
+        assert subscribed.wait(10)
+
+    def _on_message(self, _c: Any, _u: Any, msg: mqtt.MQTTMessage) -> None:
+        with self.cond:
+            self.got.append(bytes(msg.payload))
+            self.cond.notify_all()
+
+    def wait(self, count: int, timeout: float = 30) -> list[bytes]:
+        return self.wait_for(lambda got: len(got) >= count, timeout)
+
+    def wait_for(self, done: Callable[[list[bytes]], bool], timeout: float = 30) -> list[bytes]:
+        with self.cond:
+            assert self.cond.wait_for(lambda: done(self.got), timeout), self.got[-5:]
+            return list(self.got)
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
+
+
+def test_an_outcome_paho_refuses_waits_for_the_broker(tmp_path: Path) -> None:
+    """The broker goes away and paho's queue fills: an outcome published then is not taken
+    as acknowledged; it waits, in order behind the rest, and goes once the broker is back,
+    and only the broker's acknowledgement runs its on_acked."""
+    from speakd.config import MqttConfig
+    from speakd.mqtt.client import MAX_QUEUED, Connection
+    from speakd.mqtt.messages import Availability, Reply
+    from speakd.mqtt.topics import SiteTopics
+
+    broker = Mosquitto(tmp_path / "broker").start()
+    recorder = Recorder(broker, "test/outcome/#")
+    config = MqttConfig(
+        enabled=True, host=broker.host, port=broker.port, site_id="away",
+        reconnect_min_s=0.1, reconnect_max_s=0.5,
+    )  # fmt: skip
+    connected = threading.Event()
+    will = Availability(SiteTopics(config.prefix, config.site_id), online=False)
+    subscriptions = [("test/none", SubscribeOptions(qos=1))]
+    conn = Connection(
+        config, "speakd-away", will, lambda: subscriptions, connected.set, lambda _m: None
+    )
+    conn.start()
+    try:
+        assert connected.wait(10)
+        broker.stop()
+        wait_until(lambda: not conn.connected, "the broker gone")
+        for n in range(MAX_QUEUED):
+            conn.publish(Reply("test/outcome/filler", str(n), "queued", {}))
+        acked = threading.Event()
+        outcome = Reply("test/outcome/say", "o-1", "done", {})
+        conn.publish(outcome, on_acked=acked.set)
+        after = Reply("test/outcome/say", "o-2", "done", {})
+        conn.publish(after, kept=True)  # behind it, not before
+        assert not acked.is_set(), "refused by paho, yet marked as acknowledged"
+        connected.clear()
+        broker.start()
+        assert acked.wait(30), "never published after the broker came back"
+        got = recorder.wait(MAX_QUEUED + 2)
+        assert got[MAX_QUEUED:] == [outcome.payload(), after.payload()]
+    finally:
+        conn.close()
+        recorder.close()
+        broker.stop()
+
+
+def test_a_late_outcome_is_published_after_a_restart_not_spoken_again(tmp_path: Path) -> None:
+    """Says spoken while the broker is away, then the daemon restarted (an upgrade) before it
+    returns: the journal keeps their outcomes; the next start publishes them once the broker
+    is back, and does not speak the says again."""
+    broker = Mosquitto(tmp_path / "broker").start()
+    recorder = Recorder(broker, REPLIES)
+    watcher = Watcher(broker, "speakd/#", "test/#")
+    d = start_mqtt_daemon(tmp_path, broker, watcher, "loft")
+    journal = d.config.parent / "state" / "mqtt-journal.db"
+    try:
+        queue_behind_a_long_say(watcher, "loft", ["l-1"])
+        broker.stop()
+
+        def ended() -> bool:
+            with sqlite3.connect(journal) as conn:
+                rows = conn.execute("SELECT count(*) FROM says WHERE outcome IS NOT NULL")
+                return rows.fetchone()[0] == 2
+
+        wait_until(ended, "both says spoken, their outcomes kept", timeout=60)
+        assert d.stop() == 0, d.log_text()
+        assert pending(d) == ["loft-long", "l-1"]
+        spoken_at = {p.name: p.stat().st_mtime_ns for p in wav_dir(d).iterdir()}
+        assert set(spoken_at) == {"loft-long.wav", "l-1.wav"}
+
+        d = start_daemon(d.config)  # the broker still away
+        broker.start()
+        done = [reply_bytes("loft-long", "done"), reply_bytes("l-1", "done")]
+        recorder.wait_for(lambda got: all(m in got for m in done), timeout=60)
+        assert d.stop() == 0, d.log_text()
+        assert "publishing the outcome of 2 says" in d.log_text()
+        assert "replaying" not in d.log_text()
+        assert pending(d) == []
+        assert {p.name: p.stat().st_mtime_ns for p in wav_dir(d).iterdir()} == spoken_at
+        assert [recorder.got.count(m) for m in done] == [1, 1]
+    finally:
+        d.stop()
+        watcher.close()
+        recorder.close()
+        broker.stop()
+
+
+def reply_bytes(rid: str, status: str) -> bytes:
+    return json.dumps({"id": rid, "status": status}, separators=(",", ":")).encode()

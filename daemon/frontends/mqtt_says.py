@@ -5,10 +5,12 @@ A say's way: decoded and validated on the loop (a refusal is answered and acknow
 never journaled); handed to the journal's writer thread; when its commit returns (a callback
 handed back to the loop) it is queued and its PUBACK released, in the order the PUBLISHes came
 (``Connection.hold``). A stop, or a cancel naming it, that arrives while its commit runs applies
-to it too: it ends ``stopped``/``cancelled`` when the commit returns. Its final outcome is
-published, and once the broker has acknowledged it the row is marked done: a crash before that
-replays the say and reports it then, so no outcome is lost (one in the moment between the
-broker's acknowledgement and the mark is reported twice).
+to it too: it ends ``stopped``/``cancelled`` when the commit returns. When it ends, its outcome
+is written into its row and published (kept: a broker away, or paho's queue full, delays it but
+never drops it), and once the broker has acknowledged it the row is marked done. A start
+publishes the outcomes the broker never acknowledged, without speaking those says again; only a
+crash in the moment between a say's end and its outcome's commit speaks it again, and one
+between the broker's acknowledgement and the mark reports it twice.
 
 A clean stop (``hold``) leaves the says it cuts short in the journal, unreported: a say stopped
 by the shutdown, or refused because the daemon is shutting down, is replayed whole at the next
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -176,10 +179,14 @@ class Says:
         submit(request)
 
     def replay(self) -> None:
-        """Queue what the journal held at start, in its order, past every limit."""
+        """Queue what the journal held at start, in its order, past every limit; publish the
+        kept outcome of a say that ended (it is not spoken again)."""
         entries, self.journal.replay = self.journal.replay, []
-        if entries:
-            log.info("MQTT: replaying %d says accepted before the last exit", len(entries))
+        ended = sum(entry.outcome is not None for entry in entries)
+        if len(entries) > ended:
+            log.info("MQTT: replaying %d says accepted before the last exit", len(entries) - ended)
+        if ended:
+            log.info("MQTT: publishing the outcome of %d says the broker did not have", ended)
         for entry in entries:
             parsed = parse_command_topic(self.prefix, entry.topic)
             msg = Incoming(entry.topic, entry.payload, entry.response_topic, entry.correlation)
@@ -191,6 +198,9 @@ class Says:
                 site_id = site_id or "default"
                 hermes_id, session_id = optional_str(obj, "id"), optional_str(obj, "sessionId")
                 say.origin = origin_of(msg, hermes_id, site_id, session_id)
+                if entry.outcome is not None:
+                    self._event(say, _event_of(entry.outcome))
+                    continue
                 if site_id not in self.sites:
                     raise RequestError("bad_site", f"site {site_id!r} is no longer this board's")
                 say.request = self._build(say, obj, entry.topic, site_id)
@@ -221,6 +231,7 @@ class Says:
             log.info("MQTT: say %s kept for the next start (%s)", event.request_id, _what(event))
             return
         seq, say.seq = say.seq, None
+        self.journal.report(seq, _outcome_of(event))
         mark = functools.partial(self._call_on_loop, self.journal.finish, seq)
         self._report(say, event, mark)
 
@@ -229,7 +240,7 @@ class Says:
         if self._closing:  # our client is gone: the live front-end reports it
             if self._successor is not None:
                 self._successor._report(say, event, then)
-            elif event.terminal:  # not marked done: spoken and reported after the next start
+            elif event.terminal:  # not marked done: reported after the next start
                 log.info(
                     "MQTT: outcome of say %s (%s) not published: the MQTT front-end was closed",
                     event.request_id,
@@ -251,7 +262,7 @@ class Says:
         """``sayFinished``; ``then`` goes with it when no reply follows it."""
         last = then if origin.response_topic is None else None
         finished = SayFinished(origin.hermes_id, origin.site_id, origin.session_id)
-        self.connection.publish(finished, on_acked=last)
+        self.connection.publish(finished, on_acked=last, kept=then is not None)
 
     def _failed(
         self,
@@ -264,7 +275,8 @@ class Says:
         origin = say.origin
         log.info("MQTT: say %s failed: %s: %s", request_id or origin.hermes_id, e.code, e)
         self.connection.publish(
-            TtsError(f"{e.code}: {e}", origin.site_id, origin.hermes_id, origin.session_id)
+            TtsError(f"{e.code}: {e}", origin.site_id, origin.hermes_id, origin.session_id),
+            kept=then is not None,
         )
         self._finished(origin, then)
         detail = {"code": e.code, "message": str(e)}
@@ -326,6 +338,17 @@ def _resolve(future: asyncio.Future[None]) -> None:
 
 def _noop() -> None:
     pass
+
+
+def _outcome_of(event: Event) -> str:
+    """A say's final event as its journal row keeps it (``_event_of`` reads it back)."""
+    data = {k: v for k, v in event.data.items() if k in ("status", "code", "message")}
+    return json.dumps({"type": event.type.value, "id": event.request_id, "data": data})
+
+
+def _event_of(outcome: str) -> Event:
+    kept = json.loads(outcome)
+    return Event(EventType(kept["type"]), kept["id"], kept["data"])
 
 
 def _cut_by_shutdown(event: Event) -> bool:

@@ -10,7 +10,9 @@ reconnects with backoff. Incoming QoS 1 messages are acknowledged when the owner
 (``hold``), not on arrival, and in the order they came: a say is PUBACKed once it is journaled
 (``mqtt/journal.py``), so one the daemon did not keep is redelivered by the broker on the next
 connection. Publishes made while the broker is away
-are queued (up to ``MAX_QUEUED``) for the next connection.
+are queued (up to ``MAX_QUEUED``) for the next connection; past that paho refuses them, and a
+kept one (a say's outcome) waits in our own queue, in order, until paho takes it: its
+``on_acked`` runs only once the broker acknowledged it, never because it was refused.
 
 Threads: paho's network loop runs on its own thread (``loop_start``); ``on_connected`` and
 ``on_message`` are called there, and the owner hands them on (the front-end to its event loop).
@@ -39,11 +41,20 @@ from speakd.mqtt.messages import Message
 
 log = logging.getLogger(__name__)
 
-MAX_QUEUED = 1000  # publishes kept while the broker is away; beyond that they are dropped
+MAX_QUEUED = 1000  # publishes paho queues while the broker is away; beyond, only kept ones wait
 ACKED_WAIT_S = 3.0  # at close: how long the broker gets to acknowledge what waits for it
 RECENT_ACKS = 256  # mids remembered (65535 publishes before one comes again)
 
 Subscriptions = list[tuple[str, SubscribeOptions]]
+
+
+@dataclass(frozen=True)
+class _Kept:
+    """A publish paho refused (its queue full) that must still reach the broker."""
+
+    message: Message
+    properties: Properties | None
+    on_acked: Callable[[], None] | None
 
 
 @dataclass(frozen=True)
@@ -108,6 +119,10 @@ class Connection:
         self._on_acked: dict[int, Callable[[], None]] = {}  # publish mid → when the broker has it
         self._recent_acks: OrderedDict[int, bool] = OrderedDict()  # acked, nobody waiting (yet)
         self._all_acked = threading.Condition(self._pub_lock)
+        # kept publishes paho refused, oldest first; the lock orders them with new ones and is
+        # held while calling paho, so paho's thread only ever tries it (``_flush_kept``)
+        self._kept: deque[_Kept] = deque()
+        self._kept_lock = threading.Lock()
         self._sub_topics: dict[int, list[str]] = {}  # SUBSCRIBE message id → its topics
         self._password = config.password() if config.username else None  # see credentials_changed
         client = new_client(config, client_id, manual_ack=True)
@@ -162,7 +177,7 @@ class Connection:
         self._closing = True
         if self._connected:
             with self._all_acked:
-                self._all_acked.wait_for(lambda: not self._on_acked, wait_s)
+                self._all_acked.wait_for(lambda: not self._on_acked and not self._kept, wait_s)
         if self._connected and farewell is not None:
             info = self.publish(farewell)
             try:
@@ -204,6 +219,7 @@ class Connection:
             self.config.port,
             "resumed" if flags.session_present else "new",
         )
+        self._flush_kept()
         self._on_connected()
 
     def _on_connect_fail(self, _client: Any, _userdata: Any) -> None:
@@ -291,25 +307,64 @@ class Connection:
         message: Message,
         properties: Properties | None = None,
         on_acked: Callable[[], None] | None = None,
+        kept: bool = False,
     ) -> Any:
         """Queue a QoS 1 publish; kept for the next connection when the broker is away.
-        ``on_acked`` runs (on paho's thread) once the broker acknowledged it."""
-        info = self._client.publish(
-            message.topic(), message.payload(), qos=1, retain=message.retain, properties=properties
-        )
-        queued = info.rc in (MQTTErrorCode.MQTT_ERR_SUCCESS, MQTTErrorCode.MQTT_ERR_NO_CONN)
-        if not queued:
+        ``on_acked`` runs (on paho's thread) once the broker acknowledged it. A ``kept`` one
+        (any with ``on_acked``) that paho refuses waits in our queue (module doc); another is
+        dropped with a warning. Returns paho's MQTTMessageInfo, or None for one that waits."""
+        item = _Kept(message, properties, on_acked)
+        with self._kept_lock:
+            if kept or on_acked is not None:
+                if self._kept:  # behind those already waiting: outcomes keep their order
+                    self._kept.append(item)
+                    return None
+                info = self._send(item)
+                if info.rc == MQTTErrorCode.MQTT_ERR_QUEUE_SIZE:
+                    log.warning(
+                        "MQTT: paho's queue is full (%d): the outcome for %s waits for the broker",
+                        MAX_QUEUED,
+                        message.topic(),
+                    )
+                    self._kept.append(item)
+                    return None
+                return info
+            info = self._send(item)
+        if info.rc == MQTTErrorCode.MQTT_ERR_QUEUE_SIZE:
             log.warning(
                 "MQTT: cannot publish to %s: %s", message.topic(), mqtt.error_string(info.rc)
             )
-        if on_acked is not None:
-            with self._pub_lock:  # never held while calling paho: its thread takes it in turn
-                acked = not queued or self._recent_acks.pop(info.mid, False)
-                if not acked:
-                    self._on_acked[info.mid] = on_acked
-            if acked:
-                on_acked()
         return info
+
+    def _send(self, item: _Kept) -> Any:
+        """Hand ``item`` to paho (with ``_kept_lock`` held); register its ``on_acked`` when
+        paho took it (QoS 1: anything but a full queue stays in paho's queue until acked)."""
+        m = item.message
+        info = self._client.publish(
+            m.topic(), m.payload(), qos=1, retain=m.retain, properties=item.properties
+        )
+        if item.on_acked is not None and info.rc != MQTTErrorCode.MQTT_ERR_QUEUE_SIZE:
+            with self._pub_lock:  # never held while calling paho: its thread takes it in turn
+                acked = self._recent_acks.pop(info.mid, False)
+                if not acked:
+                    self._on_acked[info.mid] = item.on_acked
+            if acked:
+                item.on_acked()
+        return info
+
+    def _flush_kept(self) -> None:
+        """Hand paho what waits in our queue, as far as its queue takes it (paho's thread, on a
+        connect and on each acknowledgement; a publish under way on another thread holds the
+        lock and sends its own, so it is only tried: paho may hold its lock while calling us)."""
+        if not self._kept or not self._kept_lock.acquire(blocking=False):
+            return
+        try:
+            while self._kept:
+                if self._send(self._kept[0]).rc == MQTTErrorCode.MQTT_ERR_QUEUE_SIZE:
+                    return
+                self._kept.popleft()
+        finally:
+            self._kept_lock.release()
 
     def _on_publish(self, _c: Any, _u: Any, mid: int, _reason: Any, _props: Any) -> None:
         with self._all_acked:
@@ -318,10 +373,11 @@ class Connection:
                 self._recent_acks[mid] = True
                 while len(self._recent_acks) > RECENT_ACKS:
                     self._recent_acks.popitem(last=False)
-            if not self._on_acked:
+            if not self._on_acked and not self._kept:
                 self._all_acked.notify_all()
         if done is not None:
             done()
+        self._flush_kept()
 
     def publish_live(self, message: Message) -> bool:
         """Publish only while connected (status and audio are stale by the next connection)."""

@@ -5,8 +5,10 @@ daemon acknowledged (PUBACK) is spoken, once, whatever happens to the process â€
 SIGTERM, an upgrade's restart. So a say is acknowledged only after its row is committed here;
 the daemon queues the ``pending`` rows again when it starts (in their order, past every queue
 limit); a clean stop leaves the rows of says it did not finish, so they are spoken after the
-next start; a row turns ``done`` once the broker has acknowledged the say's final outcome
-(``sayFinished``), so a crash never loses an outcome.
+next start. A say that ended keeps its outcome in its row (``outcome``) until the broker has
+acknowledged it (``sayFinished``, the reply): the row turns ``done`` only then, so a crash or a
+broker away never loses an outcome, and a start publishes the kept outcomes instead of speaking
+those says again.
 
 A say that cannot be journaled (the file cannot be opened or written) is refused with the
 retryable ``journal_unavailable`` on every reply path, then acknowledged: the client hears that
@@ -31,11 +33,16 @@ commit fsyncs the WAL, so a committed say survives a power cut, not only a crash
 fsync is the commit's whole cost (``speakd-tools bench journal``), paid once per group.
 
 Its own SQLite file in the state directory (``[state] dir``): the cache may be wiped, rebuilt or
-disabled without touching what was promised to MQTT clients. Schema version 2 (``user_version``)
-keys rows by arrival (``seq``): two unfinished says with one id are two rows. A version-1 file
-(rows keyed by id) is migrated in place, and a journal left at the old place beside the cache is
-moved in at the first start: its pending rows are copied in the same transaction that records
-the move, so a crash in between copies them once.
+disabled without touching what was promised to MQTT clients. Schema version 3 (``user_version``)
+keys rows by arrival (``seq``): two unfinished says with one id are two rows; version 2 (without
+``outcome``) and version 1 (rows keyed by id) are migrated in place.
+
+A journal at the old place beside the cache (a version before this one, perhaps run again by a
+downgrade) is moved in at every start that finds it: first renamed, in its own directory, to a
+name no other file ever had (``mqtt-journal.db.moving-<random>``), so a downgraded daemon makes a
+new file rather than writing into the one being moved; then its pending rows are copied in the
+same transaction that records that name in ``moved``; then it is removed. A crash after the
+rename copies it at the next start, one after the copy only removes it: each row comes in once.
 
 Bounded: at most ``max_pending`` says wait here (past it a say is refused as ``queue_full``) and
 at most ``max_done`` finished ones are remembered for ``window_s``.
@@ -46,12 +53,14 @@ from __future__ import annotations
 import hashlib
 import logging
 import queue
+import re
+import secrets
 import sqlite3
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +70,8 @@ MAX_PENDING = 1000  # says accepted but not yet finished
 MAX_DONE = 1024  # finished says remembered for redeliveries
 WINDOW_S = 120.0  # longer than a reconnect: the broker redelivers within it
 MAX_BATCH = 256  # operations in one commit
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+CLAIMED = re.compile(r"\.moving-[0-9a-f]{32}")  # an old journal being moved in (module doc)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS says (
@@ -72,7 +82,8 @@ CREATE TABLE IF NOT EXISTS says (
     correlation BLOB,
     packet INTEGER,             -- the broker's packet identifier (QoS 1), else NULL
     digest BLOB NOT NULL,       -- of topic and payload: with packet, what a redelivery repeats
-    done REAL                   -- when it finished (wall clock), NULL while pending
+    done REAL,                  -- when the broker had its outcome (wall clock), NULL till then
+    outcome TEXT                -- once it ended: its final event (JSON), to publish again
 );
 CREATE TABLE IF NOT EXISTS moved (source TEXT PRIMARY KEY, at REAL NOT NULL);
 """
@@ -95,6 +106,7 @@ class Entry:
     response_topic: str | None
     correlation: bytes | None
     packet: int | None = None
+    outcome: str | None = None  # it ended: publish this outcome, do not speak it again
 
     @property
     def identity(self) -> Identity | None:
@@ -107,10 +119,11 @@ class JournalUnavailable(Exception):
 
 @dataclass
 class _Op:
-    kind: str  # "add" | "finish" | "barrier" | "stop"
+    kind: str  # "add" | "report" | "finish" | "barrier" | "stop"
     entry: Entry | None = None
     seq: int = 0
     at: float = 0.0
+    outcome: str = ""
     done: Done | None = None
 
 
@@ -132,13 +145,15 @@ class Journal:
         self.max_pending, self.max_done, self.window_s = max_pending, max_done, window_s
         self.error: str | None = None  # the last failure, until a commit succeeds
         self.failures = 0  # commits (or opens) that failed
-        self.replay: list[Entry] = []  # pending at open, oldest first (the start replays them)
+        # pending at open, oldest first: the start speaks them, or publishes their outcome
+        self.replay: list[Entry] = []
         self._pending: dict[int, Identity | None] = {}
         self._done: OrderedDict[Identity, float] = OrderedDict()  # finished, oldest first
         self._unfinished: dict[Identity, int] = {}
         self._next_seq = 1
         self._db: sqlite3.Connection | None = None
-        self._unmarked: dict[int, float] = {}  # writer: finishes whose commit failed
+        self._unmarked: dict[int, float] = {}  # writer: finishes not yet committed
+        self._outcomes: dict[int, str] = {}  # writer: outcomes not yet committed
         self._queue: queue.SimpleQueue[_Op] = queue.SimpleQueue()
         try:
             self._db = self._connect()
@@ -187,8 +202,13 @@ class Journal:
         self._queue.put(_Op("add", entry, done=done))
         return seq
 
+    def report(self, seq: int, outcome: str) -> None:
+        """The say ended with ``outcome`` (kept until ``finish``: a restart publishes it and
+        does not speak the say again; a failed write is retried with the next commit)."""
+        self._queue.put(_Op("report", seq=seq, outcome=outcome))
+
     def finish(self, seq: int) -> None:
-        """The say's final outcome is out: remember it for ``window_s``, drop its payload (a
+        """The broker has the say's final outcome: remember it for ``window_s``, drop its payload (a
         mark that fails is retried with the next commit)."""
         identity = self._pending.pop(seq, None)
         now = time.time()
@@ -228,6 +248,7 @@ class Journal:
 
     def _connect(self) -> sqlite3.Connection:
         Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        self._claim_legacy()
         db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         try:
             db.execute("PRAGMA journal_mode=WAL")
@@ -238,17 +259,18 @@ class Journal:
                 version = db.execute("PRAGMA user_version").fetchone()[0]
                 if version > SCHEMA_VERSION:
                     raise sqlite3.DatabaseError(f"schema version {version} is newer than ours")
-                old = version < SCHEMA_VERSION and _has_table(db, "says")
-                rows = _version1_pending(db) if old else []
-                if old:
+                rows: list[Entry] = []
+                if _has_table(db, "says") and version < 2:
+                    rows = _pending_rows(db)
                     db.execute("DROP TABLE says")
+                    log.info("MQTT journal: %d pending says kept from schema version 1", len(rows))
+                elif version == 2:
+                    db.execute("ALTER TABLE says ADD COLUMN outcome TEXT")
                 for statement in SCHEMA.split(";")[:-1]:  # not executescript: it would COMMIT
                     db.execute(statement)
                 # = SCHEMA_VERSION, literal: PRAGMA takes no parameters
-                db.execute("PRAGMA user_version = 2")
+                db.execute("PRAGMA user_version = 3")
                 _insert(db, rows)
-                if rows:
-                    log.info("MQTT journal: %d pending says kept from schema version 1", len(rows))
                 moved = self._move_in(db)
                 db.execute("COMMIT")
             except BaseException:
@@ -257,34 +279,56 @@ class Journal:
         except BaseException:
             db.close()
             raise
-        if moved is not None:  # only once the rows are committed here
-            for suffix in ("", "-wal", "-shm"):
-                Path(f"{moved}{suffix}").unlink(missing_ok=True)
+        for claimed in moved:  # only once their rows are committed here
+            claimed.unlink(missing_ok=True)
         return db
 
-    def _move_in(self, db: sqlite3.Connection) -> Path | None:
-        """The pending rows of the journal at its old place (beside the cache), once; returns
-        the old file, to be removed after the commit (a crash before that leaves it, and the
-        ``moved`` row keeps it from being copied twice)."""
+    def _claim_legacy(self) -> None:
+        """Rename the journal at its old place to a name of its own (module doc), after folding
+        its WAL into it (the WAL file is named after the database: it would not follow)."""
         legacy = self.legacy
         if legacy is None or not legacy.exists() or legacy.resolve() == Path(self.path).resolve():
-            return None
-        source = str(legacy.resolve())
-        if db.execute("SELECT 1 FROM moved WHERE source = ?", (source,)).fetchone() is None:
-            old = sqlite3.connect(f"file:{legacy}?mode=ro", uri=True)
+            return
+        claimed = legacy.with_name(f"{legacy.name}.moving-{secrets.token_hex(16)}")
+        try:
+            old = sqlite3.connect(legacy, isolation_level=None)
             try:
-                v2 = old.execute("PRAGMA user_version").fetchone()[0] >= SCHEMA_VERSION
-                rows = _version2_pending(old) if v2 else _version1_pending(old)
+                old.execute("PRAGMA journal_mode=DELETE")  # checkpoints and removes the WAL
+            finally:
+                old.close()
+            legacy.rename(claimed)
+        except (OSError, sqlite3.Error) as e:  # say why, and serve: the next start tries again
+            log.error("MQTT journal: cannot move %s in (%s): its says wait for it", legacy, e)
+            return
+        log.info("MQTT journal: moving %s in (as %s)", legacy, claimed.name)
+
+    def _move_in(self, db: sqlite3.Connection) -> list[Path]:
+        """Copy the pending rows of every claimed old journal not yet moved; returns the
+        claimed files, to be removed after the commit."""
+        if self.legacy is None:
+            return []
+        legacy = self.legacy
+        claimed = sorted(
+            p
+            for p in legacy.parent.glob(f"{legacy.name}.moving-*")
+            if CLAIMED.fullmatch(p.name[len(legacy.name) :])
+        )
+        for path in claimed:
+            if db.execute("SELECT 1 FROM moved WHERE source = ?", (path.name,)).fetchone():
+                continue  # copied before a crash cut the removal short
+            old = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+            try:
+                rows = [replace(e, seq=0) for e in _pending_rows(old)]
             finally:
                 old.close()
             _insert(db, rows)
-            db.execute("INSERT INTO moved VALUES (?, ?)", (source, time.time()))
-            log.info("MQTT journal: %d pending says moved in from %s", len(rows), legacy)
-        return legacy
+            db.execute("INSERT INTO moved VALUES (?, ?)", (path.name, time.time()))
+            log.info("MQTT journal: %d pending says moved in from %s", len(rows), path)
+        return claimed
 
     def _load(self, db: sqlite3.Connection) -> None:
         self._next_seq = db.execute("SELECT coalesce(max(seq), 0) + 1 FROM says").fetchone()[0]
-        self.replay = _version2_pending(db)
+        self.replay = _pending_rows(db)
         for entry in self.replay:
             self._pending[entry.seq] = entry.identity
             if entry.identity is not None:
@@ -321,9 +365,11 @@ class Journal:
     def _commit(self, ops: list[_Op]) -> BaseException | None:
         adds = [op.entry for op in ops if op.kind == "add" and op.entry is not None]
         for op in ops:
-            if op.kind == "finish":
+            if op.kind == "report":
+                self._outcomes[op.seq] = op.outcome
+            elif op.kind == "finish":
                 self._unmarked[op.seq] = op.at
-        if not adds and not self._unmarked:
+        if not adds and not self._unmarked and not self._outcomes:
             return None
         if self._db is None:
             try:
@@ -336,9 +382,13 @@ class Journal:
             db.execute("BEGIN IMMEDIATE")
             try:
                 _insert(db, adds)
+                db.executemany(
+                    "UPDATE says SET outcome = ? WHERE seq = ? AND done IS NULL",
+                    [(outcome, seq) for seq, outcome in self._outcomes.items()],
+                )
                 if self._unmarked:
                     db.executemany(
-                        "UPDATE says SET done = ?, payload = x'' WHERE seq = ?",
+                        "UPDATE says SET done = ?, payload = x'', outcome = NULL WHERE seq = ?",
                         [(at, seq) for seq, at in self._unmarked.items()],
                     )
                     db.execute(
@@ -356,6 +406,7 @@ class Journal:
             self._failed("cannot be written", e)
             return JournalUnavailable(f"the MQTT journal {self.error}")
         self._unmarked.clear()
+        self._outcomes.clear()
         if self.error is not None:
             log.warning("MQTT journal %s works again", self.path)
         self.error = None
@@ -378,31 +429,35 @@ def _has_table(db: sqlite3.Connection, name: str) -> bool:
     return row.fetchone() is not None
 
 
-def _version1_pending(db: sqlite3.Connection) -> list[Entry]:
-    """Schema 1 (rows keyed by the say's id): its pending says, in arrival order."""
+def _pending_rows(db: sqlite3.Connection) -> list[Entry]:
+    """The says not done, oldest first, from a journal of any schema version."""
+    if db.execute("PRAGMA user_version").fetchone()[0] < 2:  # keyed by the say's id
+        rows = db.execute(
+            "SELECT topic, payload, response_topic, correlation FROM says WHERE done IS NULL"
+            " ORDER BY rowid"
+        ).fetchall()
+        return [Entry(0, t, bytes(p), r, c) for t, p, r, c in rows]
+    outcome = "outcome" if _has_column(db, "says", "outcome") else "NULL"
     rows = db.execute(
-        "SELECT topic, payload, response_topic, correlation FROM says WHERE done IS NULL"
-        " ORDER BY rowid"
-    ).fetchall()
-    return [Entry(0, t, bytes(p), r, c) for t, p, r, c in rows]
-
-
-def _version2_pending(db: sqlite3.Connection) -> list[Entry]:
-    rows = db.execute(
-        "SELECT seq, topic, payload, response_topic, correlation, packet FROM says"
+        f"SELECT seq, topic, payload, response_topic, correlation, packet, {outcome} FROM says"
         " WHERE done IS NULL ORDER BY seq"
     ).fetchall()
-    return [Entry(s, t, bytes(p), r, c, k) for s, t, p, r, c, k in rows]
+    return [Entry(s, t, bytes(p), r, c, k, o) for s, t, p, r, c, k, o in rows]
+
+
+def _has_column(db: sqlite3.Connection, table: str, column: str) -> bool:
+    return any(row[1] == column for row in db.execute(f"PRAGMA table_info({table})"))
 
 
 def _insert(db: sqlite3.Connection, entries: list[Entry]) -> None:
     """Rows from another file come with seq 0: they take the next numbers, in order."""
     db.executemany(
-        "INSERT INTO says (seq, topic, payload, response_topic, correlation, packet, digest)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?)",
+        "INSERT INTO says (seq, topic, payload, response_topic, correlation, packet, digest,"
+        " outcome) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
         [(e.seq or None, *_fields(e)) for e in entries],
     )
 
 
 def _fields(e: Entry) -> tuple[Any, ...]:
-    return e.topic, e.payload, e.response_topic, e.correlation, e.packet, digest(e.topic, e.payload)
+    dig = digest(e.topic, e.payload)
+    return e.topic, e.payload, e.response_topic, e.correlation, e.packet, dig, e.outcome

@@ -17,7 +17,8 @@
 # Debian 13 trixie. --version defaults to pyproject.toml's version with the revision -1.
 # Downloaded wheels stay in --wheels (default ~/.cache/speakd-deb/wheels), so a rebuild only
 # re-resolves. PYTHON (default python3) is the host Python whose pip does the work; it also makes
-# the key-echo pack (step 2b), so it needs speakd's device dependencies (`make deb` uses .venv).
+# the key-echo pack (step 2b), so it needs speakd's device dependencies: `make deb` installs them
+# into .venv first (make deb-env), so the README's command works on a fresh clone.
 set -eu
 
 here=$(cd "$(dirname "$0")" && pwd)
