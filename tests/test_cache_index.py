@@ -12,6 +12,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import pytest
 
 import speakd.cache.indexing
@@ -21,6 +22,7 @@ from speakd.cache.browse import browse
 from speakd.cache.schema import BUSY_S, RECENT_INDEX, has_recent_index
 from speakd.cache.store import CacheStore, Clip
 from tests.daemon_proc import InProcessDaemon, write_config
+from tests.http_daemon import free_port
 from tests.tone_engine import ToneEngine
 from tests.waits import wait_until
 
@@ -162,7 +164,8 @@ def test_a_clip_made_while_the_daemon_builds_the_index_plays_and_is_counted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """During the build the daemon's store fails at once: the clip is played, counted in
-    ``errors`` and made again later; once the index is built it is stored."""
+    ``errors`` and made again later, a pin from the page gets a clear error to retry; once the
+    index is built the clip is stored."""
     old_cache(tmp_path / "cache.db", 300)  # enough for the build to look at its flag
     entered, release = threading.Event(), threading.Event()
     real_build = speakd.cache.indexing.build
@@ -182,9 +185,14 @@ def test_a_clip_made_while_the_daemon_builds_the_index_plays_and_is_counted(
     monkeypatch.setattr(speakd.cache.indexing, "build", held_build)
     monkeypatch.setattr(speakd.lifecycle.service, "load_engine", lambda _config: ToneEngine())
     monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
-    d = InProcessDaemon(write_config(tmp_path, sink="null")).start()
+    port = free_port()
+    http = f'[http]\nlisten = "127.0.0.1:{port}"\n'
+    d = InProcessDaemon(write_config(tmp_path, http, sink="null")).start()
     try:
         assert entered.wait(WAIT_S), "the daemon never began the build"
+        url = f"http://127.0.0.1:{port}/v1/cache/clips/k01/pin"
+        refused = httpx.post(url, json={"pinned": True}, timeout=WAIT_S)
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "cache_locked"
         cache = lambda: d.status()["source"]["cache"]  # noqa: E731
         before = cache()  # the fallback prompt may be stored already
         errors, synth, stored = before["errors"], before["synth"], before["stored"]
@@ -196,6 +204,7 @@ def test_a_clip_made_while_the_daemon_builds_the_index_plays_and_is_counted(
         wait_until(lambda: indexed(tmp_path / "cache.db"), "the build, once released")
         d.say("Made while the index is built.")  # made again, and stored this time
         assert cache()["synth"] == synth + 2
+        assert httpx.post(url, json={"pinned": True}, timeout=WAIT_S).status_code == 200
         wait_until(lambda: cache()["stored"] == stored + 1, "the clip stored after the build")
     finally:
         release.set()
