@@ -6,7 +6,8 @@ store's lock: in WAL mode a reader and the writer do not wait for each other, so
 stored (before a stream's end), a hit read from disk and a pin go on while the page lists (it
 refreshes every 3 s while open). The rows come from the ``clips_recent`` index, most recently
 used first, and stop at ``limit``: only the text search reads every clip's row, and then only its
-first page, never its audio.
+first page, never its audio. In a cache made before that index, until the daemon has built it
+(``speakd.cache.indexing``), the same queries read the clips themselves: slower, never wrong.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
 
+from speakd.cache import schema
 from speakd.cache.store import CacheStore
 
 LISTED = ("key", "text", "voice", "params", "duration", "pinned", "hits", "bytes", "last_used")
@@ -37,9 +39,7 @@ def _has_text(text: str | None, query: str) -> bool:
 def connect_readonly(store: CacheStore) -> sqlite3.Connection:
     """A read-only connection to the store's file (the same file a moved-aside cache was
     replaced by, since it is opened by path)."""
-    uri = store.path.resolve().as_uri() + "?mode=ro"
-    conn = sqlite3.connect(uri, uri=True, timeout=10.0, check_same_thread=False)
-    conn.row_factory = sqlite3.Row
+    conn = schema.connect_readonly(store.path)
     conn.create_function("has_text", 2, _has_text, deterministic=True)
     return conn
 
@@ -50,14 +50,13 @@ def browse(store: CacheStore, *, text: str = "", pinned_only: bool = False, limi
     args = {"pinned": int(pinned_only), "q": text.casefold(), "limit": limit}
     with closing(connect_readonly(store)) as conn:
         conn.execute("BEGIN")
+        clips = store.clips_from(conn)
         rows = conn.execute(
-            f"SELECT {', '.join(LISTED)} FROM clips INDEXED BY clips_recent WHERE {_WHERE}"
+            f"SELECT {', '.join(LISTED)} FROM {clips} WHERE {_WHERE}"
             " ORDER BY last_used DESC LIMIT :limit",
             args,
         ).fetchall()
-        matching = conn.execute(
-            f"SELECT COUNT(*) FROM clips INDEXED BY clips_recent WHERE {_WHERE}", args
-        ).fetchone()[0]
+        matching = conn.execute(f"SELECT COUNT(*) FROM {clips} WHERE {_WHERE}", args).fetchone()[0]
         stats = store.stats_from(conn)
         conn.rollback()
     clips = [{k: row[k] for k in LISTED} | {"pinned": bool(row["pinned"])} for row in rows]

@@ -21,8 +21,17 @@ log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 2
 SQLITE_MAGIC = b"SQLite format 3\x00"
+BUSY_S = 10.0  # how long a write waits for another connection's (then "database is locked")
 SIDECARS = ("-wal", "-shm", "-journal")  # what SQLite writes beside a database
 _CORRUPT_CODES = {11, 26}  # SQLITE_CORRUPT, SQLITE_NOTADB (primary result codes)
+# The index the cache's totals and the page's listing read instead of the clips: a clip's audio
+# sits before its duration, hits, bytes and last use in the row, so a scan of the table walks
+# every clip's overflow pages (20 000 clips: 200–300 ms).
+RECENT_INDEX = "clips_recent"
+RECENT_INDEX_SQL = (
+    f"CREATE INDEX IF NOT EXISTS {RECENT_INDEX}"
+    " ON clips(last_used, pinned, expires, hits, bytes, duration)"
+)
 
 
 class CacheError(Exception):
@@ -118,7 +127,7 @@ def connect(path: Path) -> tuple[Database, tuple[int, int]]:
                 err = sqlite3.DatabaseError("file is not a database (bad header)")
                 err.sqlite_errorcode = 26  # type: ignore[attr-defined]
                 raise err
-    conn = sqlite3.connect(str(path), check_same_thread=False, timeout=10.0)
+    conn = sqlite3.connect(str(path), check_same_thread=False, timeout=BUSY_S)
     try:
         db = Database(conn, execute_plugins=False)
         _enable_wal(db)
@@ -138,18 +147,35 @@ def add_extras(db: Database) -> None:
     stays, and a downgrade keeps its cache): made when missing at every open.
 
     - ``request``: what a clip was prepared with (``Clip.request``), for a re-synthesis;
-    - ``clips_recent``: the index the cache's totals and the page's listing read instead of the
-      clips (a clip's audio sits before its duration, hits, bytes and last use in the row, so a
-      scan of the table walks every clip's overflow pages: 20 000 clips, 200–300 ms).
+    - ``clips_recent`` (``RECENT_INDEX``), here only while the clips table is empty (a new file:
+      free). Over existing clips the build reads every clip's audio and holds the write lock
+      throughout (minutes for gigabytes on an SD card): ``speakd.cache.indexing`` makes it
+      after the daemon is ready, never an open.
     """
     if "request" not in db["clips"].columns_dict:
         with write_transaction(db):
             if "request" not in db["clips"].columns_dict:  # another process just added it
                 db["clips"].add_column("request", str)
-    db.execute(
-        "CREATE INDEX IF NOT EXISTS clips_recent"
-        " ON clips(last_used, pinned, expires, hits, bytes, duration)"
-    )
+    empty = db.execute("SELECT 1 FROM clips LIMIT 1").fetchone() is None
+    if empty and not has_recent_index(db.conn):
+        db.execute(RECENT_INDEX_SQL)
+
+
+def has_recent_index(conn: sqlite3.Connection) -> bool:
+    """Whether ``RECENT_INDEX`` exists (read from the schema, no table touched)."""
+    row = conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = ?", [RECENT_INDEX]
+    ).fetchone()
+    return row is not None
+
+
+def connect_readonly(path: Path) -> sqlite3.Connection:
+    """A read-only connection of its own to ``path`` (the page's listing, the totals): in WAL
+    mode it neither waits for the store's writer nor holds it up."""
+    uri = path.resolve().as_uri() + "?mode=ro"
+    conn = sqlite3.connect(uri, uri=True, timeout=BUSY_S, check_same_thread=False)
+    conn.row_factory = sqlite3.Row
+    return conn
 
 
 def migrate(db: Database, path: Path) -> None:

@@ -29,7 +29,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -38,9 +38,13 @@ from sqlite_utils import Database
 
 from speakd.audio import SAMPLE_WIDTH, AudioChunk, Word
 from speakd.cache.schema import (
+    BUSY_S,
+    RECENT_INDEX,
     SCHEMA_VERSION,
     CacheError,
     connect,
+    connect_readonly,
+    has_recent_index,
     is_corruption,
     move_aside,
     write_transaction,
@@ -292,16 +296,33 @@ class CacheStore:
         return self._run(lambda db: list(db.query(sql, [int(pinned_only)])))
 
     def stats(self) -> dict[str, Any]:
-        return self._run(lambda db: self.stats_from(db.conn))
+        """The totals, read on a connection of their own and never under the lock: in a cache
+        still without ``RECENT_INDEX`` they read every clip, and a hit must not wait for that."""
+        if self.closed:
+            raise CacheError(f"{self.path}: the cache is closed")
+        with closing(connect_readonly(self.path)) as conn:
+            return self.stats_from(conn)
+
+    def indexed(self) -> bool:
+        """Whether the file has ``RECENT_INDEX`` (made at once in a new file, in the background in
+        one made before it: ``speakd.cache.indexing``)."""
+        return self._run(lambda db: has_recent_index(db.conn))
+
+    @staticmethod
+    def clips_from(conn: sqlite3.Connection) -> str:
+        """The clips table as the totals and the page's listing read it on ``conn``: through
+        ``RECENT_INDEX`` when it exists, else the table itself (a cache made before it, until
+        ``speakd.cache.indexing`` has built it: same answers, read from every clip's row)."""
+        return f"clips INDEXED BY {RECENT_INDEX}" if has_recent_index(conn) else "clips"
 
     def stats_from(self, conn: sqlite3.Connection) -> dict[str, Any]:
-        """The totals read on ``conn``: the store's own, or the page's (``speakd.cache.browse``).
-        Served by the ``clips_recent`` index (``speakd.cache.schema.add_extras``)."""
+        """The totals read on ``conn``: ``stats``' own, or the page's (``speakd.cache.browse``),
+        inside its read transaction."""
         row = conn.execute(
             "SELECT COUNT(*), COALESCE(SUM(bytes), 0), COALESCE(SUM(duration), 0),"
             " COALESCE(SUM(pinned), 0), COALESCE(SUM(CASE WHEN pinned = 1 THEN bytes END), 0),"
             " COALESCE(SUM(hits), 0), COALESCE(SUM(expires <= ? AND pinned = 0), 0)"
-            " FROM clips INDEXED BY clips_recent",
+            f" FROM {self.clips_from(conn)}",
             [time.time()],
         ).fetchone()
         return {
@@ -471,6 +492,19 @@ class CacheStore:
             )
         self._over_budget = over
         return evicted
+
+    @contextmanager
+    def writes_fail_fast(self) -> Iterator[None]:
+        """Inside: a write that finds another connection holding the write lock fails at once
+        ("database is locked") instead of waiting out ``BUSY_S`` while it holds this store's
+        lock, and every hit read from disk behind it. For a writer known to hold it for long
+        (``speakd.cache.indexing``)."""
+        self._run(lambda db: db.execute("PRAGMA busy_timeout = 0"))
+        try:
+            yield
+        finally:
+            with suppress(CacheError):  # closed meanwhile (a reload): nothing to restore
+                self._run(lambda db: db.execute(f"PRAGMA busy_timeout = {int(BUSY_S * 1000)}"))
 
     @contextmanager
     def transaction(self) -> Iterator[Database]:

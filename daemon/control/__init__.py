@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from speakd.cache.browse import Listing, browse
+from speakd.cache.indexing import build_in_background
 from speakd.engines.base import SynthesisConfig
 from speakd.markup.capitals import Capitals
 from speakd.markup.lexicon import Lexicon
@@ -402,6 +403,13 @@ class Control:
             if await asyncio.to_thread(self.scheduler.resolver.wait_idle, IDLE_CHECK_S):
                 return not halt.is_set()
         return False
+
+    async def index_cache(self, halt: threading.Event) -> None:
+        """The cache's index for the totals and the page's listing, made in the background once
+        no synthesis is in flight when it lacks it (``speakd.cache.indexing``)."""
+        store = self.cache_store()
+        if store is not None and await self.wait_idle(halt):
+            build_in_background(store, halt)
 
     def cache_store(self) -> CacheStore | None:
         """The cache the daemon plays from now (a reload may replace it), None when it is off:

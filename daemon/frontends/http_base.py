@@ -41,6 +41,7 @@ STATUS = {
     "engine_unavailable": 503,
     "engine_timeout": 503,
     "audio_unavailable": 503,
+    "cache_locked": 503,
     "shutting_down": 503,
 }
 RETRY_AFTER_S = 1  # told to a client refused for load (429): the queue or the streams are full

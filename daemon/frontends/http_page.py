@@ -9,6 +9,9 @@ routes answer 404 ``not_found`` with ``cache.enabled`` in the message.
 from __future__ import annotations
 
 import asyncio
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -48,6 +51,21 @@ def _store(request: web.Request) -> CacheStore:
     return store
 
 
+@contextmanager
+def _writing() -> Iterator[None]:
+    """A write refused because another connection holds the file's write lock (the index built
+    once after an upgrade, ``speakd.cache.indexing``, or an import): a clear error to retry,
+    not an internal one."""
+    try:
+        yield
+    except sqlite3.OperationalError as e:
+        if "locked" not in str(e):
+            raise
+        raise RequestError(
+            "cache_locked", f"the cache file is being written by another ({e}): try again shortly"
+        ) from None
+
+
 async def clips(request: web.Request) -> web.Response:
     """``?q=`` finds text (any case), ``?pinned=1`` only pinned clips. Read off the event loop
     (CANCEL and key echo wait on it) and beside the store, not behind it (``speakd.cache.browse``):
@@ -75,7 +93,9 @@ async def pin(request: web.Request) -> web.Response:
     pinned = body.get("pinned", True)
     if not isinstance(pinned, bool):
         raise RequestError("bad_field", "pinned must be true or false")
-    if not _store(request).pin(request.match_info["key"], pinned):
+    with _writing():
+        done = _store(request).pin(request.match_info["key"], pinned)
+    if not done:
         raise RequestError("not_found", "no clip with that key (evicted or dropped)")
     return ok({"key": request.match_info["key"], "pinned": pinned})
 
@@ -100,6 +120,8 @@ async def resynthesize(request: web.Request) -> web.Response:
 
 async def drop(request: web.Request) -> web.Response:
     """Drop a clip: the next request for it synthesizes it anew."""
-    if not _store(request).delete(request.match_info["key"]):
+    with _writing():
+        done = _store(request).delete(request.match_info["key"])
+    if not done:
         raise RequestError("not_found", "no clip with that key (evicted or dropped)")
     return ok({"key": request.match_info["key"], "dropped": True})

@@ -113,6 +113,7 @@ class Daemon:
         self._tasks += self.control.loop.start()
         notify("READY=1", f"STATUS={self._status_line()}")
         log.info("speakd ready: %s", self._status_line())
+        self._tasks.append(asyncio.create_task(self.control.index_cache(self._halt)))
         if self.config.socket.ssip_path and self.config.ssip.prewarm_keys:  # after READY
             prewarm = ssip_keys.prewarm(self.control, self.config.ssip, self._halt)
             self._tasks.append(asyncio.create_task(prewarm, name="key-echo"))
@@ -381,6 +382,7 @@ class Daemon:
         )
         scheduler.resolver = resolver
         await asyncio.to_thread(old_resolver.close, resolver)
+        self._tasks.append(asyncio.create_task(self.control.index_cache(self._halt)))
         if new_model or new.engine.fallback_text != self.config.engine.fallback_text:
             self._prepare_fallback(scheduler, new.engine.fallback_text)
         scheduler.max_queue = new.limits.max_queue

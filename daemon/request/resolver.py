@@ -106,7 +106,16 @@ class Resolver:
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="speakd-cache-write")
         if store is not None:
             self._prewarm(prewarm_bytes)
-            self._refresh_stats()
+            if store.indexed():
+                self._refresh_stats()
+            else:  # the totals read every clip (gigabytes on an SD card): not before READY
+                self._store_stats = {
+                    "path": str(store.path),
+                    "recovered_from": store.recovered_from,
+                }
+                threading.Thread(
+                    target=self._refresh_stats, name="speakd-cache-stats", daemon=True
+                ).start()
         self.sounds = Sounds(store, self.voices.loudness)  # chimes and pinned clips by name
 
     @classmethod
