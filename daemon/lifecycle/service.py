@@ -4,10 +4,9 @@ the scheduler and the listeners, then tell systemd.
 READY=1 goes out only after the model is loaded and every listener is up; WATCHDOG=1 is sent from
 the event loop itself, so a wedged loop stops the pings and systemd restarts the daemon. SIGHUP
 reloads the config and rescans ``voices.dir`` (the [engine] model is reloaded only when its section
-changed; voices still there stay loaded); SIGTERM stops
-speech and exits 0. While a model loads, EXTEND_TIMEOUT_USEC keeps systemd's start (or reload)
-timeout from firing on a slow board; STATUS= follows what the daemon is doing (idle, speaking…).
-"""
+changed; voices still there stay loaded); SIGTERM stops speech and exits 0. While a model loads,
+EXTEND_TIMEOUT_USEC keeps systemd's start (or reload) timeout from firing on a slow board; STATUS=
+follows what the daemon does. The cache's page index is built after READY (cache/indexing.py)."""
 
 from __future__ import annotations
 
@@ -83,8 +82,7 @@ class Daemon:
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
-        # The [engine] voice loads before READY; the library holds it from here on (no other
-        # reference, so an unloaded voice frees its model).
+        # The [engine] voice loads before READY; only the library holds it (unloaded, it is freed)
         library = await self._library(self.config, await _load_engine(self.config.engine))
         self.guard = make_guard(self.config.engine)
         scheduler = self._make_scheduler(library)
@@ -113,7 +111,7 @@ class Daemon:
         self._tasks += self.control.loop.start()
         notify("READY=1", f"STATUS={self._status_line()}")
         log.info("speakd ready: %s", self._status_line())
-        self._tasks.append(asyncio.create_task(self.control.index_cache(self._halt)))
+        self._tasks.append(asyncio.create_task(self.control.index_cache(self._halt), name="index"))
         if self.config.socket.ssip_path and self.config.ssip.prewarm_keys:  # after READY
             prewarm = ssip_keys.prewarm(self.control, self.config.ssip, self._halt)
             self._tasks.append(asyncio.create_task(prewarm, name="key-echo"))
@@ -382,7 +380,7 @@ class Daemon:
         )
         scheduler.resolver = resolver
         await asyncio.to_thread(old_resolver.close, resolver)
-        self._tasks.append(asyncio.create_task(self.control.index_cache(self._halt)))
+        self._tasks.append(asyncio.create_task(self.control.index_cache(self._halt), name="index"))
         if new_model or new.engine.fallback_text != self.config.engine.fallback_text:
             self._prepare_fallback(scheduler, new.engine.fallback_text)
         scheduler.max_queue = new.limits.max_queue
