@@ -15,7 +15,7 @@ PY ?= python3
 VENV := .venv
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 RUN_APT := libportaudio2 libatomic1
-TEST_APT := libportaudio2 mosquitto mosquitto-clients openssl speech-dispatcher python3-speechd alsa-utils systemd curl chromium iproute2 lintian orca xvfb xdotool at-spi2-core dbus-x11 gir1.2-gtk-3.0 python3-gi x11-utils speech-dispatcher-espeak-ng pulseaudio pulseaudio-utils
+TEST_APT := libportaudio2 ffmpeg mosquitto mosquitto-clients openssl speech-dispatcher python3-speechd alsa-utils systemd curl chromium iproute2 lintian orca xvfb xdotool at-spi2-core dbus-x11 gir1.2-gtk-3.0 python3-gi x11-utils speech-dispatcher-espeak-ng pulseaudio pulseaudio-utils
 # make deb: the target CPython (the wheels are ABI-specific; 3.11 = Debian 12 / Pi OS bookworm)
 DEB_PYTHON ?= 3.11
 DEB_ARCHES ?= amd64 arm64
