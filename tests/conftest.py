@@ -4,6 +4,7 @@ carries the report)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -59,6 +60,18 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytes
 
 
 CALL_REPORT = pytest.StashKey[pytest.TestReport]()
+
+
+@pytest.fixture(autouse=True)
+def umask_kept() -> Iterator[None]:
+    """``speakd serve`` and ``speakd cache`` narrow the process's umask (speakd.paths.
+    private_umask): a test that runs them in this process gives it back, so that what later
+    tests make is not made private by the way (an overlay's upper directory at 0750 hid /etc
+    from the desktop user of tests/test_user_identity.py)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    yield
+    os.umask(mask)
 
 
 @pytest.fixture(autouse=True)

@@ -75,6 +75,7 @@ def _with_system_file(system_file: Path, base: Path) -> list[str]:
     (upper / "speakd").mkdir(parents=True)
     work.mkdir()
     (upper / "speakd" / "speakd.toml").write_text(system_file.read_text())
+    upper.chmod(0o755)  # the merged /etc's own mode, whatever the umask made it
     (upper / "speakd").chmod(0o755)
     (upper / "speakd" / "speakd.toml").chmod(0o644)
     mount = f"mount -t overlay overlay -o lowerdir=/etc,upperdir={upper},workdir={work} /etc"

@@ -301,7 +301,10 @@ def test_system_service_as_installed(before: set[str]) -> None:
         status = json.loads(run("/usr/bin/speakd", "status", cwd="/").stdout)
         assert status["source"]["cache"]["path"] == str(CACHE_DB), daemon.log_text()
         assert CACHE_DB.owner() == "speakd" and status["counters"]["finished"] == 1
-        expected = f"[ OK ] paths: cache {CACHE_DB}, state /var/lib/speakd: writable by speakd"
+        expected = (
+            f"[ OK ] paths: cache {CACHE_DB}, state /var/lib/speakd and their files: "
+            "writable by speakd"
+        )
         assert doctor_line("paths") == expected
         # docs/cache.md's `sudo -u speakd speakd cache …`: the service's paths, none pinned
         assert doctor_line("paths", as_service_user=True) == expected
@@ -378,8 +381,8 @@ def test_desktop_screen_reader_as_installed(before: set[str]) -> None:
         assert inputs.stdout.strip(), "speakd's stream is not on the PulseAudio sink"
         paths = [ln for ln in as_desktop_user("doctor").stdout.splitlines() if "] paths:" in ln]
         assert paths == [
-            f"[ OK ] paths: cache {own_cache}, state {session['XDG_STATE_HOME'] / 'speakd'}: "
-            f"writable by {DESKTOP_USER}"
+            f"[ OK ] paths: cache {own_cache}, state {session['XDG_STATE_HOME'] / 'speakd'} "
+            f"and their files: writable by {DESKTOP_USER}"
         ]
         if not any(KEY_ECHO_PACK.glob("*")):
             pytest.xfail(f"no key-echo pack in the package ({KEY_ECHO_PACK}; issue 46 item 3)")

@@ -21,6 +21,7 @@ from speakd.cache import schema
 from speakd.cache.store import CacheStore
 
 LISTED = ("key", "text", "voice", "params", "duration", "pinned", "hits", "bytes", "last_used")
+COLUMNS = ", ".join(LISTED)
 _WHERE = "(:pinned = 0 OR pinned = 1) AND (:q = '' OR has_text(text, :q))"
 
 
@@ -50,13 +51,12 @@ def browse(store: CacheStore, *, text: str = "", pinned_only: bool = False, limi
     args = {"pinned": int(pinned_only), "q": text.casefold(), "limit": limit}
     with closing(connect_readonly(store)) as conn:
         conn.execute("BEGIN")
-        clips = store.clips_from(conn)
+        source = store.clips_from(conn)
         rows = conn.execute(
-            f"SELECT {', '.join(LISTED)} FROM {clips} WHERE {_WHERE}"
-            " ORDER BY last_used DESC LIMIT :limit",
+            f"SELECT {COLUMNS} FROM {source} WHERE {_WHERE} ORDER BY last_used DESC LIMIT :limit",
             args,
         ).fetchall()
-        matching = conn.execute(f"SELECT COUNT(*) FROM {clips} WHERE {_WHERE}", args).fetchone()[0]
+        matching = conn.execute(f"SELECT COUNT(*) FROM {source} WHERE {_WHERE}", args).fetchone()[0]
         stats = store.stats_from(conn)
         conn.rollback()
     clips = [{k: row[k] for k in LISTED} | {"pinned": bool(row["pinned"])} for row in rows]

@@ -318,11 +318,12 @@ class CacheStore:
     def stats_from(self, conn: sqlite3.Connection) -> dict[str, Any]:
         """The totals read on ``conn``: ``stats``' own, or the page's (``speakd.cache.browse``),
         inside its read transaction."""
+        source = self.clips_from(conn)
         row = conn.execute(
             "SELECT COUNT(*), COALESCE(SUM(bytes), 0), COALESCE(SUM(duration), 0),"
             " COALESCE(SUM(pinned), 0), COALESCE(SUM(CASE WHEN pinned = 1 THEN bytes END), 0),"
             " COALESCE(SUM(hits), 0), COALESCE(SUM(expires <= ? AND pinned = 0), 0)"
-            f" FROM {self.clips_from(conn)}",
+            f" FROM {source}",
             [time.time()],
         ).fetchone()
         return {

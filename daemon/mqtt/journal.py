@@ -437,16 +437,15 @@ def _pending_rows(db: sqlite3.Connection) -> list[Entry]:
             " ORDER BY rowid"
         ).fetchall()
         return [Entry(0, t, bytes(p), r, c) for t, p, r, c in rows]
-    outcome = "outcome" if _has_column(db, "says", "outcome") else "NULL"
+    has_outcome = any(row[1] == "outcome" for row in db.execute("PRAGMA table_info(says)"))
     rows = db.execute(
-        f"SELECT seq, topic, payload, response_topic, correlation, packet, {outcome} FROM says"
+        "SELECT seq, topic, payload, response_topic, correlation, packet, outcome FROM says"
+        " WHERE done IS NULL ORDER BY seq"
+        if has_outcome  # schema 3
+        else "SELECT seq, topic, payload, response_topic, correlation, packet, NULL FROM says"
         " WHERE done IS NULL ORDER BY seq"
     ).fetchall()
     return [Entry(s, t, bytes(p), r, c, k, o) for s, t, p, r, c, k, o in rows]
-
-
-def _has_column(db: sqlite3.Connection, table: str, column: str) -> bool:
-    return any(row[1] == column for row in db.execute(f"PRAGMA table_info({table})"))
 
 
 def _insert(db: sqlite3.Connection, entries: list[Entry]) -> None:
