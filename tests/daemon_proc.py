@@ -132,15 +132,16 @@ def start_daemon(
     env: dict[str, str] | None = None,
     ready_timeout: float = 60,
     wrap: tuple[str, ...] = (),
+    python: str = sys.executable,
 ) -> DaemonProc:
     """Start the daemon and wait until it says it is ready: READY comes after every listener
     (JSON, SSIP, HTTP, Wyoming, MQTT) is up, so a test may use any of them at once; the JSON
     socket answering alone says nothing of the listeners started after it. ``wrap`` runs it
-    under a command (``setpriv …``)."""
+    under a command (``setpriv …``); ``python`` is another install's (the package's)."""
     full_env = {**os.environ, **(env or {})}
     socket_path = load_config(config, env=full_env).socket.path
     log = config.with_suffix(".log")
-    serve = [sys.executable, "-m", "speakd", "--log-level", "DEBUG", "serve", "--config"]
+    serve = [python, "-m", "speakd", "--log-level", "DEBUG", "serve", "--config"]
     proc = subprocess.Popen(
         [*wrap, *serve, str(config)],
         stdout=log.open("wb"),

@@ -92,10 +92,13 @@ def _as_user(session: Session, command: list[str], system_file: Path | None) -> 
 
 
 def run_as_user(
-    session: Session, args: list[str], system_file: Path | None = None
+    session: Session,
+    args: list[str],
+    system_file: Path | None = None,
+    python: str = sys.executable,
 ) -> subprocess.CompletedProcess[str]:
     """A ``speakd`` client command as ``USER`` in the session, as a terminal of theirs runs it."""
-    command = _as_user(session, [sys.executable, "-m", "speakd", *args], system_file)
+    command = _as_user(session, [python, "-m", "speakd", *args], system_file)
     return subprocess.run(command, capture_output=True, text=True, env=session.env, cwd="/",
                           timeout=120)  # fmt: skip
 
@@ -106,10 +109,12 @@ def start_user_daemon(
     system_file: Path | None = None,
     env: dict[str, str] | None = None,
     timeout: float = 120,
+    python: str = sys.executable,
 ) -> DaemonProc:
     """``speakd serve`` as ``USER`` under ``umask``, ready (its READY line logged); ``env`` adds
-    to the session's (a drop-in's ``Environment=``)."""
-    command = [sys.executable, "-m", "speakd", "--log-level", "DEBUG", "serve"]
+    to the session's (a drop-in's ``Environment=``); ``python``: another install's (the
+    package's)."""
+    command = [python, "-m", "speakd", "--log-level", "DEBUG", "serve"]
     log = session.base / f"user-daemon-{len(list(session.base.glob('user-daemon-*')))}.log"
     proc = subprocess.Popen(
         _as_user(session, command, system_file),

@@ -43,6 +43,7 @@ from speakd_tools.bench.ssip_session import SsipSession
 from tests import unit_run
 from tests.mosquitto import Mosquitto, Watcher
 from tests.test_mqtt_journal import Recorder
+from tests.test_user_identity import side_by_side
 from tests.unit_run import Manager
 from tests.waits import wait_until
 
@@ -73,6 +74,7 @@ XDG = ("HOME", "XDG_RUNTIME_DIR", "XDG_CACHE_HOME", "XDG_STATE_HOME", "XDG_DATA_
 TYPED_KEYS = "Hello"  # Orca's echo of each key, the capital at its uppercase pitch
 # The key-echo pack the package ships (issue 46 item 3), which makes the first key a cache hit.
 KEY_ECHO_PACK = Path("/usr/share/speakd")
+PACKAGE_PYTHON = "/opt/speakd/venv/bin/python"
 CACHE_DB = Path("/var/cache/speakd/cache.db")
 VOICES = Path("/var/lib/speakd/voices")
 # What remove keeps: the conffile, the data, and deb-systemd-helper's masks and state.
@@ -394,6 +396,21 @@ def test_desktop_screen_reader_as_installed(before: set[str]) -> None:
         pulse.terminate()
         pulse.wait(30)
         shutil.rmtree(base)
+
+
+def test_system_and_desktop_daemons_side_by_side_as_installed(
+    before: set[str], tmp_path: Path
+) -> None:
+    """tests/test_user_identity.py's scenario on the package's Python and code: the system
+    service's file with MQTT, Wyoming and HTTP on, a desktop user's daemon beside it with no
+    --config; distinct client ids, no reconnection, no port clash, both answer (for
+    ``SPEAKD_IDENTITY_WATCH_S``, 10 s here; issue 53's five minutes with 300)."""
+    tmp_path.chmod(0o755)
+    broker = Mosquitto(tmp_path / "broker").start()
+    try:
+        side_by_side(tmp_path, broker, python=PACKAGE_PYTHON)
+    finally:
+        broker.stop()
 
 
 def install(deb: Path) -> None:

@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import socket
+import sys
 import tempfile
 import time
 import urllib.request
@@ -29,7 +30,9 @@ from tests.waits import wait_until
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs a daemon as another user: root")
 CONNECTED = re.compile(r"New client connected from \S+ as (\S+) ")
 TAKEN_OVER = "already connected, closing old connection"
-WATCH_S = 10.0  # both daemons answering for this long, the broker's log unchanged
+# both daemons answering for this long, the broker's log unchanged; issue 53's five minutes:
+# SPEAKD_IDENTITY_WATCH_S=300 (docs/setups.md, "The desktop user's service")
+WATCH_S = float(os.environ.get("SPEAKD_IDENTITY_WATCH_S", "10"))
 
 
 @pytest.fixture
@@ -56,7 +59,7 @@ def _mqtt(broker: Mosquitto) -> str:
     )
 
 
-def _system_service(base: Path, broker: Mosquitto) -> tuple[DaemonProc, int, int]:
+def _system_service(base: Path, broker: Mosquitto, python: str) -> tuple[DaemonProc, int, int]:
     """The system service's daemon (``--config``, as its unit runs it) with all three on."""
     token = base / "http-token"
     token.write_text("system-secret\n")
@@ -68,7 +71,7 @@ def _system_service(base: Path, broker: Mosquitto) -> tuple[DaemonProc, int, int
         f'{_mqtt(broker)}\n[wyoming]\nuri = "tcp://127.0.0.1:{wyoming}"\n\n'
         f'[http]\nlisten = "127.0.0.1:{http}"\ntoken_file = "{token}"\n'
     )
-    return start_daemon(write_config(system, extra, sink="null")), wyoming, http
+    return start_daemon(write_config(system, extra, sink="null"), python=python), wyoming, http
 
 
 def _connections(broker: Mosquitto) -> list[str]:
@@ -81,12 +84,12 @@ def _answers(daemon: DaemonProc) -> bool:
 
 
 def _both_answer_and_nothing_reconnects(
-    broker: Mosquitto, daemons: list[DaemonProc], wyoming: int, http: int
+    broker: Mosquitto, daemons: list[DaemonProc], wyoming: int, http: int, watch_s: float
 ) -> list[str]:
     """The connections the broker saw, once every daemon and front-end has answered for
-    ``WATCH_S`` with no new connection meanwhile."""
+    ``watch_s`` with no new connection meanwhile."""
     seen = _connections(broker)
-    end = time.monotonic() + WATCH_S
+    end = time.monotonic() + watch_s
     while time.monotonic() < end:  # real requests the whole time, not a sleep
         assert all(_answers(d) for d in daemons)
         with socket.create_connection(("127.0.0.1", wyoming), timeout=10) as s:
@@ -106,28 +109,36 @@ def _both_answer_and_nothing_reconnects(
 def test_a_desktop_users_daemon_takes_nothing_of_the_system_services_network(
     base: Path, broker: Mosquitto
 ) -> None:
-    system, wyoming, http = _system_service(base, broker)
+    side_by_side(base, broker)
+
+
+def side_by_side(
+    base: Path, broker: Mosquitto, python: str = sys.executable, watch_s: float = WATCH_S
+) -> None:
+    """The scenario of this file's test, with ``python`` another install's (tests/test_deb.py
+    runs it on the package's)."""
+    system, wyoming, http = _system_service(base, broker, python)
     session = Session.make(base)
     user = None
     try:
         wait_until(lambda: "speakd-kitchen" in _connections(broker), "the system's MQTT", 30)
-        user = start_user_daemon(session, system_file=system.config)
-        seen = _both_answer_and_nothing_reconnects(broker, [system, user], wyoming, http)
+        user = start_user_daemon(session, system_file=system.config, python=python)
+        seen = _both_answer_and_nothing_reconnects(broker, [system, user], wyoming, http, watch_s)
         assert seen == ["speakd-kitchen"]  # the desktop daemon has no MQTT of the system's
         # the user's commands read what their daemon serves with: its cache, not the system's
-        verify = run_as_user(session, ["cache", "verify"], system.config)
+        verify = run_as_user(session, ["cache", "verify"], system.config, python)
         assert verify.returncode == 0, verify.stderr
         assert verify.stdout.startswith(f"{session.home}/.cache/speakd/cache.db: ok"), verify.stdout
-        doctor = run_as_user(session, ["doctor"], system.config)
+        doctor = run_as_user(session, ["doctor"], system.config, python)
         assert "[FAIL] config" not in doctor.stdout, doctor.stdout
         user.stop()
 
         session.own_config(
             f'[audio]\nsink = "null"\n\n[ssip]\nprewarm_keys = false\n\n{_mqtt(broker)}'
         )
-        user = start_user_daemon(session, system_file=system.config)
+        user = start_user_daemon(session, system_file=system.config, python=python)
         wait_until(lambda: f"speakd-kitchen-{USER}" in _connections(broker), "the user's MQTT", 30)
-        seen = _both_answer_and_nothing_reconnects(broker, [system, user], wyoming, http)
+        seen = _both_answer_and_nothing_reconnects(broker, [system, user], wyoming, http, watch_s)
         assert sorted(seen) == ["speakd-kitchen", f"speakd-kitchen-{USER}"]
     finally:
         if user is not None:
