@@ -47,7 +47,7 @@ run: apt-run $(VENV)/bin/python
 test: apt-test $(VENV)/bin/python
 	$(VENV)/bin/pip install -q -e ".[dev,host]"
 	$(VENV)/bin/ruff check daemon tools tests
-	$(VENV)/bin/python -m pytest -q -p no:cacheprovider
+	$(VENV)/bin/python -m pytest -q -rs -p no:cacheprovider
 
 soak: apt-test $(VENV)/bin/python
 	$(VENV)/bin/pip install -q -e ".[dev,host]"
