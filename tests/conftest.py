@@ -5,13 +5,15 @@ carries the report)."""
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests import setups
-from tests.mosquitto import Mosquitto
+from tests.mosquitto import MOSQUITTO, Mosquitto
 from tests.ssip_harness import SsipServer, wav_server
 
 
@@ -39,6 +41,26 @@ def tiny_bundle(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory)
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mosquitto]:
     """A real mosquitto per test module (test_mqtt_tls overrides it with a TLS one)."""
     b = Mosquitto(tmp_path_factory.mktemp("broker")).start()
+    yield b
+    b.stop()
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A folder every user may enter, for tests that run speakd as another user (pytest's own
+    tmp_path is root's 0700)."""
+    path = Path(tempfile.mkdtemp(prefix="speakd-users-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def shared_broker(shared_dir: Path) -> Iterator[Mosquitto]:
+    """A mosquitto of its own in ``shared_dir``; a missing one fails under CI."""
+    if not Path(MOSQUITTO).exists() and os.environ.get("CI") != "true":
+        pytest.skip("mosquitto missing")
+    b = Mosquitto(shared_dir / "broker").start()
     yield b
     b.stop()
 

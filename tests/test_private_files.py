@@ -8,39 +8,19 @@ file modes; the desktop user is ``nobody``."""
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.daemon_proc import DaemonProc, start_daemon, write_config
 from tests.desktop_user import USER, Session, start_user_daemon
-from tests.mosquitto import MOSQUITTO, Mosquitto
+from tests.mosquitto import Mosquitto
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs daemons as other users: root")
-
-
-@pytest.fixture
-def base() -> Iterator[Path]:
-    """A folder every user may enter (pytest's own tmp_path is root's 0700)."""
-    path = Path(tempfile.mkdtemp(prefix="speakd-files-"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-def broker(base: Path) -> Iterator[Mosquitto]:
-    if not Path(MOSQUITTO).exists() and os.environ.get("CI") != "true":
-        pytest.skip("mosquitto missing")
-    b = Mosquitto(base / "broker").start()
-    yield b
-    b.stop()
 
 
 def _speak(daemon: DaemonProc) -> None:
@@ -59,15 +39,15 @@ def _created(root: Path, before: set[Path]) -> dict[Path, os.stat_result]:
 
 @pytest.mark.parametrize("umask", [0o000, 0o022])
 def test_a_desktop_users_files_are_private_and_stay_in_speakds_directories(
-    base: Path, broker: Mosquitto, umask: int
+    shared_dir: Path, shared_broker: Mosquitto, umask: int
 ) -> None:
-    session = Session.make(base)
+    session = Session.make(shared_dir)
     drop_in = {  # MQTT on: its journal is one of the files
         "SPEAKD_AUDIO_SINK": "null",
         "SPEAKD_SSIP_PREWARM_KEYS": "false",
         "SPEAKD_MQTT_ENABLED": "true",
-        "SPEAKD_MQTT_HOST": broker.host,
-        "SPEAKD_MQTT_PORT": str(broker.port),
+        "SPEAKD_MQTT_HOST": shared_broker.host,
+        "SPEAKD_MQTT_PORT": str(shared_broker.port),
     }
     older = session.home / ".local" / "share" / "speakd"  # an older speakd's, made under 022
     older.mkdir(mode=0o755)
@@ -100,11 +80,11 @@ def test_a_desktop_users_files_are_private_and_stay_in_speakds_directories(
     assert stat.S_IMODE(older.stat().st_mode) == 0o700, "an older speakd's folder left open"
 
 
-def test_the_system_services_files_have_the_modes_docs_systemd_states(base: Path) -> None:
+def test_the_system_services_files_have_the_modes_docs_systemd_states(shared_dir: Path) -> None:
     """docs/systemd.md: directories 0750 and files 0640 (the unit's UMask=0027, which speakd
     applies itself too), SQLite's -wal and -shm as their database; sockets as configured.
     Root stands in for user speakd: both are the system's account (speakd.paths)."""
-    system = base / "system"
+    system = shared_dir / "system"
     system.mkdir()
     config = write_config(system, sink="null")
     before = set(system.rglob("*"))  # the test's: the config, the voices and wav folders

@@ -11,20 +11,17 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import socket
 import sys
-import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.daemon_proc import DaemonProc, start_daemon, write_config
 from tests.desktop_user import USER, Session, run_as_user, start_user_daemon
-from tests.mosquitto import MOSQUITTO, Mosquitto, free_port
+from tests.mosquitto import Mosquitto, free_port
 from tests.waits import wait_until
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs a daemon as another user: root")
@@ -33,23 +30,6 @@ TAKEN_OVER = "already connected, closing old connection"
 # both daemons answering for this long, the broker's log unchanged; issue 53's five minutes:
 # SPEAKD_IDENTITY_WATCH_S=300 (docs/setups.md, "The desktop user's service")
 WATCH_S = float(os.environ.get("SPEAKD_IDENTITY_WATCH_S", "10"))
-
-
-@pytest.fixture
-def base() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="speakd-identity-"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-def broker(base: Path) -> Iterator[Mosquitto]:
-    if not Path(MOSQUITTO).exists() and os.environ.get("CI") != "true":
-        pytest.skip("mosquitto missing")
-    b = Mosquitto(base / "broker").start()
-    yield b
-    b.stop()
 
 
 def _mqtt(broker: Mosquitto) -> str:
@@ -107,9 +87,9 @@ def _both_answer_and_nothing_reconnects(
 
 
 def test_a_desktop_users_daemon_takes_nothing_of_the_system_services_network(
-    base: Path, broker: Mosquitto
+    shared_dir: Path, shared_broker: Mosquitto
 ) -> None:
-    side_by_side(base, broker)
+    side_by_side(shared_dir, shared_broker)
 
 
 def side_by_side(
