@@ -399,18 +399,13 @@ def test_desktop_screen_reader_as_installed(before: set[str]) -> None:
 
 
 def test_system_and_desktop_daemons_side_by_side_as_installed(
-    before: set[str], tmp_path: Path
+    before: set[str], shared_dir: Path, shared_broker: Mosquitto
 ) -> None:
     """tests/test_user_identity.py's scenario on the package's Python and code: the system
     service's file with MQTT, Wyoming and HTTP on, a desktop user's daemon beside it with no
     --config; distinct client ids, no reconnection, no port clash, both answer (for
     ``SPEAKD_IDENTITY_WATCH_S``, 10 s here; issue 53's five minutes with 300)."""
-    tmp_path.chmod(0o755)
-    broker = Mosquitto(tmp_path / "broker").start()
-    try:
-        side_by_side(tmp_path, broker, python=PACKAGE_PYTHON)
-    finally:
-        broker.stop()
+    side_by_side(shared_dir, shared_broker, python=PACKAGE_PYTHON)
 
 
 def install(deb: Path) -> None:
