@@ -152,6 +152,19 @@ def test_sigterm_of_an_upgrade_keeps_unspoken_says(
     assert pending(d) == []
 
 
+def kept_session(client: mqtt.Client, broker: Mosquitto, *topics: str) -> None:
+    """Connect ``client`` with a session the broker keeps for an hour (what comes while it is
+    away waits for it), start its loop and subscribe to ``topics`` at QoS 1, acknowledged."""
+    subscribed = threading.Event()
+    client.on_subscribe = lambda *_: subscribed.set()
+    props = Properties(PacketTypes.CONNECT)
+    props.SessionExpiryInterval = 3600
+    client.connect(broker.host, broker.port, clean_start=False, properties=props)
+    client.loop_start()
+    client.subscribe([(topic, 1) for topic in topics])
+    assert subscribed.wait(10)
+
+
 class Impersonator:
     """The daemon's MQTT session taken over for a moment: it receives a say and never
     acknowledges it, as the daemon does when it dies between its commit and its PUBACK."""
@@ -163,14 +176,7 @@ class Impersonator:
             CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5, manual_ack=True
         )
         self.client.on_message = lambda _c, _u, msg: (self.got.append(msg), self.event.set())
-        subscribed = threading.Event()
-        self.client.on_subscribe = lambda *_: subscribed.set()
-        props = Properties(PacketTypes.CONNECT)
-        props.SessionExpiryInterval = 3600
-        self.client.connect(broker.host, broker.port, clean_start=False, properties=props)
-        self.client.loop_start()
-        self.client.subscribe(topic, qos=1)
-        assert subscribed.wait(10)
+        kept_session(self.client, broker, topic)
 
     def close(self) -> None:
         self.client.disconnect()
@@ -416,14 +422,7 @@ class Recorder:
         )
         self.client.on_message = self._on_message
         self.client.reconnect_delay_set(0.1, 0.5)  # type: ignore[arg-type]
-        subscribed = threading.Event()
-        self.client.on_subscribe = lambda *_: subscribed.set()
-        props = Properties(PacketTypes.CONNECT)
-        props.SessionExpiryInterval = 3600
-        self.client.connect(broker.host, broker.port, clean_start=False, properties=props)
-        self.client.loop_start()
-        self.client.subscribe([(topic, 1) for topic in topics])
-        assert subscribed.wait(10)
+        kept_session(self.client, broker, *topics)
 
     def _on_message(self, _c: Any, _u: Any, msg: mqtt.MQTTMessage) -> None:
         with self.cond:
