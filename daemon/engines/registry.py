@@ -36,20 +36,20 @@ class EngineKind:
 
 
 def _vits_describe(path: Path) -> VoiceModel:
-    from speakd.engines.vits import VitsVoice
+    from speakd.engines.vits.engine import VitsVoice
 
     return VitsVoice.from_bundle(path) if path.is_dir() else VitsVoice.from_file(path)
 
 
 def _vits_load(voice: VoiceModel, config: EngineConfig) -> Engine:
-    from speakd.engines.vits import VitsVoice
+    from speakd.engines.vits.engine import VitsVoice
 
     assert isinstance(voice, VitsVoice)
     return voice.load_model(config.threads)
 
 
 def _vits_embedded() -> VoiceModel:
-    from speakd.engines.vits import VitsVoice
+    from speakd.engines.vits.engine import VitsVoice
 
     return VitsVoice.embedded()
 

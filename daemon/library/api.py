@@ -80,7 +80,7 @@ def load_engine(bundle_or_voice: str | Path | None = None, *, threads: int = 2) 
     """``None``: the embedded voice; a folder: a speakd bundle (VITS or ChatTTS, its hashes
     verified); a ``.onnx`` file: a Piper voice with its ``.onnx.json`` beside it."""
     from speakd.engines import load_engine as load_configured
-    from speakd.engines.vits import VitsEngine
+    from speakd.engines.vits.engine import VitsEngine
     from speakd.library.synth import engine_config_for
 
     if bundle_or_voice is not None and Path(bundle_or_voice).suffix == ".onnx":

@@ -2,7 +2,7 @@
 
 A run of marked text is one part (``speakd.markup.plan``), synthesized whole with its natural
 prosody; each mark is carried as an offset into the part's text. The engine's word timings
-(``AudioChunk.words``: VITS's duration predictor, ``speakd.engines.vits_words``) say where each
+(``AudioChunk.words``: VITS's duration predictor, ``speakd.engines.vits.words``) say where each
 word starts and which text it says; a mark lands on the start of the first word whose text
 reaches past the mark's offset. ``Placer`` does this as the part's chunks come (a synthesis, or a
 cached clip with its stored words), splitting a chunk at the mark's sample, so the composed

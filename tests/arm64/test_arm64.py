@@ -367,7 +367,7 @@ def test_arm64_synth_embedded_voice_matches_x86(cpu: str, arm_runs, x86) -> None
     run_ = arm_runs[cpu]
     run_.need("synth embedded")
     from speakd.config import DEFAULT_LUFS
-    from speakd.engines.vits import EMBEDDED_LOUDNESS
+    from speakd.engines.vits.params import EMBEDDED_LOUDNESS
     from speakd.request.loudness import gain_for
 
     gain = gain_for(EMBEDDED_LOUDNESS["lufs"], DEFAULT_LUFS)  # a step before it is `gain` after

@@ -163,10 +163,10 @@ def measure(args: argparse.Namespace, texts: Texts | None = None) -> dict[str, A
     from speakd.audio.pitch import by_resampling, slower
     from speakd.engines.base import SynthesisConfig
     from speakd.engines.ortsession import session_options
-    from speakd.engines.vits import VitsEngine, VitsVoice
-    from speakd.engines.vits_graph import voice_graph
-    from speakd.engines.vits_split import SplitVoice, lead_frames, split_voice
-    from speakd.engines.vits_text import phonemize, split_clauses
+    from speakd.engines.vits.engine import VitsEngine, VitsVoice
+    from speakd.engines.vits.graph import voice_graph
+    from speakd.engines.vits.split import SplitVoice, lead_frames, split_voice
+    from speakd.engines.vits.text import phonemize, split_clauses
 
     voice = VitsVoice.from_bundle(args.bundle) if args.bundle else VitsVoice.embedded()
     parts = split_voice(voice_graph(voice))

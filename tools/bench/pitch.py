@@ -129,7 +129,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     from speakd.audio import join_chunks
     from speakd.audio.pitch import RESAMPLED, ratio, slower
     from speakd.audio.resample import Resampler
-    from speakd.engines.vits import VitsEngine
+    from speakd.engines.vits.engine import VitsEngine
 
     engine = VitsEngine.embedded(threads=args.threads)
     t0 = time.perf_counter()

@@ -6,7 +6,7 @@ default), streamed by decoder window and one-shot.
 Prints one JSON object. RTF = synthesis time / audio duration (below 1 is faster than real time).
 ``first_audio`` times a 4-word and a 60-word single sentence through ``synthesize`` both ways:
 ``streamed`` is the engine as the daemon runs it (the flow and the decoder over growing windows,
-``speakd.engines.vits_split``), ``one_shot`` one window over the whole sentence, which is the
+``speakd.engines.vits.split``), ``one_shot`` one window over the whole sentence, which is the
 unsplit graph's computation. Runs alternate between the two, and the median is reported (the
 machine is shared: the load average is recorded), with the process's CPU time and its peak RSS
 after the first run of each (streamed runs first, so a streamed peak is its own). ``snr_db``
@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
 
     load_start = loadavg()
     t0 = time.perf_counter()
-    from speakd.engines.vits import VitsEngine
+    from speakd.engines.vits.engine import VitsEngine
 
     t_import = time.perf_counter() - t0
     t0 = time.perf_counter()
@@ -105,7 +105,7 @@ def first_audio(engine: Any, runs: int) -> dict[str, Any]:
     import numpy as np
 
     from speakd.audio import join_chunks
-    from speakd.engines.vits_split import SplitVoice, WindowPlan
+    from speakd.engines.vits.split import SplitVoice, WindowPlan
     from speakd_tools.calibrate.metrics import snr_db
 
     from .stats import peak_rss_mb

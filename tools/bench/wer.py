@@ -22,7 +22,7 @@ import numpy as np
 from speakd.audio import join_chunks
 from speakd.audio.pitch import shifted
 from speakd.engines.base import SynthesisConfig
-from speakd.engines.vits import VitsEngine
+from speakd.engines.vits.engine import VitsEngine
 from speakd_tools.calibrate.asr import Transcriber, wer
 from speakd_tools.calibrate.corpus import Corpus
 

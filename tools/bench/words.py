@@ -26,7 +26,7 @@ import numpy as np
 
 from speakd.audio import join_chunks
 from speakd.engines.base import SynthesisConfig
-from speakd.engines.vits import VitsEngine
+from speakd.engines.vits.engine import VitsEngine
 from speakd_tools.calibrate.asr import Transcriber, normalize_words
 
 from .machine import describe

@@ -24,7 +24,8 @@ from tqdm import tqdm
 
 from speakd.engines.base import SynthesisConfig
 from speakd.engines.bundle import load_bundle
-from speakd.engines.vits import BUNDLE_CONFIG, BUNDLE_MODEL, VitsEngine
+from speakd.engines.vits.engine import VitsEngine
+from speakd.engines.vits.params import BUNDLE_CONFIG, BUNDLE_MODEL
 
 from .base import CalibrateOptions, RunBase
 from .bundle_out import write_manifest

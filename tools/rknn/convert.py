@@ -34,8 +34,8 @@ import onnxruntime as ort
 from speakd.engines.base import SynthesisConfig
 from speakd.engines.bundle import MANIFEST, file_entry, load_bundle
 from speakd.engines.chattts.vocoder import StreamSchedule
-from speakd.engines.noise import SEED_INPUT, make_noise_deterministic
 from speakd.engines.rknn_session import plan, stitch, windows
+from speakd.engines.vits.noise import SEED_INPUT, make_noise_deterministic
 
 from ..calibrate.bundle_out import copy_into, write_manifest
 from ..calibrate.corpus import Corpus, Sentence
@@ -109,7 +109,7 @@ def toolkit_python(explicit: Path | None) -> Path:
 
 
 def _seeded_with_output(model_path: Path, name: str) -> ort.InferenceSession:
-    """The voice graph with its noise seeded as the engine seeds it (speakd.engines.noise), so
+    """The voice graph with its noise seeded as the engine seeds it (speakd.engines.vits.noise), so
     the same corpus gives the same ``z`` every run, and tensor ``name`` as an extra output."""
     model = onnx.load(str(model_path))
     make_noise_deterministic(model)
@@ -121,7 +121,7 @@ def _seeded_with_output(model_path: Path, name: str) -> ort.InferenceSession:
 def prepare_vits(opts: ConvertOptions, work: Path) -> Prepared:
     """A Piper voice: its HiFi-GAN decoder, fed the flow's ``z`` for each corpus sentence as
     ``VitsEngine.synthesize`` runs it (tools/calibrate/vits.py records the exact feeds)."""
-    from speakd.engines.vits import BUNDLE_CONFIG, BUNDLE_MODEL
+    from speakd.engines.vits.params import BUNDLE_CONFIG, BUNDLE_MODEL
 
     from ..calibrate.vits import record_feeds, resolve_source
 

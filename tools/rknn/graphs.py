@@ -58,7 +58,7 @@ def cut_vits_decoder(model_path: Path, out: Path) -> tuple[str, str]:
     """Write Piper's HiFi-GAN decoder (the ``/dec/`` nodes and the voice's final ``Unsqueeze``)
     as a graph of its own; return its input (the flow's output times the mask, ``z``,
     [1, 192, frames]) and output (the voice's own output, so the graph can stand in for the
-    decoder part of daemon/engines/vits_split.py). Refuses a decoder with more than one outside
+    decoder part of daemon/engines/vits/split.py). Refuses a decoder with more than one outside
     input (a multi-speaker voice's speaker conditioning), which would need a second fixed input."""
     model = onnx.load(str(model_path))
     nodes = [n for n in model.graph.node if n.name.startswith(VITS_DECODER_PREFIX)]

@@ -48,7 +48,7 @@ class Reach:
 def conv_reach(graph: onnx.GraphProto) -> int:
     """Frames each side that the graph's output sees of its input: the sum of its Conv nodes'
     reach. Raises ValueError on a convolution that is not same-length and symmetric (a stride,
-    a transposed or one-sided convolution would need a real walk of the graph, vits_split.py)."""
+    a transposed or one-sided convolution would need a real walk of the graph, vits/split.py)."""
     total = 0
     for node in graph.node:
         if node.op_type in ("ConvTranspose", "ConvInteger", "QLinearConv"):

@@ -2,25 +2,24 @@
 
 Phonemes and ids come from ``piper-tts`` (espeak-ng, bundled data); the ONNX inference is ours so
 speakd owns threads, streaming and cancellation. Piper's graphs draw fresh random noise on every
-run; ``speakd.engines.noise`` rewrites them at load so the audio is a pure function of
+run; ``speakd.engines.vits.noise`` rewrites them at load so the audio is a pure function of
 (text, voice, scales, seed), which the cache and the tests rely on.
 
-This module makes the audio: the voice as its JSON describes it, text to phonemes to ids, and the
-sentence-by-sentence (or window-by-window) stream with cancellation. Reading a voice's files and
-preparing its graph is ``speakd.engines.vits_graph``.
+This module makes the audio: text to phonemes to ids, and the sentence-by-sentence (or
+window-by-window) stream with cancellation. The voice as its JSON describes it is
+``speakd.engines.vits.voice``; reading a voice's files and preparing its graph is
+``speakd.engines.vits.graph``.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
-import math
 import threading
 import time
 import unicodedata
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,85 +36,42 @@ from speakd.engines.base import (
     VoiceInfo,
 )
 from speakd.engines.bundle import load_bundle
-from speakd.engines.noise import SEED_INPUT
-from speakd.engines.options import Option
 from speakd.engines.ortsession import session_options
 from speakd.engines.spans import span
-from speakd.engines.vits_graph import (
+from speakd.engines.vits.graph import (
     VoiceConfig,
     model_card_licence,
     read_voice_file,
     voice_config,
     voice_graph,
 )
-from speakd.engines.vits_split import SplitVoice, WholeVoice, Window, voice_sessions
-from speakd.engines.vits_text import (
+from speakd.engines.vits.noise import SEED_INPUT
+from speakd.engines.vits.params import (
+    BUNDLE_CONFIG,
+    BUNDLE_MODEL,
+    CLAUSE_PAUSE_S,
+    DEFAULT_ALIAS,
+    EMBEDDED_LOUDNESS,
+    OPTIONS,
+    SPEAKER_SEP,
+    VitsParams,
+    derive_seed,
+    number,
+)
+from speakd.engines.vits.split import SplitVoice, WholeVoice, Window, voice_sessions
+from speakd.engines.vits.text import (
     phonemize,
     phonemize_cached,
     speakable,
     split_clauses,
     split_long,
 )
-from speakd.engines.vits_words import WordAligner, timings
+from speakd.engines.vits.words import WordAligner, timings
 
 if TYPE_CHECKING:
     from speakd.machine.npu import NpuPlan
 
 log = logging.getLogger(__name__)
-
-BUNDLE_MODEL = "voice.onnx"
-BUNDLE_CONFIG = "voice.onnx.json"
-DEFAULT_ALIAS = "default"
-SPEAKER_SEP = "#"
-# Per-request overrides accepted in SynthesisConfig.extra (Piper's SynthesisConfig knobs).
-OPTIONS = (
-    Option("noise_scale", float, "variation of the voice (Piper's noise_scale)", 0.0, 2.0),
-    Option("noise_w", float, "variation of phoneme durations (Piper's noise_w)", 0.0, 2.0),
-    Option("sentence_silence", float, "seconds of silence between sentences", 0.0, 10.0),
-)
-
-
-def derive_seed(*parts: Any) -> int:
-    """A well-mixed non-negative int64 from any JSON-able parts (request hash, sentence index)."""
-    digest = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).digest()
-    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
-
-
-# The pause a clause cut off its sentence (``split_clauses``) ends with, on top of its own: a
-# sentence said whole pauses 340–380 ms at a comma, a clause said alone ends 120 ms after its
-# comma and the next starts at its sound (trimmed).
-CLAUSE_PAUSE_S = 0.22
-
-# How this code turns the params into samples, in every key (``audio_params``): raised whenever
-# the same request gives other samples, so no clip or pack made the old way is a hit beside the
-# new ones. 2: the first sentence starts without its leading silence; pitch by resampling.
-# 3: and without the near-silence before its first sound (``vits_split.onset``); long sentences
-# cut after their clause breaks (``vits_text.split_clauses``). 4: LayerNorms run as one node each
-# (``speakd.engines.layernorm``: the same audio to a sample's last bit or so, but a duration can
-# round the other way).
-RENDER = 4
-
-
-@dataclass(frozen=True)
-class VitsParams:
-    """Everything resolved for one request that changes the audio (``audio_params``)."""
-
-    voice: str
-    length_scale: float
-    noise_scale: float
-    noise_w: float
-    sentence_silence: float
-    render: int = RENDER
-
-
-# The embedded voice over speakd.request.loudness's calibration text, as ``speakd-tools loudness
-# embedded`` prints it; tests/test_loudness.py measures it again. Another package version has
-# another bundle id, so this record then no longer applies and the voice is measured on first use.
-EMBEDDED_LOUDNESS = {
-    "calibration": 1,
-    "bundle_id": "en_US-joe-medium-43b5ece81b64a8ab",
-    "lufs": -25.55,
-}
 
 
 class VitsVoice:
@@ -251,13 +207,13 @@ class VitsVoice:
                 f"vits: unknown synthesis options {unknown}; known: {', '.join(known)}"
             )
         extra = config.extra
-        speed = _number("speed", 1.0 if config.speed is None else config.speed, positive=True)
+        speed = number("speed", 1.0 if config.speed is None else config.speed, positive=True)
         return VitsParams(
             voice=voice,
             length_scale=self.config.length_scale / speed,
-            noise_scale=_number("noise_scale", extra.get("noise_scale", self.config.noise_scale)),
-            noise_w=_number("noise_w", extra.get("noise_w", self.config.noise_w)),
-            sentence_silence=_number(
+            noise_scale=number("noise_scale", extra.get("noise_scale", self.config.noise_scale)),
+            noise_w=number("noise_w", extra.get("noise_w", self.config.noise_w)),
+            sentence_silence=number(
                 "sentence_silence", extra.get("sentence_silence", self.sentence_silence)
             ),
         )
@@ -284,7 +240,7 @@ class VitsVoice:
 class VitsEngine(VitsVoice):
     """A loaded Piper voice. Thread-safe: ``session.run`` is, and espeak sits behind a lock.
 
-    Piper's graph is split at load (``speakd.engines.vits_split``): each sentence's audio comes
+    Piper's graph is split at load (``speakd.engines.vits.split``): each sentence's audio comes
     window by window as the decoder makes it, joining into the one-shot audio.
     """
 
@@ -367,12 +323,12 @@ class VitsEngine(VitsVoice):
     ) -> Iterator[AudioChunk]:
         """Chunks as the decoder makes them (one per window of a sentence), and a chunk of
         ``sentence_silence`` seconds after each sentence but the last. The first sentence starts
-        at its first sound (``vits_split.lead_frames`` and ``onset``): what a listener waits for.
-        Each chunk carries the words that start in it (``speakd.engines.vits_words``; none when
+        at its first sound (``split.lead_frames`` and ``onset``): what a listener waits for.
+        Each chunk carries the words that start in it (``speakd.engines.vits.words``; none when
         the graph runs whole).
 
         Sentences longer than ``max_phonemes`` are split and their pieces count as sentences.
-        A long sentence is also cut after its clause breaks (``vits_text.split_clauses``): each
+        A long sentence is also cut after its clause breaks (``text.split_clauses``): each
         clause starts without its leading silence, ``CLAUSE_PAUSE_S`` (at the voice's speed) after
         the one before it.
         A ``speakd.request.stream.Cancel`` (it has ``add_hook``) stops the running window between
@@ -490,7 +446,7 @@ class VitsEngine(VitsVoice):
         return inputs
 
     def _alone(self, token: str) -> list[list[str]]:
-        """One token of the text phonemized alone (word timings: ``vits_words.word_spans``),
+        """One token of the text phonemized alone (word timings: ``words.word_spans``),
         remembered: most tokens are common words said again and again."""
         return phonemize_cached(self.config.espeak_voice, token, self.config.vowel_clusters)
 
@@ -509,13 +465,3 @@ class VitsEngine(VitsVoice):
 def _at_least_0(word: Word) -> Word:
     """A word that starts in the skipped leading silence starts with the audio."""
     return word if word.start >= 0 else Word(word.text, 0, max(0, word.end), word.kind)
-
-
-def _number(name: str, value: Any, positive: bool = False) -> float:
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        raise EngineError(f"vits: {name} must be a number, got {value!r}") from None
-    if not math.isfinite(x) or x < 0 or (positive and x == 0):
-        raise EngineError(f"vits: {name} must be {'> 0' if positive else '>= 0'}, got {value!r}")
-    return x

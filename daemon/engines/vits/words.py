@@ -14,7 +14,7 @@ when the word after it does not claim that token, else it joins the word before 
 never crosses a sentence, whose durations come from its own run; a token espeak left unsaid
 (``—``) has no span.
 
-The duration predictor gives frames per phoneme id (``speakd.engines.vits_split.Latents``);
+The duration predictor gives frames per phoneme id (``speakd.engines.vits.split.Latents``);
 Piper's ids are ``^ _ (phoneme _)* $``, so phoneme ``j`` is id ``2 + 2j`` and a word runs from
 its first phoneme's id to the pad after its last. ``length_scale`` (the speed) is already in
 the frames.

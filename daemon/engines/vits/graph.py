@@ -1,10 +1,10 @@
 """A Piper voice's files and graph: its JSON config, the model card's licence, and the graph read
-with its noise seeded (``speakd.engines.noise``), its LayerNorms fused
-(``speakd.engines.layernorm``) and its inputs checked. The sessions that run it are configured in
-``speakd.engines.ortsession``, as every engine's are.
+with its noise seeded (``noise.py``), its LayerNorms fused (``layernorm.py``) and its inputs
+checked. The sessions that run it are configured in ``speakd.engines.ortsession``, as every
+engine's are.
 
-``speakd.engines.vits`` streams audio out of what this module loads; a change to how a voice is
-read or its graph prepared lands here, one to how its audio is made there.
+``engine.py`` streams audio out of what this module loads; a change to how a voice is read or its
+graph prepared lands here, one to how its audio is made there.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any
 import onnx
 
 from speakd.engines.base import EngineError
-from speakd.engines.layernorm import fuse_layer_norms
-from speakd.engines.noise import make_noise_deterministic
+from speakd.engines.vits.layernorm import fuse_layer_norms
+from speakd.engines.vits.noise import make_noise_deterministic
 
 if TYPE_CHECKING:
-    from speakd.engines.vits import VitsVoice
+    from speakd.engines.vits.engine import VitsVoice
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ class VoiceConfig:
 
 def voice_graph(voice: VitsVoice) -> onnx.ModelProto:
     """The voice's graph with its noise seeded, its LayerNorms one node each
-    (``speakd.engines.layernorm``), its inputs checked."""
+    (``speakd.engines.vits.layernorm``), its inputs checked."""
     try:
         model = onnx.load_from_string(read_voice_file(voice.model_path))
     except Exception as e:  # protobuf's DecodeError and friends
