@@ -196,7 +196,7 @@ def test_a_slow_host_is_not_a_hung_engine(monkeypatch: pytest.MonkeyPatch) -> No
 # A synthesis given up on, still inside onnxruntime when the command's work is done: a daemon
 # thread looping over a MatMul session (seconds per run) as the command returns 0.
 BUSY_AT_EXIT = """
-import threading, time
+import threading
 import numpy as np, onnxruntime as ort
 from onnx import TensorProto, helper
 x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1500, 1500])
@@ -207,11 +207,13 @@ graph = helper.make_graph(nodes, "busy", [x], [y])
 model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
 feed = {"x": np.full((1500, 1500), 1e-3, np.float32)}
+running = threading.Event()
 def loop():
+    running.set()  # the next call is the run the command exits under (seconds long)
     while True:
         session.run(None, feed)
 threading.Thread(target=loop, daemon=True).start()
-time.sleep(1.0)
+running.wait()
 import speakd_tools.cli as cli
 cli.main = lambda argv=None: 0
 cli.console()

@@ -62,12 +62,14 @@ def test_concurrent_calls_get_threads_of_their_own_and_an_error_keeps_the_thread
 
 
 EXIT_WITH_WORKERS = """
-import time
+import threading, time
 from speakd.request.workers import WORKERS
 from speakd.lifecycle.service import exit_now
-WORKERS.start(lambda: None)  # ends at once: its worker then sits idle
-WORKERS.start(lambda: (time.sleep(0.3), print("stored", flush=True)))  # a cache write in flight
-time.sleep(0.05)
+writing = threading.Event()
+WORKERS.start(writing.wait)  # busy until the second starts, then idle: the pool made two
+WORKERS.start(lambda: (writing.set(), time.sleep(0.3), print("stored", flush=True)))  # a store
+writing.wait()  # the store is in flight as the exit begins
+print("threads", WORKERS.threads, flush=True)
 exit_now(0)
 """
 
@@ -78,7 +80,7 @@ def test_exit_waits_for_a_busy_worker_and_not_for_an_idle_one() -> None:
         [sys.executable, "-c", EXIT_WITH_WORKERS], capture_output=True, text=True, timeout=30
     )
     assert r.returncode == 0, r.stderr
-    assert "stored" in r.stdout  # the busy one finished before the exit
+    assert "threads 2" in r.stdout and "stored" in r.stdout  # the busy one finished first
     assert "exiting without waiting" not in r.stderr
     # an idle worker is never joined: the exit does not sit out EXIT_GRACE_S (1 s) for it
     assert time.monotonic() - t0 < 0.9 + _startup_s()
