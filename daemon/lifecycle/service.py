@@ -201,7 +201,7 @@ class Daemon:
             await self.http.start()
 
     async def _open_journal(self) -> None:
-        """The MQTT journal is state ([state] dir) and outlives reloads (mqtt/journal.py); one
+        """The MQTT journal is state ([state] dir) and outlives reloads (mqtt/journal/); one
         left beside the cache by an older version is moved in. Opened off the loop."""
         assert self.control is not None
         if self.journal is None:
