@@ -90,6 +90,6 @@ def test_http_beyond_loopback_needs_a_token(tmp_path: Path) -> None:
 
 
 def test_config_names_every_engine_kind_the_registry_has() -> None:
-    """config.py takes the kinds as data (it never imports the registry, which imports it): the
+    """speakd.config takes the kinds as data (it never imports the registry, which imports it): the
     two lists must stay one."""
     assert sorted(ENGINE_KINDS) == sorted(KINDS)

@@ -291,7 +291,7 @@ def test_journal_migrates_moves_in_and_remembers_redeliveries(tmp_path: Path) ->
     assert [e.payload for e in again.replay] == [b"{}"] and again.pending == 1
     assert again.redelivery((8, digest("t", b"x"))), "redeliveries known across a restart"
     # A commit that fails (another writer holds the lock) fails its say, not the journal.
-    again._db.execute("PRAGMA busy_timeout=0")  # type: ignore[union-attr]
+    again._writer.db.execute("PRAGMA busy_timeout=0")  # type: ignore[union-attr]
     lock = sqlite3.connect(new, isolation_level=None)
     lock.execute("BEGIN EXCLUSIVE")
     failed: list[BaseException | None] = []
@@ -371,11 +371,11 @@ def test_an_old_journal_is_moved_in_every_time(tmp_path: Path) -> None:
 
     old_journal(old, "e")  # a crash after the rename, before the copy's commit
 
-    def killed(self: Journal, db: sqlite3.Connection) -> list[Path]:
+    def killed(db: sqlite3.Connection, legacy: Path | None) -> list[Path]:
         raise KeyboardInterrupt
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(Journal, "_move_in", killed)
+        mp.setattr("speakd.mqtt.journal.writer.move_in", killed)
         with pytest.raises(KeyboardInterrupt):
             Journal(new, legacy=old)
     assert not old.exists()

@@ -64,7 +64,7 @@ def test_concurrent_calls_get_threads_of_their_own_and_an_error_keeps_the_thread
 EXIT_WITH_WORKERS = """
 import threading, time
 from speakd.request.workers import WORKERS
-from speakd.lifecycle.service import exit_now
+from speakd.lifecycle.process import exit_now
 writing = threading.Event()
 WORKERS.start(writing.wait)  # busy until the second starts, then idle: the pool made two
 WORKERS.start(lambda: (writing.set(), time.sleep(0.3), print("stored", flush=True)))  # a store
@@ -88,7 +88,7 @@ def test_exit_waits_for_a_busy_worker_and_not_for_an_idle_one() -> None:
 
 def _startup_s() -> float:
     t0 = time.monotonic()
-    subprocess.run([sys.executable, "-c", "import speakd.lifecycle.service"], check=True)
+    subprocess.run([sys.executable, "-c", "import speakd.lifecycle.process"], check=True)
     return time.monotonic() - t0
 
 

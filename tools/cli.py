@@ -154,7 +154,7 @@ def console() -> NoReturn:
     work is done and stored; then the tool leaves the way the daemon does."""
     code = main()
     if any(t.daemon and t.is_alive() for t in threading.enumerate()):
-        from speakd.lifecycle.service import exit_now
+        from speakd.lifecycle.process import exit_now
 
         exit_now(code)
     sys.exit(code)

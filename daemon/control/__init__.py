@@ -3,7 +3,8 @@ back, stop, cancel, status.
 
 Every front-end goes through ``Control`` (never the engine or cache directly), so a JSON client,
 an SSIP client, an MQTT publisher, a Wyoming or HTTP caller get the same validation, the same
-voice-by-language rule, the same errors and the same audio for the same request.
+voice-by-language rule, the same errors and the same audio for the same request. What a
+request's fields may say, and how they become a prepared request, is ``fields.py``'s.
 """
 
 from __future__ import annotations
@@ -20,24 +21,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from speakd.cache.browse import Listing, browse
 from speakd.cache.indexing import build_in_background
-from speakd.engines.base import SynthesisConfig
-from speakd.markup.capitals import Capitals
+from speakd.control.fields import build, explain
 from speakd.markup.lexicon import Lexicon
-from speakd.markup.plan import prepare_request, with_chime
-from speakd.markup.punctuation import Punctuation
-from speakd.markup.ssml import is_ssml
 from speakd.request.errors import InputWarning, RequestError
-from speakd.request.messages import (
-    Event,
-    EventCallback,
-    EventType,
-    Priority,
-    SpeakRequest,
-    validate_text,
-)
-from speakd.request.prepare import VOLUME_RANGE, Marker, Part, Silence, Sound, Speech, check_range
+from speakd.request.messages import Event, EventType, SpeakRequest
 from speakd.request.scheduler import Scheduler
-from speakd.request.sounds import CHIMES, Sounds
+from speakd.request.sounds import Sounds
 from speakd.request.stream import AudioStream
 from speakd.request.voices import VoiceLibrary
 
@@ -47,8 +36,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MAX_ID_CHARS = 128
-FORMATS = ("text", "ssml")
 IDLE_CHECK_S = 1.0  # how often a job waiting for the engine to be idle looks at its halt flag
 
 
@@ -91,12 +78,21 @@ class Control:
     _turns: collections.deque[asyncio.Future[None]] = field(default_factory=collections.deque)
 
     def build_request(self, fields: dict[str, Any], *, origin: str, **kw: Any) -> SpeakRequest:
-        """Validate a request's fields and prepare it (``_build``); a refusal is counted. What
+        """Validate a request's fields and prepare it (``fields.build``); a refusal is counted. What
         it skips instead (``request.warnings``) is logged, counted and, before anything else,
         a ``warning`` event to its ``on_event``; front-ends without events read the list."""
         warnings: list[InputWarning] = []
         try:
-            request = self._build(fields, origin=origin, warn=warnings.append, **kw)
+            request = build(
+                fields,
+                library=self.library,
+                lexicon=self.lexicon,
+                sounds=self.sounds,
+                max_text_chars=self.max_text_chars,
+                origin=origin,
+                warn=warnings.append,
+                **kw,
+            )
         except RequestError as e:
             self.refused(origin, e.code)
             raise
@@ -115,102 +111,9 @@ class Control:
         if self.observer is not None:
             self.observer.refused(origin, code)
 
-    def _build(
-        self,
-        fields: dict[str, Any],
-        *,
-        origin: str,
-        client: str = "",
-        on_event: EventCallback | None = None,
-        strict_lang: bool = True,
-        warn: Callable[[InputWarning], None],
-    ) -> SpeakRequest:
-        """Validate a request's fields (every front-end maps onto these names) and prepare it:
-        ``text``, ``format`` (``text`` or ``ssml``; a text whose root is ``<speak>`` is SSML
-        either way), ``id``, ``voice``, ``speaker``, ``lang``, ``priority``, ``speed``,
-        ``volume``, ``pitch`` (semitones, ``speakd.audio.pitch``), ``seed``, ``params`` (the
-        engine's options), ``cache_only``, ``words`` (word events, ``speakd.audio.Word``), ``chime``
-        (a sound played first, ``speakd.request.sounds``),
-        ``punctuation`` and ``punctuation_important`` (symbols said by name,
-        ``speakd.markup.punctuation``), ``capitals`` (``none``, ``spell`` or ``icon``,
-        ``speakd.markup.capitals``)."""
-        text = validate_text(fields.get("text"), self.max_text_chars)
-        text_format = fields.get("format") or "text"
-        if text_format not in FORMATS:
-            raise RequestError("bad_field", f"format must be one of {', '.join(FORMATS)}")
-        voice, lang = _string(fields, "voice"), _string(fields, "lang")
-        speaker = fields.get("speaker")
-        if isinstance(speaker, int) and not isinstance(speaker, bool):
-            speaker = str(speaker)  # a speaker id
-        speaker = _string({"speaker": speaker}, "speaker")
-        chime = _string(fields, "chime")
-        speed, pitch, volume = fields.get("speed"), fields.get("pitch"), fields.get("volume")
-        check_range("volume", volume, VOLUME_RANGE)  # speed and pitch: prepare_request's check
-        seed = fields.get("seed")
-        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
-            raise RequestError("bad_field", "seed must be a non-negative integer")
-        config = SynthesisConfig(
-            voice=voice,
-            speaker=speaker,
-            speed=speed,
-            seed=seed,
-            lang=lang,
-            pitch=pitch,
-            extra=fields.get("params") or {},
-        )
-        prepared = prepare_request(
-            self.library,
-            text,
-            config,
-            ssml=text_format == "ssml" or is_ssml(text),
-            lexicon=self.lexicon,
-            punctuation=Punctuation.of(
-                fields.get("punctuation"), fields.get("punctuation_important")
-            ),
-            capitals=Capitals.of(fields.get("capitals")),
-            strict_lang=strict_lang,
-            sounds=self.sounds,
-            warn=warn,
-        )
-        if chime is not None:
-            prepared = with_chime(prepared, self._chime(chime, prepared.bundle, prepared.config))
-        request = SpeakRequest(
-            text=text,
-            priority=Priority.parse(fields.get("priority")),
-            config=config,
-            volume=1.0 if volume is None else volume,
-            origin=origin,
-            client=client,
-            on_event=on_event,
-            cache_only=bool(fields.get("cache_only", False)),
-            words=bool(fields.get("words", False)),
-            prepared=prepared,
-        )
-        request_id = fields.get("id")
-        if request_id is not None:
-            request.id = _request_id(request_id)
-        return request
-
-    def _chime(self, name: str, bundle: str, config: SynthesisConfig) -> Sound:
-        sound = self.sounds.find(name, bundle, config.voice or "")
-        if sound is None:
-            raise RequestError(
-                "unknown_chime",
-                f"unknown chime {name!r} (built-in: {', '.join(CHIMES)}; or the text of a "
-                "pinned clip)",
-            )
-        return sound
-
     def explain(self, request: SpeakRequest) -> dict[str, Any]:
-        """What a prepared request will say, part by part (``speakd say --explain``): each run of
-        text as sent after the lexicon, as its engine reads it, with its voice and key; the
-        silences and marks between them."""
-        prepared = request.prepared
-        assert prepared is not None
-        return {
-            "key": prepared.key,
-            "parts": [_explained(part) for part in prepared.parts or (Speech(prepared),)],
-        }
+        """What a prepared request will say, part by part (``fields.explain``)."""
+        return explain(request)
 
     # ---- playing on the board ---------------------------------------------------------------
 
@@ -484,42 +387,3 @@ class Control:
 def _given(turn: asyncio.Future[None]) -> bool:
     """Whether a waiting stream's turn came (``Control._admit`` gave it a place)."""
     return turn.done() and not turn.cancelled()
-
-
-def _explained(part: Part) -> dict[str, Any]:
-    if isinstance(part, Silence):
-        return {"silence_ms": part.ms}
-    if isinstance(part, Marker):
-        return {"mark": part.name}
-    if isinstance(part, Sound):
-        return {"sound": part.name, "key": part.key}
-    p = part.prepared
-    return {
-        "text": p.text,
-        "reads": p.normalized,
-        "voice": p.config.voice,
-        "lang": p.config.lang,
-        "speed": p.config.speed or 1.0,
-        "pitch": p.config.pitch or 0.0,
-        "volume": part.volume,
-        "key": p.key,
-        **({"marks": [list(m) for m in part.marks]} if part.marks else {}),
-    }
-
-
-def _request_id(value: Any) -> str:
-    if not isinstance(value, str | int) or isinstance(value, bool):
-        raise RequestError("bad_field", "id must be a string")
-    value = str(value)
-    if not 0 < len(value) <= MAX_ID_CHARS or not value.isprintable():
-        raise RequestError("bad_field", f"id must be 1..{MAX_ID_CHARS} printable characters")
-    return value
-
-
-def _string(fields: dict[str, Any], key: str) -> str | None:
-    value = fields.get(key)
-    if value is None or value == "":
-        return None
-    if not isinstance(value, str):
-        raise RequestError("bad_field", f"{key} must be a string")
-    return value

@@ -25,7 +25,7 @@ never delivered (a retained command would replay forever).
 
 At-least-once, spoken once: says go through ``frontends/mqtt_says.py`` — journaled before their
 PUBACK, replayed at start past every queue limit, kept across a clean stop, a broker's redelivery
-recognised (``mqtt/journal.py``). Every other message is acknowledged once handled, in its turn:
+recognised (``mqtt/journal/``). Every other message is acknowledged once handled, in its turn:
 PUBACKs leave in the order the PUBLISHes came (``Connection.hold``).
 
 Threads: every incoming message arrives on paho's network thread and is handed to the asyncio loop

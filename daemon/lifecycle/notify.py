@@ -1,14 +1,18 @@
-"""systemd integration without libsystemd: sd_notify datagrams and socket activation fds."""
+"""systemd integration without libsystemd: sd_notify datagrams (and the watchdog pings and STATUS=
+updates a running daemon keeps sending) and socket activation fds."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
 SD_LISTEN_FDS_START = 3
+STATUS_INTERVAL_S = 1.0  # how often STATUS= may change (WatchdogSec/2 is far coarser)
 
 
 def notify(*lines: str) -> bool:
@@ -37,6 +41,22 @@ def watchdog_interval() -> float | None:
         return int(usec) / 1e6 / 2
     except ValueError:
         return None
+
+
+async def keep_notifying(watchdog: float | None, status: Callable[[], str]) -> None:
+    """WATCHDOG=1 and STATUS= changes, sent from the event loop: a wedged loop goes quiet.
+    Ticks every STATUS_INTERVAL_S (or faster for a short WatchdogSec); extra pings are free.
+    ``status()`` is the line READY=1 carried, and each change of it is sent."""
+    last = status()
+    while True:
+        lines = ["WATCHDOG=1"] if watchdog else []
+        line = status()
+        if line != last:
+            lines.append(f"STATUS={line}")
+            last = line
+        if lines:
+            notify(*lines)
+        await asyncio.sleep(min(watchdog or STATUS_INTERVAL_S, STATUS_INTERVAL_S))
 
 
 def listen_fds() -> dict[str, socket.socket]:

@@ -14,10 +14,9 @@ import asyncio
 import logging
 import os
 import signal
-import sys
 import threading
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -37,9 +36,11 @@ from speakd.frontends.mqtt import MqttFrontend
 from speakd.frontends.ssip import SsipFrontend
 from speakd.frontends.unixserver import AccessPolicy, start_unix_server
 from speakd.frontends.wyoming import WyomingFrontend
+from speakd.lifecycle.changes import model_changed, mqtt_changed, sink_changed
 from speakd.lifecycle.daemon_config import load_daemon_config
 from speakd.lifecycle.loopcare import LoopCare
-from speakd.lifecycle.notify import listen_fds, notify, watchdog_interval
+from speakd.lifecycle.notify import keep_notifying, listen_fds, notify, watchdog_interval
+from speakd.lifecycle.process import exit_now, install_debug_wedge, memory_guard
 from speakd.markup.lexicon import Lexicon, LexiconError
 from speakd.mqtt.journal import Journal
 from speakd.request.breaker import CircuitBreaker, Guard
@@ -47,17 +48,12 @@ from speakd.request.messages import SpeakRequest
 from speakd.request.resolver import Resolver
 from speakd.request.scheduler import Scheduler
 from speakd.request.voices import VoiceLibrary, build_library
-from speakd.request.workers import SynthesisWorker
 
 log = logging.getLogger(__name__)
 
 LOAD_EXTEND_S = 20.0  # while a model loads, ask systemd for this much more time, twice per period
 LOAD_EXTEND_MAX_S = 600.0  # a load still running after this is stuck: stop extending
-STATUS_INTERVAL_S = 1.0  # how often STATUS= may change (WatchdogSec/2 is far coarser)
 FALLBACK_RETRY_S = (5.0, 30.0, 120.0, 600.0, 0.0)  # waits after failed fallback attempts
-DEBUG_WEDGE_ENV = "SPEAKD_DEBUG_WEDGE"  # seconds SIGUSR2 blocks the event loop (watchdog tests)
-EXIT_GRACE_S = 1.0  # how long cancelled engine threads get to leave onnxruntime at exit
-MEMORY_CHECK_S = 5.0  # how often limits.max_rss_mb is checked
 
 
 @dataclass
@@ -102,10 +98,10 @@ class Daemon:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stopping.set)
         loop.add_signal_handler(signal.SIGHUP, self._on_sighup)
-        _install_debug_wedge(loop)
+        install_debug_wedge(loop)
         self._tasks.append(asyncio.create_task(self._memory_guard(), name="memory-guard"))
         if os.environ.get("NOTIFY_SOCKET"):
-            notifier = self._notifier(watchdog_interval())
+            notifier = keep_notifying(watchdog_interval(), self._status_line)
             self._tasks.append(asyncio.create_task(notifier, name="notifier"))
         self.control.loop = LoopCare(self.control.idle)  # after start-up's allocations
         self._tasks += self.control.loop.start()
@@ -201,7 +197,7 @@ class Daemon:
             await self.http.start()
 
     async def _open_journal(self) -> None:
-        """The MQTT journal is state ([state] dir) and outlives reloads (mqtt/journal.py); one
+        """The MQTT journal is state ([state] dir) and outlives reloads (mqtt/journal/); one
         left beside the cache by an older version is moved in. Opened off the loop."""
         assert self.control is not None
         if self.journal is None:
@@ -279,42 +275,11 @@ class Daemon:
             f"{library.default} on {self.config.socket.path}"
         )
 
-    async def _notifier(self, watchdog: float | None) -> None:
-        """WATCHDOG=1 and STATUS= changes, sent from the event loop: a wedged loop goes quiet.
-        Ticks every STATUS_INTERVAL_S (or faster for a short WatchdogSec); extra pings are free."""
-        last = self._status_line()  # READY=1 carried it
-        while True:
-            lines = ["WATCHDOG=1"] if watchdog else []
-            status = self._status_line()
-            if status != last:
-                lines.append(f"STATUS={status}")
-                last = status
-            if lines:
-                notify(*lines)
-            await asyncio.sleep(min(watchdog or STATUS_INTERVAL_S, STATUS_INTERVAL_S))
-
     async def _memory_guard(self) -> None:
-        """limits.max_rss_mb: the in-process stand-in for MemoryMax= where the kernel has no
-        memory cgroup. Over the limit, speakd stops cleanly with exit 1 and systemd restarts it."""
-        if not _memory_cgroup_enabled():
-            log.warning(
-                "the kernel's memory cgroup is disabled: MemoryMax= is not enforced%s",
-                "" if self.config.limits.max_rss_mb else "; set limits.max_rss_mb instead",
-            )
-        while True:
-            await asyncio.sleep(MEMORY_CHECK_S)
-            limit, rss = self.config.limits.max_rss_mb, _rss_mb()
-            if limit and rss > limit:
-                log.error(
-                    "resident memory %.0f MiB is over limits.max_rss_mb = %d: exiting to be "
-                    "restarted",
-                    rss,
-                    limit,
-                )
-                notify(f"STATUS=exiting: {rss:.0f} MiB resident, over limits.max_rss_mb {limit}")
-                self._exit_code = 1
-                self._stopping.set()
-                return
+        """Over limits.max_rss_mb, speakd stops cleanly with exit 1 and systemd restarts it."""
+        await memory_guard(lambda: self.config.limits.max_rss_mb)
+        self._exit_code = 1
+        self._stopping.set()
 
     def _on_sighup(self) -> None:
         if self._stopping.is_set():
@@ -341,7 +306,7 @@ class Daemon:
         new = load_daemon_config(self.config_path)
         lexicon = _lexicon(new)  # read again: an edited file applies from now on
         guard = self.guard
-        new_model = _model_key(new.engine) != _model_key(self.config.engine)
+        new_model = model_changed(self.config.engine, new.engine)
         # the [engine] voice as it is now (None when unloaded: it is described again)
         engine = self.control.library.primary.engine
         if new_model:
@@ -355,14 +320,10 @@ class Daemon:
         ):
             log.warning("[socket] and limits.max_line_bytes changes take effect after a restart")
         scheduler = self.control.scheduler
-        mqtt_changed = (
-            new.mqtt != self.config.mqtt
-            or new.limits.max_pack_bytes != self.config.limits.max_pack_bytes
-            or new.fleet != self.config.fleet
-            or (self.mqtt is not None and self.mqtt.credentials_changed())
-        )
         mqtt: MqttFrontend | None = None
-        if mqtt_changed:
+        if mqtt_changed(self.config, new) or (
+            self.mqtt is not None and self.mqtt.credentials_changed()
+        ):
             # Made before the old one closes: says in flight report through it (see close).
             if new.mqtt.enabled:
                 await self._open_journal()
@@ -370,7 +331,7 @@ class Daemon:
             if self.mqtt is not None:
                 await self.mqtt.close(successor=mqtt)
             self.mqtt = None
-        if _sink_key(new) != _sink_key(self.config):
+        if sink_changed(self.config, new):
             await self._replace_sink(scheduler, make_sink(new.audio))
         assert guard is not None
         library = await self._library(new, engine, self.control.library)
@@ -430,22 +391,6 @@ class Daemon:
             path.unlink(missing_ok=True)
 
 
-def _sink_key(config: Config) -> Any:
-    """What decides the sink: the remote speaker's site when there is one, else [audio]."""
-    mqtt, audio = config.mqtt, config.audio
-    if mqtt.enabled and mqtt.remote_speaker:
-        return mqtt.remote_speaker
-    return (audio.sink, audio.device, audio.wav_dir, audio.realtime)  # volume etc. need no new sink
-
-
-_GUARD_KEYS = ("fallback_text", "hang_timeout_s", "max_rtf", "breaker_failures", "breaker_reset_s")
-
-
-def _model_key(config: EngineConfig) -> tuple[Any, ...]:
-    """The [engine] keys that need the model loaded again (the rest only re-wrap it)."""
-    return tuple(getattr(config, f.name) for f in fields(config) if f.name not in _GUARD_KEYS)
-
-
 def _lexicon(config: Config) -> Lexicon:
     try:
         return Lexicon.load(config.lexicon.files)
@@ -488,61 +433,6 @@ async def _load_engine(config: EngineConfig) -> Engine:
         done, _ = await asyncio.wait({loading}, timeout=LOAD_EXTEND_S / 2)
         if done:
             return loading.result()
-
-
-def _install_debug_wedge(loop: asyncio.AbstractEventLoop) -> None:
-    """With $SPEAKD_DEBUG_WEDGE=<seconds>, SIGUSR2 blocks the event loop that long (tests and
-    drills: the watchdog pings must stop and systemd must restart the daemon). Off otherwise."""
-    value = os.environ.get(DEBUG_WEDGE_ENV)
-    if not value:
-        return
-    try:
-        seconds = float(value)
-    except ValueError:
-        raise ConfigError(f"${DEBUG_WEDGE_ENV}: expected seconds, got {value!r}") from None
-    log.warning("debug: SIGUSR2 blocks the event loop for %.1f s ($%s)", seconds, DEBUG_WEDGE_ENV)
-    loop.add_signal_handler(signal.SIGUSR2, time.sleep, seconds)
-
-
-def _rss_mb() -> float:
-    with open("/proc/self/statm", encoding="ascii") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
-def _memory_cgroup_enabled() -> bool:
-    """False when the kernel runs with cgroup_disable=memory (/proc/cgroups: enabled 0)."""
-    try:
-        with open("/proc/cgroups", encoding="ascii") as f:
-            rows = [line.split() for line in f if line.startswith("memory")]
-    except OSError:
-        return True  # cannot tell: do not warn
-    return not rows or rows[0][-1] != "0"
-
-
-def exit_now(code: int) -> NoReturn:
-    """Leave without interpreter teardown once shutdown() has closed everything that holds outside
-    state (sockets, SQLite, MQTT, the sink). What teardown would still do is free onnxruntime
-    sessions and modules — about 1 s of a stop on a loaded 2-core board — and, under a cancelled
-    synthesis that is still running, abort the process (SIGABRT, a failure to systemd).
-    Cancelled synthesis threads get EXIT_GRACE_S first, so a cache write in flight completes (a
-    synthesis worker is waited for while it runs one, ``speakd.request.workers``)."""
-    deadline = time.monotonic() + EXIT_GRACE_S
-    for thread in threading.enumerate():
-        if thread.daemon and thread is not threading.current_thread():
-            wait = thread.wait_idle if isinstance(thread, SynthesisWorker) else thread.join
-            wait(max(0.0, deadline - time.monotonic()))
-    busy = [t.name for t in threading.enumerate() if t.daemon and _busy(t)]
-    if busy:
-        log.warning("exiting without waiting for busy threads: %s", ", ".join(busy))
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-def _busy(thread: threading.Thread) -> bool:
-    """Alive, and for a synthesis worker (alive while idle too) running a synthesis."""
-    return thread.busy if isinstance(thread, SynthesisWorker) else thread.is_alive()
 
 
 def serve(config_path: Path | None) -> NoReturn:

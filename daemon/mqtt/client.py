@@ -8,7 +8,7 @@ availability topic), a persistent session (``clean_start=False`` + Session Expir
 commands the broker received while we were away, subscriptions renewed on every connect, and
 reconnects with backoff. Incoming QoS 1 messages are acknowledged when the owner releases them
 (``hold``), not on arrival, and in the order they came: a say is PUBACKed once it is journaled
-(``mqtt/journal.py``), so one the daemon did not keep is redelivered by the broker on the next
+(``mqtt/journal/``), so one the daemon did not keep is redelivered by the broker on the next
 connection. Publishes made while the broker is away
 are queued (up to ``MAX_QUEUED``) for the next connection; past that paho refuses them, and a
 kept one (a say's outcome) waits in our own queue, in order, until paho takes it: its

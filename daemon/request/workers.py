@@ -7,7 +7,7 @@ onnxruntime's pool threads, whose runs it joins. A thread that ran the last synt
 
 They are daemon threads, as the per-synthesis ones were: a hung engine's run must never hold the
 process at exit. ``concurrent.futures.ThreadPoolExecutor`` cannot give that (its workers are joined
-at interpreter exit), hence this small pool. ``speakd.lifecycle.service.exit_now`` waits for busy
+at interpreter exit), hence this small pool. ``speakd.lifecycle.process.exit_now`` waits for busy
 workers (``wait_idle``) as it joins other daemon threads, and not for idle ones.
 """
 
