@@ -5,7 +5,7 @@ speakd. Set ``[wyoming] uri`` and add it in Home Assistant as a Wyoming Protocol
 Events, on the ``wyoming`` package's own server and event classes:
 
 * ``describe`` → ``info``: one program with every voice of every engine, their languages and
-  speakers (``wyoming_wire.build_info``), as they are now (a reload may add voices).
+  speakers (``wire.build_info``), as they are now (a reload may add voices).
 * ``synthesize`` → ``audio-start``, ``audio-chunk``…, ``audio-stop``: one request through
   ``Control.stream`` — a cache hit comes straight from the cache, a miss shares one synthesis with
   any playback of the same key, and each chunk goes out as the engine yields it. A plain text
@@ -13,7 +13,7 @@ Events, on the ``wyoming`` package's own server and event classes:
   is bounded by what one event carries, ``limits.max_line_bytes``).
 * ``synthesize-start``, ``synthesize-chunk``…, ``synthesize-stop`` (text streamed in, an LLM's
   answer): every sentence is a request of its own as soon as it is complete
-  (``frontends/sentences.py``), each answered ``audio-start`` … ``audio-stop``, then
+  (``sentences.py``), each answered ``audio-start`` … ``audio-stop``, then
   ``synthesize-stopped``. The ``synthesize`` a client sends inside the stream for older servers is
   ignored, never spoken twice.
 * ``text_format: "ssml"`` on ``synthesize`` or ``synthesize-start``, or a text whose root is
@@ -75,9 +75,9 @@ from wyoming.tts import (
 
 from speakd.config import WyomingConfig
 from speakd.control import Control
-from speakd.frontends.sentences import SentenceSplitter
 from speakd.frontends.unixserver import widen_backlog
-from speakd.frontends.wyoming_wire import (
+from speakd.frontends.wyoming.sentences import SentenceSplitter
+from speakd.frontends.wyoming.wire import (
     CUT_OFF,
     WireError,
     build_info,
