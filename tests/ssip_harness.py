@@ -16,7 +16,7 @@ from typing import Any
 
 from speakd.audio.sinks import NullSink, Sink, WavSink
 from speakd.control import Control
-from speakd.frontends.ssip import SsipFrontend
+from speakd.frontends.ssip.frontend import SsipFrontend
 from speakd.frontends.unixserver import AccessPolicy, start_unix_server
 from speakd.request.resolver import Resolver
 from speakd.request.scheduler import Scheduler

@@ -197,7 +197,7 @@ def test_every_cli_command_is_documented(command: str) -> None:
 
 
 def _http_modules() -> list[Path]:
-    return sorted((ROOT / "daemon" / "frontends").glob("http*.py"))
+    return sorted((ROOT / "daemon" / "frontends" / "http").glob("*.py"))
 
 
 def _http_routes() -> list[str]:
@@ -205,28 +205,28 @@ def _http_routes() -> list[str]:
     (``HttpFrontend.app()``; the app only keeps the Control, so none is needed), then
     ``app.router.routes()`` walked."""
     from speakd.config import HttpConfig
-    from speakd.frontends.http import HttpFrontend
+    from speakd.frontends.http.frontend import HttpFrontend
 
     app = HttpFrontend(None, HttpConfig(listen="127.0.0.1:5500")).app()  # type: ignore[arg-type]
     return sorted({route.resource.canonical for route in app.router.routes() if route.resource})
 
 
-@pytest.mark.skipif(not _http_modules(), reason="no HTTP front-end (daemon/frontends/http*.py)")
+@pytest.mark.skipif(not _http_modules(), reason="no HTTP front-end (daemon/frontends/http/)")
 def test_the_http_route_walk_finds_the_routes() -> None:
     routes = _http_routes()
     assert "/healthz" in routes and "/v1/audio/speech" in routes, routes
 
 
-@pytest.mark.skipif(not _http_modules(), reason="no HTTP front-end (daemon/frontends/http*.py)")
+@pytest.mark.skipif(not _http_modules(), reason="no HTTP front-end (daemon/frontends/http/)")
 @pytest.mark.parametrize("route", _http_routes() if _http_modules() else [])
 def test_every_http_endpoint_is_documented(route: str) -> None:
     http_md = DOCS / "http.md"
     if not http_md.is_file():
-        pytest.fail("daemon/frontends/http*.py exists but docs/http.md does not", False)
+        pytest.fail("daemon/frontends/http/ exists but docs/http.md does not", False)
     # "/v1/models" is not documented by "/v1/models/{model}" alone
     if not re.search(rf"(?<![\w/]){re.escape(route)}(?![\w/{{.-])", _read(http_md)):
         pytest.fail(
-            f"HTTP endpoint {route} (daemon/frontends/http*.py) is not documented: add it to "
+            f"HTTP endpoint {route} (daemon/frontends/http/) is not documented: add it to "
             "the endpoints table of docs/http.md",
             pytrace=False,
         )

@@ -20,7 +20,7 @@ import pytest
 
 import speakd.lifecycle.service
 from speakd.config import HttpConfig
-from speakd.frontends.http import HttpFrontend
+from speakd.frontends.http.frontend import HttpFrontend
 from tests.daemon_proc import InProcessDaemon, write_config
 from tests.http_daemon import HttpDaemon, free_port, start_http_daemon, wav_samples
 from tests.tone_engine import ToneEngine

@@ -191,6 +191,9 @@ def test_front_ends_talk_only_to_control() -> None:
     known = modules()
     front_ends = [n for n in known if n.startswith("speakd.frontends.")]
     assert len(front_ends) > 5
+    # the protocols' packages are walked too: each one's frontend.py is checked
+    packaged = [f"speakd.frontends.{p}.frontend" for p in ("ssip", "http", "wyoming", "mqtt")]
+    assert set(packaged) <= set(front_ends)
     breaches = {n: boundary_breaches(n, known[n], known) for n in front_ends}
     assert {n: b for n, b in breaches.items() if b} == {}
 
@@ -202,8 +205,8 @@ def test_the_boundary_check_sees_imports_and_reaching_through_control(tmp_path: 
         "from speakd.request.resolver import Resolver\n"
         "def f(self):\n    return self.control.scheduler.listeners, self.control.library\n"
     )
-    known = {**known, "speakd.frontends.probe": module}
-    assert boundary_breaches("speakd.frontends.probe", module, known) == [
+    known = {**known, "speakd.frontends.ssip.probe": module}
+    assert boundary_breaches("speakd.frontends.ssip.probe", module, known) == [
         "imports speakd.request.resolver",
         "line 3: self.control.library",
         "line 3: self.control.scheduler",

@@ -1,4 +1,4 @@
-"""Key echo from the cache (daemon/frontends/ssip_keys.py): a real daemon prewarms the key-echo
+"""Key echo from the cache (daemon/frontends/ssip/keys.py): a real daemon prewarms the key-echo
 pack after READY, and then Orca's key echo (SSIP ``CHAR`` at its lowercase and uppercase
 pitches, a symbol at its punctuation level, a key name and a typed letter as marked SSML) plays
 from the cache."""
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from speakd.audio.pitch import ssip_semitones
-from speakd.frontends.ssip_keys import DONE_LINE, key_echo
+from speakd.frontends.ssip.keys import DONE_LINE, key_echo
 from speakd_tools.precompute import Prompt, key_echo_prompts
 from tests.daemon_proc import READY_LINE, start_daemon, write_config
 from tests.ssip_harness import SsipClient

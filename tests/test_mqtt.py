@@ -25,7 +25,7 @@ from speakd.audio import read_wav
 from speakd.audio.sinks import NullSink
 from speakd.config import ConfigError, MqttConfig, load_config
 from speakd.control import Control
-from speakd.frontends.mqtt import MqttFrontend
+from speakd.frontends.mqtt.frontend import MqttFrontend
 from speakd.mqtt.messages import decode_object
 from speakd.mqtt.topics import parse_command_topic
 from speakd.request.messages import RequestError

@@ -1,4 +1,5 @@
-"""The sentence splitter the Wyoming server cuts streamed text with (speakd.frontends.sentences)."""
+"""The sentence splitter the Wyoming server cuts streamed text with
+(speakd.frontends.wyoming.sentences)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from speakd.frontends.sentences import SentenceSplitter
+from speakd.frontends.wyoming.sentences import SentenceSplitter
 
 
 def split(pieces: list[str], max_chars: int = 5000) -> tuple[list[list[str]], list[str]]:

@@ -18,8 +18,8 @@ from speakd.cache.shipped import ShippedPack
 from speakd.cache.store import CacheStore
 from speakd.config import SsipConfig
 from speakd.control import Control
-from speakd.frontends.ssip_keys import prewarm
-from speakd.frontends.ssip_settings import Settings, request_fields
+from speakd.frontends.ssip.keys import prewarm
+from speakd.frontends.ssip.settings import Settings, request_fields
 from speakd.request.resolver import Resolver
 from speakd.request.scheduler import Scheduler
 from speakd.request.stream import Cancel

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from speakd.frontends.ssip_parser import LINE_TOO_LONG, LineFramer, SpeakBody, decode_text
+from speakd.frontends.ssip.parser import LINE_TOO_LONG, LineFramer, SpeakBody, decode_text
 from tests.ssip_harness import SsipClient, SsipServer, escape
 
 EXAMPLES = int(os.environ.get("SPEAKD_SSIP_FUZZ_EXAMPLES", "150"))

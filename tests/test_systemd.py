@@ -515,7 +515,7 @@ def _socket_activate() -> str:
 
 
 def test_socket_activation_json_and_ssip(tmp_path: Path) -> None:
-    if not (ROOT / "daemon/frontends/ssip.py").exists():
+    if not (ROOT / "daemon/frontends/ssip/frontend.py").exists():
         pytest.skip("SSIP front-end not there yet")
     if shutil.which("spd-say") is None:
         pytest.skip("spd-say missing (Debian package speech-dispatcher)")

@@ -39,7 +39,7 @@ import speakd
 import speakd.lifecycle.service
 from speakd.audio import read_wav
 from speakd.config import ConfigError, load_config
-from speakd.frontends.wyoming_wire import spellings
+from speakd.frontends.wyoming.wire import spellings
 from speakd.request.sounds import Sounds
 from tests.daemon_proc import DaemonProc, InProcessDaemon, start_daemon, write_config
 from tests.tiny_voices import tiny_multispeaker_voice
@@ -715,7 +715,7 @@ async def test_zeroconf_announces_the_tcp_port_under_its_name(
     import wyoming.zeroconf
 
     from speakd.config import WyomingConfig
-    from speakd.frontends.wyoming import WyomingFrontend
+    from speakd.frontends.wyoming.frontend import WyomingFrontend
 
     seen: dict[str, Any] = {}
 

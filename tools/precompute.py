@@ -121,12 +121,12 @@ def _toml_prompts(path: Path, raw: str, voice: str | None) -> list[Prompt]:
 
 
 def key_echo_prompts(voice: str | None = None) -> list[Prompt]:
-    """The daemon's key-echo pack (``speakd.frontends.ssip_keys``, at ``[ssip]``'s default rates
+    """The daemon's key-echo pack (``speakd.frontends.ssip.keys``, at ``[ssip]``'s default rates
     and pitches) as prompts, built from the same request fields: letters, digits and key names.
     Symbols are left to the daemon's own prewarm: it says them by name through its punctuation
     (``speakd.markup.punctuation``), which a prompt has no field for."""
     from speakd.config import SsipConfig
-    from speakd.frontends.ssip_keys import pack_fields
+    from speakd.frontends.ssip.keys import pack_fields
 
     return [
         Prompt(text=f["text"], voice=voice, speed=f.get("speed"), pitch=f.get("pitch"))

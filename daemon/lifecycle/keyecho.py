@@ -2,7 +2,7 @@
 ``speakd cache key-echo OUT``) and shipped read-only (``speakd.cache.shipped``), so that every
 user's daemon has key echo from the cache from its first key.
 
-It is made by the daemon's own prewarm (``speakd.frontends.ssip_keys``) on a daemon's parts with
+It is made by the daemon's own prewarm (``speakd.frontends.ssip.keys``) on a daemon's parts with
 no sink and no listeners, into a new file: each message is built as the SSIP front-end builds
 it, so the clips have exactly the keys Orca's messages ask for. ``matching`` tells how many of
 those keys a pack holds for a given config (``speakd doctor``).
@@ -30,7 +30,7 @@ from speakd.cache.shipped import ShippedPack
 from speakd.cache.store import CacheStore
 from speakd.config import Config
 from speakd.control import Control
-from speakd.frontends.ssip_keys import Prewarmed, clip_keys, pack_requests, prewarm
+from speakd.frontends.ssip.keys import Prewarmed, clip_keys, pack_requests, prewarm
 from speakd.request.breaker import CircuitBreaker, Guard
 from speakd.request.resolver import Resolver
 from speakd.request.scheduler import Scheduler

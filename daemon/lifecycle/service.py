@@ -29,13 +29,13 @@ from speakd.control import Control
 from speakd.control.metrics import Metrics
 from speakd.engines import load_engine
 from speakd.engines.base import Engine
-from speakd.frontends import ssip_keys
-from speakd.frontends.http import HttpFrontend
+from speakd.frontends.http.frontend import HttpFrontend
 from speakd.frontends.jsonlines import JsonLinesFrontend
-from speakd.frontends.mqtt import MqttFrontend
-from speakd.frontends.ssip import SsipFrontend
+from speakd.frontends.mqtt.frontend import MqttFrontend
+from speakd.frontends.ssip import keys as ssip_keys
+from speakd.frontends.ssip.frontend import SsipFrontend
 from speakd.frontends.unixserver import AccessPolicy, start_unix_server
-from speakd.frontends.wyoming import WyomingFrontend
+from speakd.frontends.wyoming.frontend import WyomingFrontend
 from speakd.lifecycle.changes import model_changed, mqtt_changed, sink_changed
 from speakd.lifecycle.daemon_config import load_daemon_config
 from speakd.lifecycle.loopcare import LoopCare

@@ -101,7 +101,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     from speakd.config import CacheConfig, Config, EngineConfig, MqttConfig
     from speakd.control import Control
     from speakd.engines import load_engine
-    from speakd.frontends.mqtt import MqttFrontend
+    from speakd.frontends.mqtt.frontend import MqttFrontend
     from speakd.request.messages import EventType
     from speakd.request.resolver import Resolver
     from speakd.request.scheduler import Scheduler

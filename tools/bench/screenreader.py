@@ -291,7 +291,7 @@ def results(trial: Trial) -> dict[str, Any]:
 def speakd_ssip(work: Path) -> Iterator[tuple[str, FirstAudio]]:
     """speakd on the embedded voice, SSIP on, its WAV sink paced in real time, measured once its
     key-echo prewarm is done (what a board that has been up a minute gives a screen reader)."""
-    from speakd.frontends.ssip_keys import DONE_LINE
+    from speakd.frontends.ssip.keys import DONE_LINE
 
     ssip = work / "ssip.sock"
     audio = f'sink = "wav"\nwav_dir = "{work / "wav"}"\nrealtime = true'

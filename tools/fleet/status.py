@@ -1,8 +1,8 @@
 """``speakd-tools fleet status --broker URL``: one row per board, from its retained topics.
 
 Every board keeps ``<prefix>/<site>/availability``, ``/status`` (``Control.status()`` plus
-version and last_error) and ``/pack`` retained at the broker (speakd/frontends/mqtt.py), so a
-snapshot of the retained messages is the fleet's state, boards that are down included.
+version and last_error) and ``/pack`` retained at the broker (speakd/frontends/mqtt/frontend.py),
+so a snapshot of the retained messages is the fleet's state, boards that are down included.
 """
 
 from __future__ import annotations

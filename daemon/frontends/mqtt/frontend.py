@@ -23,7 +23,7 @@ that keeps QoS 1 commands while we are away) are the ``speakd.mqtt`` package's; 
 translates between those messages and Control. Commands are subscribed to with retained messages
 never delivered (a retained command would replay forever).
 
-At-least-once, spoken once: says go through ``frontends/mqtt_says.py`` — journaled before their
+At-least-once, spoken once: says go through ``says.py`` — journaled before their
 PUBACK, replayed at start past every queue limit, kept across a clean stop, a broker's redelivery
 recognised (``mqtt/journal/``). Every other message is acknowledged once handled, in its turn:
 PUBACKs leave in the order the PUBLISHes came (``Connection.hold``).
@@ -48,7 +48,7 @@ from speakd import __version__
 from speakd.audio.sinks.mqtt_speaker import RemoteSpeakerSink
 from speakd.config import FleetConfig, LimitsConfig, MqttConfig
 from speakd.control import Control
-from speakd.frontends.mqtt_says import Says, origin_of
+from speakd.frontends.mqtt.says import Says, origin_of
 from speakd.mqtt.client import Connection, Incoming, Subscriptions
 from speakd.mqtt.journal import Journal
 from speakd.mqtt.messages import (

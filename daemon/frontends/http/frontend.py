@@ -1,7 +1,7 @@
 """speakd's HTTP API, served by aiohttp inside the daemon's event loop (``[http] listen``).
 
-Routes: OpenAI's speech API (``speakd.frontends.http_openai``), speakd's own say/stop/cancel/
-status (``speakd.frontends.http_speakd``), ``GET /healthz``, ``GET /metrics`` (Prometheus) and a
+Routes: OpenAI's speech API (``speakd.frontends.http.openai``), speakd's own say/stop/cancel/
+status (``speakd.frontends.http.speakd``), ``GET /healthz``, ``GET /metrics`` (Prometheus) and a
 page for installers at ``/`` (``speakd/data/index.*``: plain HTML and JavaScript, no build step).
 
 Security (docs/http.md): with ``http.token`` set every route but the page and ``/healthz`` needs
@@ -10,7 +10,7 @@ authenticates its users itself: Home Assistant's ingress); listening beyond loop
 token is a configuration error (``speakd.config``). There is no TLS here: put a reverse proxy
 in front for that. Bodies are capped (``http.max_body_bytes``), a body or a reader slower than
 ``http.timeout_s`` is cut off, and every failure becomes a JSON error with the socket's codes
-(``http_base.STATUS``); nothing a client sends can take the daemon down.
+(``base.STATUS``); nothing a client sends can take the daemon down.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from prometheus_client import Counter
 from speakd.config import HttpConfig
 from speakd.control import Control
 from speakd.control.metrics import CONTENT_TYPE, Metrics
-from speakd.frontends import http_openai, http_page, http_speakd
-from speakd.frontends.http_base import (
+from speakd.frontends.http import openai, page, speakd
+from speakd.frontends.http.base import (
     STATE,
     HttpState,
     error_response,
@@ -91,7 +91,7 @@ class HttpFrontend:
         )
         app[STATE] = self.state
         app.on_response_prepare.append(_server_header)
-        app.add_routes(http_openai.routes() + http_speakd.routes() + http_page.routes())
+        app.add_routes(openai.routes() + speakd.routes() + page.routes())
         app.add_routes(
             [
                 web.get("/healthz", healthz),

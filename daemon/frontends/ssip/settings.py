@@ -1,6 +1,6 @@
 """One SSIP client's settings (``SET SELF …``): their speechd defaults, validation and replies,
 and how the ones speakd has a notion of become request fields (rate → speed, volume → gain,
-language → ``lang``). The command handlers are in ``ssip.py``, the framing in ``ssip_parser.py``.
+language → ``lang``). The command handlers are in ``commands.py``, the framing in ``parser.py``.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from speakd.audio.pitch import ssip_semitones
-from speakd.frontends.ssip_parser import parse_int, reply
+from speakd.frontends.ssip.parser import parse_int, reply
 from speakd.request.messages import Priority
 
 ERR_NOT_A_NUMBER = reply(511, "ERR PARAMETER NOT A NUMBER")
@@ -163,7 +163,7 @@ def request_fields(
 ) -> dict[str, Any]:
     """The request fields an SSIP message's ``text`` becomes under ``settings`` (``voice``: the
     SYNTHESIS_VOICE speakd knows, else None). SPEAK, CHAR and KEY go through here, and so does
-    the key-echo prewarm (``ssip_keys``): its clips have the keys real messages ask for. A
+    the key-echo prewarm (``keys``): its clips have the keys real messages ask for. A
     ``char`` (CHAR) names a symbol at every PUNCTUATION level, as speechd's CHAR does: a caret
     on a "." says "dot", not nothing."""
     fields = {

@@ -1,8 +1,7 @@
 """One SSIP client's state: its settings (``SET SELF …``), whether it is inside a BLOCK, the
 events held while a reply is being made, and the messages it queued.
 
-``speakd.frontends.ssip`` serves the connections; ``speakd.frontends.ssip_commands`` answers
-their commands.
+``frontend`` serves the connections; ``commands`` answers their commands.
 """
 
 from __future__ import annotations
@@ -10,8 +9,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from speakd.frontends.ssip_parser import event
-from speakd.frontends.ssip_settings import Settings
+from speakd.frontends.ssip.parser import event
+from speakd.frontends.ssip.settings import Settings
 from speakd.request.messages import Event
 
 

@@ -3,7 +3,7 @@ keys are typed (``daemon/data/key-echo.toml``), synthesized once in the backgrou
 at the SSIP rates and pitches ``[ssip]`` names, so that Orca's ``CHAR x`` and its short ``SPEAK``
 of a key name are cache hits from the first keypress on.
 
-Each one is built as the SSIP front-end builds a message (``ssip_settings.request_fields`` under
+Each one is built as the SSIP front-end builds a message (``settings.request_fields`` under
 speechd's default settings with that RATE and PITCH) and read through ``Control.stream``, the
 path an HTTP caller takes: a key already in the cache, or in the shipped pack the package
 installs (``speakd.cache.shipped``, made by this same prewarm: ``speakd.lifecycle.keyecho``), costs
@@ -32,7 +32,7 @@ from typing import Any
 from speakd.audio.pitch import unavailable
 from speakd.config import SsipConfig
 from speakd.control import Control
-from speakd.frontends.ssip_settings import Settings, request_fields
+from speakd.frontends.ssip.settings import Settings, request_fields
 from speakd.request.messages import SpeakRequest
 from speakd.request.prepare import Speech
 

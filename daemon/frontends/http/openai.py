@@ -34,7 +34,7 @@ from speakd.audio.encode import (
     encoder,
 )
 from speakd.control import Control
-from speakd.frontends.http_base import (
+from speakd.frontends.http.base import (
     client_key,
     ok,
     origin,

@@ -18,8 +18,8 @@ PUNCTUATION_IMPORTANT) → the request's ``punctuation`` (``speakd.markup.punctu
 reported by GET, but change nothing.
 Events 700 (an SSML mark reached, ``INDEX MARK`` with its name) and 701–705 go out (when the
 client turned them on with ``SET SELF NOTIFICATION``) only between complete replies. Framing
-rules live in ``ssip_parser``, each client's state in ``ssip_connection``, the command table in
-``ssip_commands``; this module serves the connections and queues their speech.
+rules live in ``parser``, each client's state in ``connection``, the command table in
+``commands``; this module serves the connections and queues their speech.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ import logging
 from collections.abc import Callable
 
 from speakd.control import Control
-from speakd.frontends.ssip_commands import ERR_INVALID_ENCODING, SsipCommands
-from speakd.frontends.ssip_connection import Connection, Message, origin
-from speakd.frontends.ssip_parser import (
+from speakd.frontends.ssip.commands import ERR_INVALID_ENCODING, SsipCommands
+from speakd.frontends.ssip.connection import Connection, Message, origin
+from speakd.frontends.ssip.parser import (
     LineFramer,
     LineTooLong,
     SpeakBody,
@@ -41,7 +41,7 @@ from speakd.frontends.ssip_parser import (
     reply,
     strip_ssml,
 )
-from speakd.frontends.ssip_settings import Settings, request_fields
+from speakd.frontends.ssip.settings import Settings, request_fields
 from speakd.frontends.unixserver import peer_of
 from speakd.markup.ssml import is_ssml
 from speakd.request.messages import Event, EventType, RequestError

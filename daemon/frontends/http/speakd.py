@@ -14,7 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
-from speakd.frontends.http_base import (
+from speakd.frontends.http.base import (
     client_key,
     error_response,
     ok,

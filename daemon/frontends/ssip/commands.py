@@ -1,8 +1,8 @@
 """SSIP's command table: SET, STOP, CANCEL, PAUSE, RESUME, CHAR, KEY, SOUND_ICON, LIST, GET,
 HISTORY, HELP and BLOCK, each answered for one connection with its complete reply.
 
-``SsipCommands`` is mixed into ``speakd.frontends.ssip.SsipFrontend``, which holds the state the
-commands read and change (``Control``, the connections, the messages in flight, the PAUSE ALL
+``SsipCommands`` is mixed into ``frontend.SsipFrontend``, which holds the state the commands
+read and change (``Control``, the connections, the messages in flight, the PAUSE ALL
 owner), serves the connections and queues speech (``_queue``; SPEAK's body is its own).
 """
 
@@ -12,8 +12,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from xml.sax.saxutils import quoteattr
 
-from speakd.frontends.ssip_connection import Connection, Message, client_key
-from speakd.frontends.ssip_parser import (
+from speakd.frontends.ssip.connection import Connection, Message, client_key
+from speakd.frontends.ssip.parser import (
     SpeakBody,
     decode_text,
     parse_int,
@@ -21,7 +21,7 @@ from speakd.frontends.ssip_parser import (
     reply,
     split_command,
 )
-from speakd.frontends.ssip_settings import (
+from speakd.frontends.ssip.settings import (
     ERR_PARAMETER_INVALID,
     OBSOLETE_NAMES,
     OBSOLETE_TABLES,

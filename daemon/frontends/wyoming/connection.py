@@ -1,11 +1,9 @@
-"""Wyoming TTS server: how Home Assistant (Assist, media players, voice satellites) speaks through
-speakd. Set ``[wyoming] uri`` and add it in Home Assistant as a Wyoming Protocol integration
-(docs/wyoming.md).
+"""One Wyoming connection: the events a client sends and what speakd answers (docs/wyoming.md).
 
-Events, on the ``wyoming`` package's own server and event classes:
+Events, on the ``wyoming`` package's own event classes:
 
 * ``describe`` → ``info``: one program with every voice of every engine, their languages and
-  speakers (``wyoming_wire.build_info``), as they are now (a reload may add voices).
+  speakers (``wire.build_info``), as they are now (a reload may add voices).
 * ``synthesize`` → ``audio-start``, ``audio-chunk``…, ``audio-stop``: one request through
   ``Control.stream`` — a cache hit comes straight from the cache, a miss shares one synthesis with
   any playback of the same key, and each chunk goes out as the engine yields it. A plain text
@@ -13,13 +11,14 @@ Events, on the ``wyoming`` package's own server and event classes:
   is bounded by what one event carries, ``limits.max_line_bytes``).
 * ``synthesize-start``, ``synthesize-chunk``…, ``synthesize-stop`` (text streamed in, an LLM's
   answer): every sentence is a request of its own as soon as it is complete
-  (``frontends/sentences.py``), each answered ``audio-start`` … ``audio-stop``, then
+  (``sentences.py``), each answered ``audio-start`` … ``audio-stop``, then
   ``synthesize-stopped``. The ``synthesize`` a client sends inside the stream for older servers is
   ignored, never spoken twice.
 * ``text_format: "ssml"`` on ``synthesize`` or ``synthesize-start``, or a text whose root is
   ``<speak>``, makes the text SSML (docs/ssml.md); a streamed SSML text is spoken whole at
   ``synthesize-stop``, since markup cannot be cut before it is complete. Home Assistant 2026
-  streams every text without a format, so a stream's start is read until it tells (``_markup``).
+  streams every text without a format, so a stream's start is read until it tells
+  (``TextStream.take``).
 * ``speakd_chime`` (speakd's own field) on ``synthesize`` or ``synthesize-start``: a request's
   ``chime`` (``speakd.request.sounds``), played first in the same audio; a streamed text's first
   sentence has it. ``speakd_pitch``, the same way: a request's ``pitch`` in semitones
@@ -52,19 +51,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
-import os
 from dataclasses import dataclass, field
-from typing import Any
-from urllib.parse import urlparse
+from typing import TYPE_CHECKING, Any
 
 from wyoming.audio import AudioChunk, AudioStart, AudioStop
 from wyoming.error import Error
 from wyoming.event import Event
 from wyoming.info import Describe
 from wyoming.ping import Ping, Pong
-from wyoming.server import AsyncEventHandler, AsyncServer, AsyncUnixServer
+from wyoming.server import AsyncEventHandler
 from wyoming.tts import (
     Synthesize,
     SynthesizeChunk,
@@ -73,14 +69,11 @@ from wyoming.tts import (
     SynthesizeStopped,
 )
 
-from speakd.config import WyomingConfig
-from speakd.control import Control
-from speakd.frontends.sentences import SentenceSplitter
-from speakd.frontends.unixserver import widen_backlog
-from speakd.frontends.wyoming_wire import (
+from speakd.frontends.wyoming.sentences import SentenceSplitter
+from speakd.frontends.wyoming.texts import STOPPED, Job, Say, TextStream, whole_parts
+from speakd.frontends.wyoming.wire import (
     CUT_OFF,
     WireError,
-    build_info,
     chime,
     parse,
     pitch,
@@ -93,108 +86,14 @@ from speakd.request.errors import RequestError
 from speakd.request.messages import SpeakRequest, error_data
 from speakd.request.stream import AudioStream
 
+if TYPE_CHECKING:
+    from speakd.frontends.wyoming.frontend import WyomingFrontend
+
 log = logging.getLogger(__name__)
 
 SAMPLES_PER_CHUNK = 1024  # per audio-chunk event, as wyoming-piper sends them
-
-
-@dataclass(frozen=True)
-class _Say:
-    """A job: one answer (audio-start … audio-stop) to speak, made into requests when its turn
-    comes, so that a refusal is answered in order and a reload's new engine is the one that
-    checks it. ``parts``: one text, or a long whole text's sentences, one request each."""
-
-    parts: tuple[Any, ...]
-    voice: dict[str, Any]  # the request's fields but its text
-    first: dict[str, Any] = field(default_factory=dict)  # fields of the first part only (chime)
-    streamed: bool = False  # a sentence of a text stream (see _abort)
-
-
-STOPPED = None  # a job: the text stream's last sentence is out, send synthesize-stopped
-Job = _Say | None
 _SYNTHESIS = frozenset({"synthesize", "synthesize-start", "synthesize-chunk", "synthesize-stop"})
 ABORT_GRACE_S = 1.0  # after a refusal, how long the client has to close before speakd does
-
-
-class WyomingFrontend:
-    """The server: one ``WyomingHandler`` per connection, all in the daemon's event loop."""
-
-    def __init__(
-        self,
-        control: Control,
-        config: WyomingConfig,
-        *,
-        max_event_bytes: int,
-        max_pending: int,
-        socket_mode: int,
-    ) -> None:
-        self.control = control
-        self.config = config
-        self.max_event_bytes = max_event_bytes  # limits.max_line_bytes
-        self.max_pending = max_pending  # limits.max_queue, per connection
-        self.socket_mode = socket_mode  # [socket] mode, for a unix:// server
-        self.server: AsyncServer | None = None
-        self._zeroconf: Any = None
-        self._connections = itertools.count(1)
-
-    async def start(self) -> None:
-        self.server = AsyncServer.from_uri(self.config.uri)
-        await self.server.start(self._handler)
-        widen_backlog(self.server._server)  # the library listens with asyncio's backlog
-        if isinstance(self.server, AsyncUnixServer):  # bound with the umask: same mode as ours
-            os.chmod(self.server.socket_path, self.socket_mode)
-        log.info("Wyoming server on %s", self.config.uri)
-        if self.config.zeroconf:
-            try:
-                await self._announce()
-            except OSError as e:  # no multicast route (yet): serve anyway, HA can add it by hand
-                log.warning("Wyoming zeroconf announcement failed, serving without it: %s", e)
-
-    async def close(self) -> None:
-        """Stop listening and drop every connection (their work is cancelled)."""
-        if self._zeroconf is not None:
-            with contextlib.suppress(Exception):  # a network already gone must not stop a stop
-                await self._zeroconf._aiozc.async_close()  # the library has no unregister
-            self._zeroconf = None
-        if self.server is not None:
-            await self.server.stop()
-            self.server = None
-
-    def info_event(self) -> Event:
-        """``info`` for the voices there are now (a reload may change them)."""
-        return build_info(self.control.voices()).event()
-
-    async def _announce(self) -> None:
-        """Zeroconf (mDNS) so Home Assistant discovers the server, as wyoming-piper does."""
-        from wyoming.zeroconf import HomeAssistantZeroconf
-
-        url = urlparse(self.config.uri)
-        assert url.port is not None  # WyomingConfig.validate: zeroconf needs tcp://HOST:PORT
-        host = None if url.hostname in ("0.0.0.0", "::") else url.hostname
-        self._zeroconf = HomeAssistantZeroconf(port=url.port, name=self.config.zeroconf, host=host)
-        await self._zeroconf.register_server()
-        log.info("Wyoming server announced over zeroconf as %r", self.config.zeroconf)
-
-    def _handler(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> WyomingHandler:
-        peer = writer.get_extra_info("peername")
-        origin = f"wyoming:{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "wyoming"
-        return WyomingHandler(self, reader, writer, origin, f"wyoming:{next(self._connections)}")
-
-
-@dataclass
-class _TextStream:
-    """A ``synthesize-start`` … ``synthesize-stop`` in progress."""
-
-    voice: dict[str, str]
-    splitter: SentenceSplitter
-    chime: dict[str, Any] = field(default_factory=dict)  # the first sentence's
-    ssml: bool = False  # one document, spoken whole at synthesize-stop (see _markup)
-    document: str = ""  # an SSML document so far, or the start of a text not yet told apart
-    undecided: bool = True  # plain text could still turn out to be a <speak> document
-    sentences: int = 0
-    hold: asyncio.TimerHandle | None = None  # a held sentence end, spoken when it runs out
 
 
 @dataclass
@@ -222,7 +121,7 @@ class WyomingHandler(AsyncEventHandler):
         self.frontend = frontend
         self.control = frontend.control
         self.origin, self.client = origin, client
-        self._text: _TextStream | None = None
+        self._text: TextStream | None = None
         self._owed = _Owed()
         self._closing = False  # a synthesis was refused: the connection ends (see _abort)
 
@@ -304,8 +203,8 @@ class WyomingHandler(AsyncEventHandler):
                 return
             synthesize = parse(Synthesize.from_event, event)
             fields = voice_fields(synthesize.voice) | text_format(synthesize.text_format)
-            parts = _whole(synthesize.text, fields, self.control.max_text_chars)
-            self._enqueue(_Say(parts, fields | pitch(event), chime(event)))
+            parts = whole_parts(synthesize.text, fields, self.control.max_text_chars)
+            self._enqueue(Say(parts, fields | pitch(event), chime(event)))
         elif SynthesizeStart.is_type(kind):
             self._start_text(event)
         elif SynthesizeChunk.is_type(kind):
@@ -313,7 +212,7 @@ class WyomingHandler(AsyncEventHandler):
             chunk = parse(SynthesizeChunk.from_event, event).text
             if not isinstance(chunk, str):
                 raise RequestError("bad_text", "synthesize-chunk text must be a string")
-            chunk = self._markup(text, chunk)
+            chunk = text.take(chunk)
             if text.ssml or text.undecided:  # markup cannot be cut before it is whole
                 return
             self._hold(text)
@@ -352,50 +251,29 @@ class WyomingHandler(AsyncEventHandler):
         self.control.select_voice(fields.get("voice"), fields.get("lang"))
         splitter = SentenceSplitter(self.control.max_text_chars)
         ssml = "format" in fields
-        self._text = _TextStream(fields, splitter, chime(event), ssml=ssml, undecided=not ssml)
+        self._text = TextStream(fields, splitter, chime(event), ssml=ssml, undecided=not ssml)
 
     @staticmethod
-    def _markup(text: _TextStream, chunk: str) -> str:
-        """Tell a ``<speak>`` document from plain text by its start, however it was chunked
-        (Home Assistant 2026 streams every text and says nothing of its format): a document is
-        kept whole for synthesize-stop, plain text goes on to the sentence splitter at once.
-        Returns the plain text to split now."""
-        if not text.undecided:
-            text.document += chunk if text.ssml else ""
-            return chunk
-        text.document += chunk
-        start = text.document.lstrip()
-        if not start or (start.startswith("<") and ">" not in start):
-            return ""  # nothing yet, or the first tag is not complete
-        text.undecided = False
-        text.ssml = is_ssml(text.document)
-        if text.ssml:
-            text.voice = text.voice | {"format": "ssml"}
-            return ""
-        chunk, text.document = text.document, ""
-        return chunk
-
-    @staticmethod
-    def _hold(text: _TextStream) -> None:
+    def _hold(text: TextStream) -> None:
         """More text came (or its end): a held sentence end waits no longer for the timer."""
         if text.hold is not None:
             text.hold.cancel()
             text.hold = None
 
-    def _release(self, text: _TextStream) -> None:
+    def _release(self, text: TextStream) -> None:
         """``wyoming.sentence_hold_ms`` passed with no more text: the held sentence is spoken."""
         text.hold = None
         if self._text is text:
             self._sentences(text, text.splitter.release())
 
-    def _open_text(self, kind: str) -> _TextStream:
+    def _open_text(self, kind: str) -> TextStream:
         if self._text is None:
             raise RequestError("bad_event", f"{kind} without synthesize-start")
         return self._text
 
-    def _sentences(self, text: _TextStream, sentences: list[str], *end: Job) -> None:
+    def _sentences(self, text: TextStream, sentences: list[str], *end: Job) -> None:
         jobs: list[Job] = [
-            _Say((s,), text.voice, text.chime if text.sentences + i == 0 else {}, True)
+            Say((s,), text.voice, text.chime if text.sentences + i == 0 else {}, True)
             for i, s in enumerate(sentences)
         ]
         text.sentences += len(jobs)
@@ -434,7 +312,7 @@ class WyomingHandler(AsyncEventHandler):
             log.debug("%s went away mid-answer", self.client)
             self.reader.feed_eof()  # ends run(), which closes the connection
 
-    async def _speak(self, say: _Say) -> bool:
+    async def _speak(self, say: Say) -> bool:
         """One answer: audio-start, audio-chunk…, audio-stop, for every part of the job (a long
         whole text's sentences are one answer, as the client asked for one). A refused or failed
         one ends the connection instead (``_abort``); False then."""
@@ -515,16 +393,3 @@ class WyomingHandler(AsyncEventHandler):
     async def _error(self, e: BaseException) -> None:
         data = error_data(e)
         await self.write_event(Error(text=data["message"], code=data["code"]).event())
-
-
-def _whole(text: Any, fields: dict[str, Any], max_chars: int) -> tuple[Any, ...]:
-    """A whole ``synthesize`` text: itself, or, when it is plain text over
-    ``limits.max_text_chars``, its sentences (no longer than that), each a request of one
-    answer. Home Assistant 2025.4 and every client that does not stream send a long text this
-    way; what one event carries (``limits.max_line_bytes``) bounds it (docs/wyoming.md)."""
-    if not isinstance(text, str) or "format" in fields or is_ssml(text):
-        return (text,)
-    if len(text.strip()) <= max_chars:
-        return (text,)
-    splitter = SentenceSplitter(max_chars)
-    return tuple(splitter.feed(text) + splitter.finish())

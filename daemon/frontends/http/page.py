@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from speakd.audio import wav_bytes
-from speakd.frontends.http_base import ok, origin, read_json, state
+from speakd.frontends.http.base import ok, origin, read_json, state
 from speakd.request.messages import RequestError
 
 if TYPE_CHECKING:  # the store Control hands out (Control.cache_store), as mqtt/packs.py takes it
