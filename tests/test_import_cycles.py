@@ -153,6 +153,7 @@ def test_the_mqtt_package_knows_nothing_of_front_ends_or_the_queue() -> None:
     forbidden = (
         "speakd.frontends",
         "speakd.request.scheduler",
+        "speakd.request.playback",
         "speakd.control",
         "speakd.audio.sinks",
     )
@@ -166,6 +167,7 @@ def test_the_mqtt_package_knows_nothing_of_front_ends_or_the_queue() -> None:
 # The rooms a front-end must not enter: it speaks only to Control (docs/architecture.md).
 BEHIND_CONTROL = (
     "speakd.request.scheduler",
+    "speakd.request.playback",
     "speakd.request.resolver",
     "speakd.engines",
     "speakd.cache",

@@ -2,7 +2,8 @@
 
 - hit: pinned clips come from RAM (prewarmed at start within ``prewarm_bytes``), others from
   SQLite, then from the shipped pack (``speakd.cache.shipped``, read-only: key echo for a fresh
-  cache); the stream is whole at once (one chunk), nothing runs.
+  cache), as ``speakd.cache.hits`` finds them; the stream is whole at once (one chunk), nothing
+  runs.
 - miss: the engine runs on a *flight* thread that fills an ``AudioStream``; its readers follow
   it as chunks come, and the clip is stored once the engine has finished — never when it was
   cancelled or failed. Without a cache store every request is a miss and nothing is stored.
@@ -23,7 +24,6 @@ for different keys run their flights at once and share decode steps, each cancel
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import functools
 import logging
@@ -31,11 +31,11 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from speakd.audio import AudioChunk, join_chunks, scale_volume
 from speakd.audio.pitch import by_resampling, shifted
+from speakd.cache.hits import Hits
 from speakd.cache.shipped import ShippedPack
 from speakd.cache.store import CacheError, CacheStore, Clip
 from speakd.config import CacheConfig
@@ -99,23 +99,13 @@ class Resolver:
         self._inflight: dict[str, AudioStream] = {}
         self._finishing: set[AudioStream] = set()  # flights past their engine, not cancelled
         self._closed = False
-        self._ram: dict[str, Clip] = {}
-        self._ram_bytes = 0
-        self._store_stats: dict[str, Any] = {}
-        # Hit bookkeeping (last used, hits) is written off the path to the first sample.
-        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="speakd-cache-write")
-        if store is not None:
-            self._prewarm(prewarm_bytes)
-            if store.indexed():
-                self._refresh_stats()
-            else:  # the totals read every clip (gigabytes on an SD card): not before READY
-                self._store_stats = {
-                    "path": str(store.path),
-                    "recovered_from": store.recovered_from,
-                }
-                threading.Thread(
-                    target=self._refresh_stats, name="speakd-cache-stats", daemon=True
-                ).start()
+        self.hits = Hits(
+            store,
+            shipped,
+            self._count,
+            bundles=self.voices.by_bundle,
+            prewarm_bytes=prewarm_bytes,
+        )
         self.sounds = Sounds(store, self.voices.loudness)  # chimes and pinned clips by name
 
     @classmethod
@@ -182,7 +172,7 @@ class Resolver:
         return self._open(prepared, request.cache_only, request.fresh)
 
     def _open(self, prepared: Prepared, cache_only: bool, fresh: bool = False) -> AudioStream:
-        clip, shipped = (None, False) if fresh else self._find(prepared.key)
+        clip, shipped = (None, False) if fresh else self.hits.find(prepared.key)
         if clip is not None:
             stale = clip.expired(time.time())
             if not stale or self.stale_while_revalidate:
@@ -191,8 +181,7 @@ class Resolver:
                     self._refresh(prepared)
                 self._count("hits")
                 if not shipped:  # nothing is counted in the shipped pack
-                    with contextlib.suppress(RuntimeError):  # closed by a reload meanwhile
-                        self._writer.submit(self._touch, clip.key)
+                    self.hits.touch(clip.key)
                 return AudioStream.complete(clip.key, clip.chunk(), shipped=shipped).attach()
         self._count("misses")
         if cache_only:
@@ -282,11 +271,11 @@ class Resolver:
             info: dict[str, Any] = {
                 "enabled": True,
                 **self.counters,
-                "prewarmed": len(self._ram),
-                "prewarmed_bytes": self._ram_bytes,
+                "prewarmed": len(self.hits.ram),
+                "prewarmed_bytes": self.hits.ram_bytes,
                 "inflight": len(self._inflight),
                 "stale_while_revalidate": self.stale_while_revalidate,
-                **self._store_stats,
+                **self.hits.store_stats,
             }
         info["recovered"] = info.get("recovered_from") is not None
         return {"cache": info, "shipped": shipped, "breaker": breaker}
@@ -301,9 +290,7 @@ class Resolver:
             detached = [stream for stream in self._inflight.values() if stream.detached]
         for stream in detached:  # outside the lock: a cancel wakes the closer, which takes it
             stream.cancel.set()
-        self._writer.shutdown(wait=True)
-        if self.shipped is not None:  # a successor opened its own
-            self.shipped.close()
+        self.hits.close()  # and the shipped pack: a successor opened its own
         if self.store is None or (successor is not None and successor.store is self.store):
             return
         with self._lock:
@@ -335,31 +322,7 @@ class Resolver:
     # ---- hits -------------------------------------------------------------------------------
 
     def _lookup(self, key: str) -> Clip | None:
-        return self._find(key)[0]
-
-    def _find(self, key: str) -> tuple[Clip | None, bool]:
-        """The clip from RAM, the cache file, else the shipped pack; and whether it was that."""
-        clip = self._ram.get(key)
-        if clip is not None:
-            self._count("hits_ram")
-            return clip, False
-        if self.store is not None:
-            try:
-                clip = self.store.get(key)
-            except (CacheError, sqlite3.Error) as e:
-                self._count("errors")
-                log.warning("cache lookup failed, treating it as a miss: %s", e)
-            if clip is not None:
-                return clip, False
-        if self.shipped is not None:
-            try:
-                clip = self.shipped.get(key)
-            except sqlite3.Error as e:
-                self._count("errors")
-                log.warning("shipped pack lookup failed, treating it as a miss: %s", e)
-            if clip is not None:
-                self._count("hits_shipped")
-        return clip, clip is not None
+        return self.hits.find(key)[0]
 
     def wait_idle(self, timeout: float) -> bool:
         """Wait until no synthesis is in flight: a background job (the key-echo prewarm) starts
@@ -367,12 +330,6 @@ class Resolver:
         True when idle, False after ``timeout`` seconds."""
         with self._lock:
             return self._changed.wait_for(lambda: not self._inflight, timeout)
-
-    def _touch(self, key: str) -> None:
-        assert self.store is not None
-        # closed by a reload meanwhile: the hit counter is all that is lost
-        with contextlib.suppress(CacheError, sqlite3.Error):
-            self.store.touch(key)
 
     # ---- misses -----------------------------------------------------------------------------
 
@@ -478,7 +435,7 @@ class Resolver:
             log.warning("clip %s not stored: %s", prepared.key[:12], e)
             return
         self._count("stored")
-        self._refresh_stats()
+        self.hits.refresh_stats()
         log.debug(
             "stored clip %s (%.2f s)%s",
             prepared.key[:12],
@@ -487,49 +444,6 @@ class Resolver:
         )
 
     # ---- bookkeeping ------------------------------------------------------------------------
-
-    def _prewarm(self, budget: int) -> None:
-        assert self.store is not None
-        t0, used, skipped = time.monotonic(), 0, 0
-        bundles = self.voices.by_bundle
-        for key, size in (kv for b in bundles for kv in self.store.prewarm_order(b)):
-            if used + size > budget:
-                skipped += 1
-                continue
-            clip = self.store.get(key)
-            if clip is not None:
-                self._ram[key] = clip
-                used += size
-        self._ram_bytes = used
-        foreign = {b: n for b, n in self.store.pinned_by_bundle().items() if b not in bundles}
-        if foreign:
-            log.warning(
-                "cache %s: %d pinned clips were made with bundles no voice has (%s) and cannot "
-                "play; rebuild those packs with these voices (precompute --bundle): %s",
-                self.store.path,
-                sum(foreign.values()),
-                ", ".join(sorted(foreign)),
-                ", ".join(sorted(bundles)),
-            )
-        log.info(
-            "cache %s: %d pinned clips (%d bytes) prewarmed into RAM in %.0f ms%s",
-            self.store.path,
-            len(self._ram),
-            used,
-            (time.monotonic() - t0) * 1000,
-            f"; {skipped} left on disk (cache.prewarm_bytes = {budget})" if skipped else "",
-        )
-
-    def _refresh_stats(self) -> None:
-        """Snapshot the store's aggregate stats on a worker thread (at open and after each
-        store), so ``status()`` — called on the event loop — never waits on SQLite."""
-        assert self.store is not None
-        try:
-            stats = self.store.stats()
-        except (CacheError, sqlite3.Error) as e:
-            stats = {"error": str(e)}
-        with self._lock:
-            self._store_stats = stats
 
     def _count(self, name: str) -> None:
         with self._lock:

@@ -2,13 +2,13 @@
 rknn-env``): one job file in; ``.rknn`` files, the simulator's outputs and a result file out.
 
 It imports only the standard library, numpy and ``rknn.api``, because that venv holds neither
-speakd nor its dependencies (tools/rknn/requirements.txt). Everything speakd-specific (which graphs,
-which windows, the references and the report) is done by tools/rknn/convert.py in the host-tools
-venv. Per graph and precision: ``config`` → ``load_onnx`` at the job's fixed input shape →
-``build`` (int8: quantized on the job's calibration windows) → ``export_rknn`` →
-``init_runtime()`` with no target, which is the toolkit's simulator → ``inference`` on every
-evaluation window. A failing step is recorded with the toolkit's message, not raised: that graph
-stays on the CPU and the report says why.
+speakd nor its dependencies (tools/rknn/requirements.txt). Everything speakd-specific (which
+graphs, which windows, the references and the report) is done by tools/rknn/convert.py (the graphs
+and their inputs: tools/rknn/sources.py) in the host-tools venv. Per graph and precision:
+``config`` → ``load_onnx`` at the job's fixed input shape → ``build`` (int8: quantized on the job's
+calibration windows) → ``export_rknn`` → ``init_runtime()`` with no target, which is the toolkit's
+simulator → ``inference`` on every evaluation window. A failing step is recorded with the toolkit's
+message, not raised: that graph stays on the CPU and the report says why.
 """
 
 from __future__ import annotations

@@ -38,6 +38,7 @@ from .device import FifoDevice
 from .faults import ORDER, Faults
 from .ledger import Ledger
 from .mosquitto import Mosquitto
+from .mqtt_driver import MqttDriver
 
 # Device prompts (speakd-tools bench cache's): the first ones are cached during warm-up, the
 # last three are a pinned prompt pack imported before the daemon starts.
@@ -259,7 +260,7 @@ def _run(opts: Options, work: Path, log: Any) -> dict[str, Any]:
     device.plug()
     daemon = Supervised(layout, install_copy(layout.lib), ready_timeout=600)
     stop_sampling = threading.Event()
-    mqtt: traffic.MqttDriver | None = None
+    mqtt: MqttDriver | None = None
     http: traffic.HttpDriver | None = None
     try:
         log(f"soak: starting speakd ({daemon.start():.1f} s to serve)")
@@ -282,7 +283,7 @@ def _run(opts: Options, work: Path, log: Any) -> dict[str, Any]:
             site=SITE,
         )
         ctx = traffic.Context(ledger, ep, voices, HITS + PINNED, opts.think_s, opts.seed)
-        mqtt, http = traffic.MqttDriver(ctx), traffic.HttpDriver(ctx)
+        mqtt, http = MqttDriver(ctx), traffic.HttpDriver(ctx)
         soak.on_quiet.append(http.reconnect)
         steps = {
             "json": traffic.json_step,
