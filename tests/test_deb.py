@@ -38,7 +38,8 @@ from pathlib import Path
 import pytest
 
 from speakd.library.client import Client
-from speakd_tools.bench.screenreader.screenreader import SETUP, Replay, Trial, null_sink_pulse
+from speakd_tools.bench.screenreader.contenders import null_sink_pulse
+from speakd_tools.bench.screenreader.screenreader import SETUP, Replay, Trial
 from speakd_tools.bench.screenreader.ssip_session import SsipSession
 from tests import unit_run
 from tests.mosquitto import Mosquitto, Watcher

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..harness.daemon import free_port
 from ..harness.stats import loadavg, peak_rss_mb
 
 # --- phase 3: start-up to READY -----------------------------------------------------------------
@@ -121,9 +122,7 @@ def cache_hits(says: int, threads: int) -> dict[str, Any]:
         out["mqtt"] = {"missing": "mosquitto not installed"}
         return out
     with tempfile.TemporaryDirectory(prefix="speakd-bench-mqtt-") as tmp:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
         conf = Path(tmp, "m.conf")
         conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\nset_tcp_nodelay true\n")
         broker = subprocess.Popen([mosquitto, "-c", str(conf)], stderr=subprocess.DEVNULL)

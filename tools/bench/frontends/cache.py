@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..harness.daemon import serve
 from ..harness.stats import summary
 
 PROMPTS = [
@@ -76,53 +77,6 @@ def bench_precompute(
         "realtime_factor": round(report.audio_s / report.synth_s, 2) if report.synth_s else None,
         "load_and_keys_s": round(report.wall_s - report.synth_s, 2),
     }
-
-
-def serve(
-    work: Path,
-    engine: str = "",
-    extra: str = "",
-    env: dict[str, str] | None = None,
-    audio: str = 'sink = "null"',
-    ssip_path: str = "",
-) -> Any:
-    """A real daemon on a null sink (``audio``: other [audio] lines), cache in ``work``;
-    ``engine`` holds [engine] lines, ``extra`` more TOML sections (``bench wyoming`` adds
-    [wyoming]), ``env`` more environment variables, ``ssip_path`` an SSIP socket (none by
-    default). Returns the Popen and socket path."""
-    import os
-    import subprocess
-    import sys
-
-    from speakd.library.client import Client, ClientError
-
-    sock = work / "speakd.sock"
-    config = work / "speakd.toml"
-    config.write_text(
-        f"[engine]\n{engine}\n[audio]\n{audio}\n\n"
-        f'[socket]\npath = "{sock}"\nssip_path = "{ssip_path}"\n\n'
-        f'[cache]\npath = "{work / "cache.db"}"\n'
-        f"{extra}"
-    )
-    log = (work / "speakd.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "speakd", "serve", "--config", str(config)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "SPEAKD_LOG_LEVEL": "WARNING", **(env or {})},
-    )
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"speakd exited: {(work / 'speakd.log').read_text()}")
-        try:
-            with Client(str(sock), timeout=5) as c:
-                c.request({"op": "status"})
-            return proc, str(sock)
-        except (ClientError, OSError):
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("speakd did not start")
 
 
 def _say(sock: str, text: str, rid: str) -> tuple[float, float]:

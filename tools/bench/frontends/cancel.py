@@ -22,10 +22,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..harness.daemon import serve
 from ..harness.machine import describe
 from ..harness.machine import line as machine_line
 from ..harness.stats import loadavg, summary
-from .cache import serve
 
 TEXT = "This sentence is long enough to be cancelled well before its end, every single time."
 

@@ -4,7 +4,7 @@
                             [--format wav] [--no-bandwidth] [--json]
 
 A real ``python -m speakd serve`` (embedded voice, null sink, its cache in a temp dir, ``[http]``
-on a loopback port; ``cache.serve``) gets one prompt once, so it is in the cache; then:
+on a loopback port; ``harness.daemon.serve``) gets one prompt once, so it is in the cache; then:
 
 1. **sequential**: ``--requests`` requests one after another on one keep-alive connection;
    latency = send → the whole body read (``time.perf_counter``, client side);
@@ -22,16 +22,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from ..harness.daemon import free_port, serve, wait_for_port
 from ..harness.machine import describe
 from ..harness.machine import line as machine_line
 from ..harness.stats import loadavg, peak_rss_mb, summary
-from .cache import serve
 
 PROMPT = "The front door is open."
 
@@ -43,12 +42,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", default="wav", help="response_format (default wav)")
     p.add_argument("--no-bandwidth", action="store_true", help="skip the DRAM bandwidth probe")
     p.add_argument("--json", action="store_true", help="print the numbers as JSON")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def _request(session: Any, url: str, body: dict[str, Any]) -> float:
@@ -97,12 +90,12 @@ def _ms(seconds: list[float]) -> dict[str, float]:
 
 
 def run(args: argparse.Namespace) -> int:
-    port = _free_port()
+    port = free_port()
     with tempfile.TemporaryDirectory(prefix="speakd-bench-http-") as tmp:
         extra = f'\n[http]\nlisten = "127.0.0.1:{port}"\n[limits]\nmax_streams = 64\n'
         proc, _sock = serve(Path(tmp), extra=extra)
         try:
-            _wait_for_port(port)
+            wait_for_port(port)
             url = f"http://127.0.0.1:{port}/v1/audio/speech"
             body = {
                 "model": "tts-1",
@@ -118,18 +111,6 @@ def run(args: argparse.Namespace) -> int:
     result.update(format=args.format, loadavg=loadavg(), machine=describe(not args.no_bandwidth))
     print(json.dumps(result, indent=2) if args.json else report(result))
     return 0
-
-
-def _wait_for_port(port: int, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
 
 
 def report(result: dict[str, Any]) -> str:

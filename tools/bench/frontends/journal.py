@@ -25,10 +25,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..harness.daemon import serve
 from ..harness.machine import describe
 from ..harness.machine import line as machine_line
 from ..harness.stats import loadavg, percentile, summary
-from .cache import serve
 from .cancel import measure as measure_cancels
 
 SITE = "bench"

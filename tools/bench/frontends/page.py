@@ -4,10 +4,10 @@
                             [--rate 20] [--interval 3] [--no-bandwidth] [--json]
 
 A real ``python -m speakd serve`` (embedded voice, null sink, ``[http]`` on a loopback port; its
-cache in a temp dir, ``cache.serve``) and a real cache of ``--clips`` clips of ``--clip-s`` seconds
-each: ``--hit-texts`` of them are the keys the daemon gives prompts (its ``explain``), the rest
-filler with their own keys, all unpinned (so a hit is read from the file, not from RAM) and last
-used at random over the past week (the page lists them in that order). They are written by this
+cache in a temp dir, ``harness.daemon.serve``) and a real cache of ``--clips`` clips of ``--clip-s``
+seconds each: ``--hit-texts`` of them are the keys the daemon gives prompts (its ``explain``), the
+rest filler with their own keys, all unpinned (so a hit is read from the file, not from RAM) and
+last used at random over the past week (the page lists them in that order). They are written by this
 process through its own ``CacheStore`` on the same file, as ``speakd cache import`` would.
 
 Then ``--rounds`` rounds of two phases of ``--seconds`` each (alternating, so a change in the shared
@@ -35,11 +35,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..harness.daemon import free_port, serve, wait_for_port
 from ..harness.machine import describe
 from ..harness.machine import line as machine_line
 from ..harness.stats import loadavg, summary
-from .cache import serve
-from .http import _free_port, _wait_for_port
 
 RATE = 22050  # the embedded voice's
 WEEK_S = 7 * 86400
@@ -137,13 +136,13 @@ def _ms(seconds: list[float]) -> dict[str, float]:
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
-    port = _free_port()
+    port = free_port()
     with tempfile.TemporaryDirectory(prefix="speakd-bench-page-") as tmp:
         work = Path(tmp)
         extra = f'max_bytes = {1 << 40}\n\n[http]\nlisten = "127.0.0.1:{port}"\n'
         proc, sock = serve(work, extra=extra)
         try:
-            _wait_for_port(port)
+            wait_for_port(port)
             t0 = time.perf_counter()
             texts = fill(work, sock, args)
             fill_s = time.perf_counter() - t0

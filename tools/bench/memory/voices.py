@@ -3,13 +3,12 @@ audio next to a warm one's, and memory under ``limits.max_loaded_voices = 1``.
 
     speakd-tools bench voices [--chattts BUNDLE] [--rounds 3] [--json]
 
-A real ``python -m speakd serve`` on a null sink (``cache.serve``) with ``voices.dir`` holding
-copies of the embedded Piper voice under other names (the same 63 MB model, so each loaded copy
-costs what a real second Piper voice costs), or, with ``--chattts``, that bundle as the third
+A real ``python -m speakd serve`` on a null sink (``harness.daemon.serve``) with ``voices.dir``
+holding copies of the embedded Piper voice under other names (the same 63 MB model, so each loaded
+copy costs what a real second Piper voice costs), or, with ``--chattts``, that bundle as the third
 voice. Client side over the JSON socket's ``synth`` op: first audio = the instant before sending →
 the first ``audio`` event (the client then leaves, which cancels the rest); every text is new (no
-cache hit). RSS is ``VmRSS`` of the daemon after
-each step. Phases, each in a daemon of its own:
+cache hit). RSS is ``VmRSS`` of the daemon after each step. Phases, each in a daemon of its own:
 
 - **unlimited**: READY (the [engine] voice loaded), then a first request to voice 2 and to voice
   3 (cold: the load is in its first audio), then one more to each (warm);
@@ -25,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..frontends.cache import serve
+from ..harness.daemon import serve
 from ..harness.machine import describe
 from ..harness.machine import line as machine_line
 from ..harness.stats import loadavg, status_kb
