@@ -116,6 +116,21 @@ def test_every_benchmark_module_is_a_subcommand_and_a_bare_bench_names_them() ->
     assert all(name in r.stderr for name in BENCHMARKS), r.stderr
 
 
+def test_bench_help_lists_every_benchmark_with_its_summary() -> None:
+    """``speakd-tools bench --help`` prints each subcommand's one line as written (a ``%`` in one,
+    fleet's "50/99/100 %", once made argparse raise instead of printing the help)."""
+    from speakd_tools.bench.cli import BENCHMARKS
+
+    r = subprocess.run(
+        [sys.executable, "-m", "speakd_tools.cli", "bench", "--help"],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr
+    flat = " ".join(r.stdout.split())
+    assert all(" ".join(summary.split()) in flat for summary in BENCHMARKS.values()), r.stdout
+
+
 def test_percentiles_are_measured_values_by_nearest_rank() -> None:
     values = [float(v) for v in range(1, 101)]  # 1..100
     assert percentile(values, 50) == 51.0  # rank round(0.5 * 99) = 50 → the 51st value

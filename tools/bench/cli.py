@@ -83,7 +83,7 @@ def add_parser(sub: Any) -> None:
         module = importlib.import_module(f"{__package__}.{MODULES[name]}")
         p = names.add_parser(
             name,
-            help=summary,
+            help=summary.replace("%", "%%"),  # argparse formats help with %
             description=module.__doc__,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
