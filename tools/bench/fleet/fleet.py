@@ -48,10 +48,12 @@ from speakd.config import MqttConfig
 from speakd.mqtt.client import new_client
 from speakd.mqtt.messages import Message, PackStatus
 from speakd.mqtt.packs import PackReceiver
-from speakd_tools.bench.harness.machine import cpu
 from speakd_tools.fleet.broker import Session
 from speakd_tools.fleet.publish import publish_pack, read_pack, sign_manifest
 from speakd_tools.soak.mosquitto import Mosquitto
+
+from ..harness.machine import cpu
+from ..harness.stats import loadavg
 
 BUNDLE = "bench-fleet-1"
 GROUP = "fleet"  # every simulated board acts on this site, as boards on a group
@@ -431,7 +433,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "pinned_is_current_pack_only": pinned_ok,  # the first pack's clips were unpinned
         "rlimit_nofile": fds,
         "machine": cpu(),
-        "loadavg": [round(x, 2) for x in os.getloadavg()],
+        "loadavg": loadavg(),
     }
 
 

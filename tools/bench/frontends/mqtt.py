@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from speakd.audio.sinks import NullSink
 from speakd.mqtt.topics import HERMES_SAY_FINISHED, SiteTopics
 
-from ..harness.stats import summary
+from ..harness.stats import loadavg, summary
 
 if TYPE_CHECKING:
     from speakd.config import MqttConfig
@@ -165,7 +165,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         "cache_hits": cache.get("hits"),
         "cache_misses": cache.get("misses"),
         "engine": f"{engine.kind} {engine.bundle_id}",
-        "loadavg_1m": round(os.getloadavg()[0], 2),
+        "loadavg_1m": loadavg()[0],
         "cpus": os.cpu_count(),
     }
 
