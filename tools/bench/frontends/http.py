@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import tempfile
 import time
 from pathlib import Path
@@ -89,7 +88,7 @@ def _ms(seconds: list[float]) -> dict[str, float]:
     return summary([s * 1000 for s in seconds])
 
 
-def run(args: argparse.Namespace) -> int:
+def measure(args: argparse.Namespace) -> dict[str, Any]:
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="speakd-bench-http-") as tmp:
         extra = f'\n[http]\nlisten = "127.0.0.1:{port}"\n[limits]\nmax_streams = 64\n'
@@ -109,11 +108,10 @@ def run(args: argparse.Namespace) -> int:
             proc.terminate()
             proc.wait(30)
     result.update(format=args.format, loadavg=loadavg(), machine=describe(not args.no_bandwidth))
-    print(json.dumps(result, indent=2) if args.json else report(result))
-    return 0
+    return result
 
 
-def report(result: dict[str, Any]) -> str:
+def table(result: dict[str, Any]) -> str:
     seq, load = result["sequential_ms"], result["load"]
     lat = load["latency_ms"]
     return "\n".join(
