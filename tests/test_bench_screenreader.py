@@ -8,8 +8,8 @@ import json
 import subprocess
 import sys
 
-from speakd_tools.bench.daemon_parts import KINDS
-from speakd_tools.bench.screenreader import NAV_ROWS, ROWS, marked, report
+from speakd_tools.bench.screenreader.daemon_parts import KINDS
+from speakd_tools.bench.screenreader.screenreader import NAV_ROWS, ROWS, marked, report
 
 
 def test_orca_marks_every_word_at_its_offsets() -> None:

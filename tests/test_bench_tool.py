@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from speakd_tools.bench.chattts import _parse_bundles, find_contenders
-from speakd_tools.bench.chattts_step import projection, run_steps, step_bytes
-from speakd_tools.bench.report import table
-from speakd_tools.bench.stats import peak_rss_mb, percentile, summary
+from speakd_tools.bench.engine.chattts import _parse_bundles, find_contenders
+from speakd_tools.bench.engine.chattts_report import table
+from speakd_tools.bench.engine.chattts_step import projection, run_steps, step_bytes
+from speakd_tools.bench.harness.stats import peak_rss_mb, percentile, summary
 
 
 def test_missing_contenders_are_reported_not_faked(tmp_path: Path) -> None:
@@ -84,7 +84,7 @@ def test_step_bytes_and_steps_phase_on_the_tiny_bundle(
 
 
 def test_playback_counts_gaps_and_the_start_that_avoids_them() -> None:
-    from speakd_tools.bench.engine import playback
+    from speakd_tools.bench.engine.engine import playback
 
     # on time: each chunk arrives before the audio ahead of it has played
     smooth = playback([(0.3, 0.2), (0.45, 0.5), (0.9, 2.0)])
@@ -99,18 +99,36 @@ def test_playback_counts_gaps_and_the_start_that_avoids_them() -> None:
 
 def test_every_benchmark_module_is_a_subcommand_and_a_bare_bench_names_them() -> None:
     import speakd_tools.bench as bench_pkg
-    from speakd_tools.bench.cli import BENCHMARKS
+    from speakd_tools.bench.cli import BENCHMARKS, MODULES
 
     folder = Path(bench_pkg.__file__).parent
-    measuring = {p.stem for p in folder.glob("*.py") if "\ndef add_arguments(" in p.read_text()} - {
-        "cli"
-    }
-    assert measuring == set(BENCHMARKS)
+    measuring = {
+        ".".join(p.relative_to(folder).with_suffix("").parts)
+        for p in folder.rglob("*.py")
+        if "\ndef add_arguments(" in p.read_text()
+    } - {"cli"}
+    assert measuring == set(MODULES.values())
+    assert set(MODULES) == set(BENCHMARKS)
     r = subprocess.run(
         [sys.executable, "-m", "speakd_tools.cli", "bench"], capture_output=True, text=True
     )
     assert r.returncode == 2
     assert all(name in r.stderr for name in BENCHMARKS), r.stderr
+
+
+def test_bench_help_lists_every_benchmark_with_its_summary() -> None:
+    """``speakd-tools bench --help`` prints each subcommand's one line as written (a ``%`` in one,
+    fleet's "50/99/100 %", once made argparse raise instead of printing the help)."""
+    from speakd_tools.bench.cli import BENCHMARKS
+
+    r = subprocess.run(
+        [sys.executable, "-m", "speakd_tools.cli", "bench", "--help"],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr
+    flat = " ".join(r.stdout.split())
+    assert all(" ".join(summary.split()) in flat for summary in BENCHMARKS.values()), r.stdout
 
 
 def test_percentiles_are_measured_values_by_nearest_rank() -> None:
@@ -131,14 +149,14 @@ def test_a_childs_peak_memory_is_its_own_not_its_parents() -> None:
     ballast = bytearray(300 << 20)
     ballast[::4096] = b"x" * len(ballast[::4096])  # touch every page: resident
     assert peak_rss_mb() > 300
-    child = "from speakd_tools.bench.stats import peak_rss_mb; print(peak_rss_mb())"
+    child = "from speakd_tools.bench.harness.stats import peak_rss_mb; print(peak_rss_mb())"
     r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, check=True)
     assert float(r.stdout) < 150
     del ballast
 
 
 def test_machine_line_names_the_cpu_its_flags_and_bandwidth_or_says_what_is_missing() -> None:
-    from speakd_tools.bench.machine import ISA_FLAGS, cpu, line
+    from speakd_tools.bench.harness.machine import ISA_FLAGS, cpu, line
 
     info = {
         "model": "Some CPU",
@@ -161,8 +179,8 @@ def test_bench_json_carries_the_machine_and_each_contenders_floor_and_step(
     """``machine: {cpu, flags, read_gbps}``; per contender ``floor_ms`` and ``step_ms`` by
     context, floor = bytes one step reads ÷ the bandwidth measured with the bench's threads
     (torch reads the fp32 bytes); the table prints step ÷ floor."""
-    from speakd_tools.bench import machine
-    from speakd_tools.bench.chattts_step import floors
+    from speakd_tools.bench.engine.chattts_step import floors
+    from speakd_tools.bench.harness import machine
 
     monkeypatch.setattr(machine, "read_bandwidth", lambda threads, **_: 10.0 * threads)
     info = machine.describe(threads=2)
@@ -201,7 +219,7 @@ def test_bench_json_carries_the_machine_and_each_contenders_floor_and_step(
 
 
 def test_kernel_paths_follow_mlas_dispatch_amx_serves_int8_only() -> None:
-    from speakd_tools.bench.step import kernel_paths
+    from speakd_tools.bench.engine.step import kernel_paths
 
     xeon = {"avx2": True, "avx512f": True, "avx512_vnni": True, "avx_vnni": True, "amx_int8": True}
     paths = kernel_paths(xeon)
@@ -217,7 +235,7 @@ def test_floor_counts_the_multiply_adds_of_conv_conv_transpose_and_matmul() -> N
     import numpy as np
     from onnx import TensorProto, helper, numpy_helper
 
-    from speakd_tools.bench.floor import flops
+    from speakd_tools.bench.engine.floor import flops
 
     def w(name: str, *shape: int) -> object:
         return numpy_helper.from_array(np.ones(shape, np.float32), name)
@@ -247,7 +265,7 @@ def test_floor_counts_the_multiply_adds_of_conv_conv_transpose_and_matmul() -> N
 def test_floor_times_every_part_of_a_new_text_s_first_chunk_on_the_embedded_voice() -> None:
     import argparse
 
-    from speakd_tools.bench.floor import PARTS, measure, table
+    from speakd_tools.bench.engine.floor import PARTS, measure, table
 
     args = argparse.Namespace(
         seed=3, texts=1, runs=1, pitch=1.2, threads=2, bundle=None, no_bandwidth=True
@@ -268,7 +286,7 @@ def test_floor_times_every_part_of_a_new_text_s_first_chunk_on_the_embedded_voic
 
 
 def test_attention_profile_runs_every_kv_type_and_counts_the_cache_it_reads() -> None:
-    from speakd_tools.bench.attention import KV_TYPES, Shape, table
+    from speakd_tools.bench.engine.attention import KV_TYPES, Shape, table
 
     shape = Shape(layers=2, heads=2, head_dim=16, max_context=32)  # GQA: head size a multiple of 16
     cells = table(shape, rows=[1, 3], ctx=5, threads=1)
@@ -284,7 +302,7 @@ def test_gemm_profile_times_both_invariant_kernels_and_the_int8_one_multiplies()
     import numpy as np
     import onnxruntime as ort
 
-    from speakd_tools.bench.profile import _matmul_int8_model, gemm
+    from speakd_tools.bench.engine.profile import _matmul_int8_model, gemm
     from speakd_tools.calibrate.rowquant import weight_int8
 
     cells = gemm([1, 4], k=64, n=128)

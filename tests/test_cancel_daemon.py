@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from speakd_tools.bench.cancel import measure
+from speakd_tools.bench.frontends.cancel import measure
 from tests.daemon_proc import start_daemon, write_config
 
 BLOCK_MS = 500

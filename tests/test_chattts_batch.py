@@ -321,7 +321,7 @@ def _three_sentences(
     """One request of three 60-step sentences on ``_SlowSteps``: the gaps a real-time listener
     hears (simulated time), the steps, the scheduler. Each sentence's codes must equal its
     unbatched codes whatever the pacing did (a paused row resumes unchanged)."""
-    from speakd_tools.bench.engine import playback
+    from speakd_tools.bench.engine.engine import playback
 
     clock = _SimulatedClock()
     steps = _SlowSteps(engine, clock, ms_per_slot)
@@ -504,7 +504,7 @@ def test_a_slow_engine_holds_its_first_audio_and_then_plays_without_a_gap(
     clock, renders included). Released at its first chunk, the growing chunks outrun the
     listener; held by the start gate, the first audio comes later and nothing stalls after it.
     The audio is the same either way."""
-    from speakd_tools.bench.engine import playback
+    from speakd_tools.bench.engine.engine import playback
 
     clock = _SimulatedClock()
     render_ms = 0.5  # per window step: ~1.6 window steps per decode step with the default schedule
@@ -602,7 +602,7 @@ def test_the_one_row_path_holds_its_first_audio_too(tiny_bundle: Path, paced: bo
     """``batch_size = 1`` (``synthesize`` straight through ``GptRunner``) at RTF ≈ 0.9 on a
     simulated clock: held by the gate it plays without a gap after its first audio; released at
     its first chunk it stalls. The PCM is the same."""
-    from speakd_tools.bench.engine import playback
+    from speakd_tools.bench.engine.engine import playback
 
     engine = ChatTTSEngine.load(tiny_bundle, threads=1, paced=paced)
     clock = _SimulatedClock()
@@ -620,7 +620,7 @@ def test_the_one_row_path_holds_its_first_audio_too(tiny_bundle: Path, paced: bo
 def test_bench_batch_bounds_throughput_by_the_step_alone(batched: ChatTTSEngine) -> None:
     """``bench batch``'s "step only" column: the rows' audio per second if the GPT step were
     the only cost. The measured throughput pays renders and sampling too, so it is below."""
-    from speakd_tools.bench.batch import throughput
+    from speakd_tools.bench.engine.batch import throughput
 
     cell, pcm = throughput(batched, rows=2, steps=12)
     assert pcm and cell["audio_s"] == pytest.approx(2 * (2 * 12 - 1) * 256 / 24000)

@@ -38,8 +38,9 @@ from pathlib import Path
 import pytest
 
 from speakd.library.client import Client
-from speakd_tools.bench.screenreader import SETUP, Replay, Trial, null_sink_pulse
-from speakd_tools.bench.ssip_session import SsipSession
+from speakd_tools.bench.screenreader.contenders import null_sink_pulse
+from speakd_tools.bench.screenreader.screenreader import SETUP, Replay, Trial
+from speakd_tools.bench.screenreader.ssip_session import SsipSession
 from tests import unit_run
 from tests.mosquitto import Mosquitto, Watcher
 from tests.test_mqtt_journal import Recorder

@@ -1,6 +1,6 @@
 """Signed packs and packs that leave: the signature check, the replay check and the pin
 bookkeeping on real SQLite files; the same over a real mosquitto with simulated boards (the
-board's real ``PackReceiver``, ``speakd_tools.bench.fleet``); ``speakd cache import`` by hand;
+board's real ``PackReceiver``, ``speakd_tools.bench.fleet.fleet``); ``speakd cache import`` by hand;
 the config and doctor; and the short version of ``speakd-tools bench fleet``."""
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from speakd.cli import main as speakd_main
 from speakd.config import ConfigError, load_config
 from speakd.lifecycle.doctor import WARN, _check_fleet
 from speakd.mqtt.messages import PackManifest
-from speakd_tools.bench import fleet as bench_fleet
-from speakd_tools.bench.fleet import BUNDLE, Outcomes, SimBoard
+from speakd_tools.bench.fleet import fleet as bench_fleet
+from speakd_tools.bench.fleet.fleet import BUNDLE, Outcomes, SimBoard
 from speakd_tools.cli import main as tools_main
 from speakd_tools.fleet.broker import Session, broker_config
 from speakd_tools.fleet.publish import publish_pack, read_pack, sign_manifest

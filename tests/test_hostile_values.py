@@ -19,7 +19,7 @@ import pytest
 
 from speakd.audio.pitch import resolved
 from speakd.engines.vits.text import phonemize_cached
-from speakd_tools.bench.values import measure
+from speakd_tools.bench.memory.values import measure
 
 REQUESTS = 500
 GROWTH_MB = 16

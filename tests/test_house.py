@@ -104,3 +104,25 @@ def test_no_module_is_over_550_lines() -> None:
         if (n := len(path.read_text().splitlines())) > MAX_LINES
     }
     assert long == {}
+
+
+BENCH = ROOT / "tools" / "bench"
+
+
+def listed_benches(page: str) -> list[str]:
+    """The modules the page's bench table names, one per row: ``tools/bench/engine/vits.py``."""
+    section = _section(page, "The host tools and their benches")
+    return re.findall(r"^\| `(tools/bench/[\w/]+\.py)` \|", section, re.M)
+
+
+def test_the_bench_table_names_every_module_of_tools_bench_once() -> None:
+    """A bench, or a harness module, that docs/architecture.md does not list is one a reader
+    cannot find; a row naming a module that is gone points nowhere."""
+    listed = listed_benches(PAGE.read_text())
+    assert len(listed) == len(set(listed)), "a module is listed twice"
+    there = {
+        str(p.relative_to(ROOT))
+        for p in BENCH.rglob("*.py")
+        if p.name != "__init__.py" and "__pycache__" not in p.parts
+    }
+    assert set(listed) == there, {"unlisted": there - set(listed), "gone": set(listed) - there}

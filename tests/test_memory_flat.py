@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from speakd_tools.bench.memory import measure
+from speakd_tools.bench.memory.memory import measure
 
 # Large blocks of falling size (a long text's PCM each time, 20 → 8 MB), each outlived by a small
 # one: without a fixed mmap threshold glibc serves them from the heap and keeps the holes.

@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 
 from speakd.audio import read_wav
-from speakd_tools.bench.ssip_session import SsipSession
+from speakd_tools.bench.screenreader.ssip_session import SsipSession
 from tests.daemon_proc import DaemonProc, start_daemon, write_config
 from tests.ssip_proxy import SsipProxy
 from tests.waits import wait_until

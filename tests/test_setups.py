@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from speakd_tools.bench.screenreader import null_sink_pulse
+from speakd_tools.bench.screenreader.contenders import null_sink_pulse
 from tests import setups
 from tests.daemon_proc import READY_LINE
 from tests.unit_run import sound_server_priority

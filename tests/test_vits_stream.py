@@ -34,7 +34,7 @@ from speakd.engines.vits.split import (
     reach,
 )
 from speakd.request.stream import Cancel
-from speakd_tools.bench.vits import LONG_SENTENCE
+from speakd_tools.bench.engine.vits import LONG_SENTENCE
 from speakd_tools.calibrate.metrics import snr_db
 from tests.tiny_voices import piper_model, tiny_multispeaker_voice
 from tests.waits import wait_until

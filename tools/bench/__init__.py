@@ -1,9 +1,12 @@
-"""``speakd-tools bench <name>``: the benchmarks behind docs/benchmarks.md, one module each.
+"""``speakd-tools bench <name>``: the benchmarks behind docs/benchmarks.md, one module each,
+grouped by what they measure (docs/architecture.md, "The host tools and their benches").
 
-Measurement modules (each an ``add_arguments(parser)`` and a ``run(args) -> int``): ``chattts``
-(every ChatTTS contender in one run), ``engine``, ``batch``, ``cache``, ``mqtt``, ``vits``,
-``profile``, ``wyoming``, ``http``, ``pitch``. Shared by them: ``stats`` (percentiles, load
-average, peak memory), ``report`` and ``plots`` (the ``chattts`` table and figures). The
-reliability figures come from the test suite itself (docs/reliability.md): a tool never runs the
-tests.
+``engine/`` the engines and their kernels in this process; ``frontends/`` a real daemon through its
+front-ends; ``memory/`` a real daemon's memory; ``screenreader/`` a screen reader's SSIP traffic;
+``quality/`` what the audio sounds like to a recogniser; ``fleet/`` a pack rollout to simulated
+boards. Each bench module is an ``add_arguments(parser)`` and a ``run(args) -> int`` (or
+``measure``/``table``), registered in ``cli.py``. ``harness/`` is what every bench shares: ``stats``
+(timing, percentiles, load average, peak memory), ``machine`` (the machine line), ``daemon`` (a real
+``speakd serve`` and free ports), ``loopstall`` (a daemon's event-loop stalls). The reliability
+figures come from the test suite itself (docs/reliability.md): a tool never runs the tests.
 """

@@ -1,4 +1,5 @@
-"""The ``bench`` command of ``speakd-tools``: one subcommand per measurement module.
+"""The ``bench`` command of ``speakd-tools``: one subcommand per bench module, each found in its
+sub-package through ``GROUPS``.
 
 A bare ``speakd-tools bench`` is an error that lists the subcommands: each benchmark measures
 something different, and none is the obvious default.
@@ -12,7 +13,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-# subcommand (= module of this package) → one-line help
+# subcommand → one-line help, in the order ``speakd-tools bench --help`` lists them
 BENCHMARKS = {
     "chattts": "ChatTTS torch vs speakd fp32/int8/int4: GPT step, RTF, peak RSS, start-up, cache",
     "engine": "speakd's ChatTTS engine vs ChatTTS's torch pipeline, one bundle, same steps",
@@ -40,6 +41,27 @@ BENCHMARKS = {
     "wer": "Whisper tiny.en WER of the embedded voice on the English corpus, at given pitches",
 }
 
+# sub-package → its benches, each a module named for its subcommand
+GROUPS = {
+    "engine": ("chattts", "engine", "batch", "step", "vits", "floor", "profile", "pitch"),
+    "frontends": (
+        "streams",
+        "cache",
+        "mqtt",
+        "wyoming",
+        "http",
+        "page",
+        "ssml",
+        "cancel",
+        "journal",
+    ),
+    "memory": ("voices", "memory", "values"),
+    "screenreader": ("screenreader",),
+    "quality": ("words", "wer"),
+    "fleet": ("fleet",),
+}
+MODULES = {name: f"{group}.{name}" for group, names in GROUPS.items() for name in names}
+
 
 def _printed(module: Any) -> Callable[[argparse.Namespace], int]:
     """A bench's run as ``measure(args)`` then ``table(result)``, or JSON with ``--json``: one
@@ -58,10 +80,10 @@ def add_parser(sub: Any) -> None:
     bench = sub.add_parser("bench", help="benchmarks: " + ", ".join(BENCHMARKS))
     names = bench.add_subparsers(dest="benchmark", required=True)
     for name, summary in BENCHMARKS.items():
-        module = importlib.import_module(f"{__package__}.{name}")
+        module = importlib.import_module(f"{__package__}.{MODULES[name]}")
         p = names.add_parser(
             name,
-            help=summary,
+            help=summary.replace("%", "%%"),  # argparse formats help with %
             description=module.__doc__,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )

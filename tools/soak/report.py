@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..bench import loopstall
+from ..bench.harness import loopstall
 
 COLUMNS = ("sent", "terminal", "missing", "duplicate", "lost_to_kill", "abandoned")
 

@@ -19,8 +19,8 @@ from typing import Any
 
 from speakd.library.client import Client, ClientError
 
-from ..bench import loopstall
-from ..bench.cache import PROMPTS
+from ..bench.frontends.cache import PROMPTS
+from ..bench.harness import loopstall
 from . import traffic
 from .daemon import (
     SITE,
@@ -382,8 +382,8 @@ def result_of(
     wall_s: float,
     pinned: int,
 ) -> dict[str, Any]:
-    from ..bench.machine import describe
-    from ..bench.machine import line as machine_line
+    from ..bench.harness.machine import describe
+    from ..bench.harness.machine import line as machine_line
 
     frontends = soak.ledger.tally(soak.references)
     frontends_driven = ["json", "mqtt", "wyoming", "http", *(["ssip"] if traffic.SPD_SAY else [])]
