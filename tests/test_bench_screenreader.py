@@ -58,7 +58,9 @@ def test_quick_replay_on_speakd_measures_every_row() -> None:
     assert set(kinds) == set(result["floor"]["kinds"]) == set(KINDS.values())
     for kind in kinds.values():
         assert {"phonemes", "prior", "flow", "decoder", "first chunk"} <= set(kind["parts"])
-        engine = sum(v for k, v in kind["parts"].items() if k != "first chunk")
-        assert engine <= kind["parts"]["first chunk"] + 0.5  # each part rounded to 0.1 ms
+        # each part is a piece of every first chunk, so its median is no larger (a sum of
+        # medians may be: under load, 108.7 against a median first chunk of 107.9 ms)
+        first = kind["parts"]["first chunk"]
+        assert all(v <= first + 0.1 for v in kind["parts"].values()), kind["parts"]
         assert kind["first_audio"] > 0
     assert "× floor (daemon)" in text and "| line (3) |" in text

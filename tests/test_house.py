@@ -3,7 +3,9 @@
 - the packages table ("The packages, in the order a request meets them") names every folder and
   top-level module of ``daemon/``, each once, and nothing that is not there;
 - an import runs down that table, except the arrows the page lists after it (at most two);
-- no module of ``speakd`` or ``speakd_tools`` is over 550 lines: a longer one holds two jobs.
+- no module of ``speakd`` or ``speakd_tools`` is over 500 lines: a longer one holds two jobs;
+- no folder of theirs holds more than 15 modules besides ``__init__.py``: a longer one is a list,
+  not a room, and its modules want grouping by what they do.
 
 No import cycles and front-ends only through ``Control`` are tests/test_import_cycles.py's.
 """
@@ -18,7 +20,8 @@ from tests.test_import_cycles import imports, modules
 ROOT = Path(__file__).resolve().parent.parent
 DAEMON = ROOT / "daemon"
 PAGE = ROOT / "docs" / "architecture.md"
-MAX_LINES = 550
+MAX_LINES = 500
+MAX_MODULES_PER_FOLDER = 15
 MAX_ARROWS_UP = 2
 
 
@@ -97,7 +100,7 @@ def test_the_arrow_check_sees_an_import_back_up(tmp_path: Path) -> None:
     assert up[("engines/", "request/")] == ["speakd.engines.probe → speakd.request.scheduler"]
 
 
-def test_no_module_is_over_550_lines() -> None:
+def test_no_module_is_over_500_lines() -> None:
     long = {
         str(path.relative_to(ROOT)): n
         for path in modules().values()
@@ -126,3 +129,12 @@ def test_the_bench_table_names_every_module_of_tools_bench_once() -> None:
         if p.name != "__init__.py" and "__pycache__" not in p.parts
     }
     assert set(listed) == there, {"unlisted": there - set(listed), "gone": set(listed) - there}
+
+
+def test_no_folder_holds_more_than_15_modules() -> None:
+    folders: dict[str, int] = {}
+    for path in modules().values():
+        if path.name != "__init__.py":
+            key = str(path.parent.relative_to(ROOT))
+            folders[key] = folders.get(key, 0) + 1
+    assert {f: n for f, n in folders.items() if n > MAX_MODULES_PER_FOLDER} == {}
