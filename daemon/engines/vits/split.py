@@ -36,6 +36,8 @@ from onnx.utils import Extractor
 
 from speakd.engines.base import EngineError
 from speakd.engines.spans import span
+from speakd.engines.vits.coupling import simplify_flow
+from speakd.engines.vits.upsample import polyphase_upsamplers
 
 log = logging.getLogger(__name__)
 
@@ -254,9 +256,11 @@ def split_voice(model: onnx.ModelProto) -> VoiceParts:
     inputs = [i.name for i in model.graph.input]
     speaker = [SPEAKER_INPUT] if SPEAKER_INPUT in inputs else []
     extractor = Extractor(model)
+    flow = extractor.extract_model([z_p, mask, *speaker], [flow_out])
+    simplify_flow(flow, z_p, mask)  # the mask: ones, as SplitVoice._run_flow feeds it
     return VoiceParts(
         prior=extractor.extract_model(inputs, [z_p, joints.durations]),
-        flow=extractor.extract_model([z_p, mask, *speaker], [flow_out]),
+        flow=flow,
         decoder=extractor.extract_model([joints.z, *speaker], [o.name for o in model.graph.output]),
         joints=joints,
     )
@@ -317,10 +321,12 @@ class SplitVoice:
         if self.flow_reach.hop != 1:
             raise ValueError(f"the flow changes the frame rate ({self.flow_reach.hop})")
         self.plan = plan or WindowPlan()
+        polyphase_upsamplers(parts.decoder)  # after its reach: it reshapes and slices along time
         self.entry = _session(parts.prior, options)  # the session fed with the voice's own inputs
         self._flow = _session(parts.flow, options)
         self._decoder = _session(parts.decoder, options)
         self._flow_out = self._flow.get_outputs()[0].name
+        self._flow_mask = any(i.name == self.joints.mask for i in self._flow.get_inputs())
         self._decoder_out = self._decoder.get_outputs()[0].name
 
     def use_decoder(self, session: Any) -> None:
@@ -387,11 +393,9 @@ class SplitVoice:
         """z on frames [start, end), from z_p widened by the flow's reach."""
         flow = self.flow_reach
         lo, hi = max(0, start - flow.left), min(z_p.shape[2], end + flow.right)
-        feeds = {
-            self.joints.z_p: np.ascontiguousarray(z_p[:, :, lo:hi]),
-            self.joints.mask: np.ones((1, 1, hi - lo), np.float32),
-            **speaker,
-        }
+        feeds = {self.joints.z_p: np.ascontiguousarray(z_p[:, :, lo:hi]), **speaker}
+        if self._flow_mask:  # simplify_flow drops it when it only multiplied
+            feeds[self.joints.mask] = np.ones((1, 1, hi - lo), np.float32)
         with span("flow"):
             out = self._flow.run([self._flow_out], feeds, run)[0]
         return out[:, :, start - lo : end - lo]
