@@ -35,8 +35,10 @@ from onnx import numpy_helper
 from onnx.utils import Extractor
 
 from speakd.engines.base import EngineError
+from speakd.engines.ortsession import release_freed_heap
 from speakd.engines.spans import span
 from speakd.engines.vits.coupling import simplify_flow
+from speakd.engines.vits.nchwc import conv1d_as_2d
 from speakd.engines.vits.upsample import polyphase_upsamplers
 
 log = logging.getLogger(__name__)
@@ -284,7 +286,9 @@ def voice_sessions(
     gives the graph: the whole graph is dropped once split, before its parts' sessions are
     built (the load's peak memory), and read again only for the fallback."""
     try:
-        return SplitVoice(split_voice(load()), options)
+        voice = SplitVoice(split_voice(load()), options)
+        release_freed_heap()  # the graph and its parts, dropped now
+        return voice
     except EngineError:  # the graph itself (unreadable, wrong inputs): no fallback helps
         raise
     except Exception as e:  # ValueError from split_voice/reach, onnxruntime's own on a part
@@ -321,9 +325,10 @@ class SplitVoice:
         if self.flow_reach.hop != 1:
             raise ValueError(f"the flow changes the frame rate ({self.flow_reach.hop})")
         self.plan = plan or WindowPlan()
-        polyphase_upsamplers(parts.decoder)  # after its reach: it reshapes and slices along time
+        conv1d_as_2d(parts.flow, self.joints.z_p)  # after the reaches, which read 1-d convs
+        polyphase_upsamplers(parts.decoder)  # reshapes and slices along time
+        self._flow = _session(parts.flow, options)  # first: its NCHWc weights' copy peaks
         self.entry = _session(parts.prior, options)  # the session fed with the voice's own inputs
-        self._flow = _session(parts.flow, options)
         self._decoder = _session(parts.decoder, options)
         self._flow_out = self._flow.get_outputs()[0].name
         self._flow_mask = any(i.name == self.joints.mask for i in self._flow.get_inputs())
@@ -408,6 +413,8 @@ def _session(model: onnx.ModelProto, options: ort.SessionOptions) -> ort.Inferen
     with tempfile.TemporaryDirectory(prefix="speakd-vits-") as tmp:
         path = Path(tmp) / "part.onnx"
         path.write_bytes(model.SerializeToString())
-        return ort.InferenceSession(
+        session = ort.InferenceSession(
             str(path), sess_options=options, providers=["CPUExecutionProvider"]
         )
+    release_freed_heap()  # what the session's build copied and freed, before the next one's
+    return session
