@@ -39,6 +39,7 @@ from speakd.engines.ortsession import release_freed_heap
 from speakd.engines.spans import span
 from speakd.engines.vits.coupling import simplify_flow
 from speakd.engines.vits.nchwc import conv1d_as_2d
+from speakd.engines.vits.residual import fuse_residual_adds
 from speakd.engines.vits.upsample import polyphase_upsamplers
 
 log = logging.getLogger(__name__)
@@ -327,6 +328,7 @@ class SplitVoice:
         self.plan = plan or WindowPlan()
         conv1d_as_2d(parts.flow, self.joints.z_p)  # after the reaches, which read 1-d convs
         polyphase_upsamplers(parts.decoder)  # reshapes and slices along time
+        fuse_residual_adds(parts.decoder)
         self._flow = _session(parts.flow, options)  # first: its NCHWc weights' copy peaks
         self.entry = _session(parts.prior, options)  # the session fed with the voice's own inputs
         self._decoder = _session(parts.decoder, options)
