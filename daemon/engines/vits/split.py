@@ -39,7 +39,6 @@ from speakd.engines.ortsession import release_freed_heap
 from speakd.engines.spans import span
 from speakd.engines.vits.coupling import simplify_flow
 from speakd.engines.vits.nchwc import conv1d_as_2d
-from speakd.engines.vits.residual import fuse_residual_adds
 from speakd.engines.vits.upsample import polyphase_upsamplers
 
 log = logging.getLogger(__name__)
@@ -407,13 +406,11 @@ class SplitVoice:
 
 
 def session_decoder(decoder: onnx.ModelProto) -> onnx.ModelProto:
-    """The decoder as its session runs it: upsamplers as polyphase convolutions, residual sums
-    carried by their convolutions. A copy (6 MB for Piper's medium voices), so the split graph
-    stays what ``reach`` and bench floor's count read: neither knows ``FusedConv``."""
+    """The decoder as its session runs it, upsamplers as polyphase convolutions: a copy (6 MB for
+    Piper's medium voices), so the split graph stays the one ``reach`` reads."""
     graph = onnx.ModelProto()
     graph.CopyFrom(decoder)
     polyphase_upsamplers(graph)  # reshapes and slices along time
-    fuse_residual_adds(graph)
     return graph
 
 
