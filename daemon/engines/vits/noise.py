@@ -25,7 +25,9 @@ import math
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
+
+from speakd.engines.vits.builder import GraphBuilder
 
 SEED_INPUT = "seed"
 KEY = 0xC8A0737A95ACBA7D  # odd, bits well spread (first 8 bytes of sha256("speakd noise key") | 1)
@@ -81,34 +83,14 @@ def _reject_other_random_ops(graph: onnx.GraphProto, nested: bool = False) -> No
                 _reject_other_random_ops(sub, nested=True)
 
 
-class _Builder:
-    """Appends nodes and initializers under one name prefix; ``op`` returns the output name."""
-
-    def __init__(self, graph: onnx.GraphProto, prefix: str) -> None:
-        self.graph = graph
-        self.prefix = prefix
-        self.nodes: list[onnx.NodeProto] = []
-        self._count = 0
-
-    def name(self, hint: str) -> str:
-        self._count += 1
-        return f"{self.prefix}/{hint}_{self._count}"
-
-    def const(self, value: np.ndarray) -> str:
-        name = self.name(f"const_{value.dtype}")
-        self.graph.initializer.append(numpy_helper.from_array(value, name))
-        return name
+class _Builder(GraphBuilder):
+    """The generator's nodes: uint64 rounds of squares and Box–Muller's floats."""
 
     def u64(self, value: int) -> str:
         return self.const(np.array(value % 2**64, dtype=np.uint64))
 
     def f32(self, value: float) -> str:
         return self.const(np.array(value, dtype=np.float32))
-
-    def op(self, op_type: str, *inputs: str, out: str | None = None, **attrs: object) -> str:
-        out = out or self.name(op_type)
-        self.nodes.append(helper.make_node(op_type, list(inputs), [out], name=out, **attrs))
-        return out
 
     def shift(self, x: str, bits: int, direction: str) -> str:
         return self.op("BitShift", x, self.u64(bits), direction=direction)
