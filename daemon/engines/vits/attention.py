@@ -12,7 +12,7 @@ Rewritten at load, a layer multiplies by the ``2w + 1`` embeddings only and move
 position systems with one ``GatherElements`` each, from index tables built once per run for all
 layers; the reshapes take constant shapes. Each score and output sums the same products in the
 same order as before (the dropped terms were exact zeros), so the outputs are the same floats
-(tests/test_attention.py).
+(tests/test_prior_rewrites.py).
 
 A layer is rewritten only when its nodes are what Piper's exporter writes (the ops counted,
 the embeddings' and projections' shapes, heads shared); any other graph is left as it is.
