@@ -56,19 +56,24 @@ def make_noise_deterministic(model: onnx.ModelProto, seed_input: str = SEED_INPU
     if any(i.name == seed_input for i in graph.input):
         raise ValueError(f"graph already has an input named {seed_input!r}")
 
+    random = [n for n in graph.node if n.op_type == "RandomNormalLike"]
+    if not random:
+        return 0
+    key_nodes, keys = _stream_keys(graph, seed_input, len(random))
     nodes: list[onnx.NodeProto] = []
-    replaced = 0
+    stream = 0
     for node in graph.node:
         if node.op_type != "RandomNormalLike":
             nodes.append(node)
             continue
-        replaced += 1
-        nodes.extend(_seeded_normal_like(graph, node, seed_input, stream=replaced))
-    if replaced:
-        graph.input.append(helper.make_tensor_value_info(seed_input, TensorProto.INT64, []))
-        del graph.node[:]
-        graph.node.extend(nodes)
-    return replaced
+        if stream == 0:  # the keys, once for every stream, before the first reads them
+            nodes.extend(key_nodes)
+        stream += 1
+        nodes.extend(_seeded_normal_like(graph, node, keys, stream))
+    graph.input.append(helper.make_tensor_value_info(seed_input, TensorProto.INT64, []))
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return stream
 
 
 def _reject_other_random_ops(graph: onnx.GraphProto, nested: bool = False) -> None:
@@ -121,27 +126,40 @@ class _Builder(GraphBuilder):
         )
 
 
+def _stream_keys(
+    graph: onnx.GraphProto, seed_input: str, streams: int
+) -> tuple[list[onnx.NodeProto], str]:
+    """The nodes that make every stream's key from the seed, once for all, and the vector they
+    make: stream ``s``'s key is its element ``s - 1``."""
+    b = _Builder(graph, "/speakd_noise_keys")
+    # Two chained squares64 draws: one mixes the seed, one the stream, so no (seed, stream) pair
+    # shares a key with another (seed + 1 must not reuse this seed's second stream).
+    seed_key = b.odd(b.squares(b.op("Cast", seed_input, to=TensorProto.UINT64), b.u64(KEY), 5))
+    numbers = b.const(np.arange(1, streams + 1, dtype=np.uint64))
+    return b.nodes, b.odd(b.squares(numbers, seed_key, rounds=5))
+
+
 def _seeded_normal_like(
-    graph: onnx.GraphProto, node: onnx.NodeProto, seed_input: str, stream: int
+    graph: onnx.GraphProto, node: onnx.NodeProto, keys: str, stream: int
 ) -> list[onnx.NodeProto]:
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     b = _Builder(graph, f"/speakd_noise{stream}")
     x = node.input[0]
+    key = b.op("Gather", keys, b.const(np.array(stream - 1, np.int64)), axis=0)
 
-    # Two chained squares64 draws: one mixes the seed, one the stream, so no (seed, stream) pair
-    # shares a key with another (seed + 1 must not reuse this seed's second stream).
-    seed_key = b.odd(b.squares(b.op("Cast", seed_input, to=TensorProto.UINT64), b.u64(KEY), 5))
-    key = b.odd(b.squares(b.u64(stream), seed_key, rounds=5))
-
-    index = b.op(
+    # u_0 and u_1 of element i are counters 2·i and 2·i + 1: one draw of twice the size
+    counter = b.op(
         "Range",
         b.const(np.array(0, np.int64)),
-        b.op("Size", x),
+        b.op("Mul", b.op("Size", x), b.const(np.array(2, np.int64))),
         b.const(np.array(1, np.int64)),
     )
-    counter0 = b.op("Mul", b.op("Cast", index, to=TensorProto.UINT64), b.u64(2))
-    u0 = b.uniform(counter0, key)
-    u1 = b.uniform(b.op("Add", counter0, b.u64(1)), key)
+    pairs = b.op(
+        "Reshape",
+        b.uniform(b.op("Cast", counter, to=TensorProto.UINT64), key),
+        b.const(np.array([-1, 2], np.int64)),
+    )
+    u0, u1 = (b.op("Slice", pairs, b.ints(j), b.ints(j + 1), b.ints(1)) for j in (0, 1))
     # 1 - u0 lies in (0, 1], so the log is finite; |noise| <= sqrt(2·24·ln 2) ≈ 5.8.
     radius = b.op("Sqrt", b.op("Mul", b.op("Log", b.op("Sub", b.f32(1.0), u0)), b.f32(-2.0)))
     normal = b.op("Mul", radius, b.op("Cos", b.op("Mul", u1, b.f32(2.0 * math.pi))))
