@@ -130,7 +130,7 @@ def test_voices_aliases_and_unknown_voice(engine: VitsEngine) -> None:
         "noise_scale": 0.667,
         "noise_w": 0.8,
         "sentence_silence": 0.0,
-        "render": 4,
+        "render": 5,
     }
     with pytest.raises(UnknownVoiceError, match=r"'marvin'.*known: default, en_US-joe-medium"):
         list(engine.synthesize(TEXT, SynthesisConfig(voice="marvin")))

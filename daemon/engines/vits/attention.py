@@ -12,7 +12,9 @@ Rewritten at load, a layer multiplies by the ``2w + 1`` embeddings only and move
 position systems with one ``GatherElements`` each, from index tables built once per run for all
 layers; the reshapes take constant shapes. Each score and output sums the same products in the
 same order as before (the dropped terms were exact zeros), so the outputs are the same floats
-(tests/test_prior_rewrites.py).
+(tests/test_prior_rewrites.py), but for inputs near 128 ids (125–131 on AVX-512), where
+onnxruntime's GEMM splits the old product's sum over ``2t - 1 ≈ 256`` relative positions into
+blocks: z_p then moves by up to 1e-5, the audio by a 16-bit step on a few samples (render 5).
 
 A layer is rewritten only when its nodes are what Piper's exporter writes (the ops counted,
 the embeddings' and projections' shapes, heads shared); any other graph is left as it is.
