@@ -147,19 +147,17 @@ def _seeded_normal_like(
     x = node.input[0]
     key = b.op("Gather", keys, b.const(np.array(stream - 1, np.int64)), axis=0)
 
-    # u_0 and u_1 of element i are counters 2·i and 2·i + 1: one draw of twice the size
-    counter = b.op(
+    index = b.op(
         "Range",
         b.const(np.array(0, np.int64)),
-        b.op("Mul", b.op("Size", x), b.const(np.array(2, np.int64))),
+        b.op("Size", x),
         b.const(np.array(1, np.int64)),
     )
-    pairs = b.op(
-        "Reshape",
-        b.uniform(b.op("Cast", counter, to=TensorProto.UINT64), key),
-        b.const(np.array([-1, 2], np.int64)),
-    )
-    u0, u1 = (b.op("Slice", pairs, b.ints(j), b.ints(j + 1), b.ints(1)) for j in (0, 1))
+    counter0 = b.op("Mul", b.op("Cast", index, to=TensorProto.UINT64), b.u64(2))
+    # two draws of the tensor's size, not one of twice its size in pairs: each round's operands
+    # then stay in the core's cache (the prior noise is 192 values a frame; 1.7 ms more CPU)
+    u0 = b.uniform(counter0, key)
+    u1 = b.uniform(b.op("Add", counter0, b.u64(1)), key)
     # 1 - u0 lies in (0, 1], so the log is finite; |noise| <= sqrt(2·24·ln 2) ≈ 5.8.
     radius = b.op("Sqrt", b.op("Mul", b.op("Log", b.op("Sub", b.f32(1.0), u0)), b.f32(-2.0)))
     normal = b.op("Mul", radius, b.op("Cos", b.op("Mul", u1, b.f32(2.0 * math.pi))))
