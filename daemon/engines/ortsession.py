@@ -15,6 +15,9 @@ in the process (tools, a second engine).
 
 from __future__ import annotations
 
+import ctypes
+import functools
+from collections.abc import Callable
 from pathlib import Path
 
 import onnxruntime as ort
@@ -42,3 +45,23 @@ def make_session(path: Path, threads: int, spinning: bool = True) -> ort.Inferen
         sess_options=session_options(threads, spinning),
         providers=["CPUExecutionProvider"],
     )
+
+
+def release_freed_heap() -> None:
+    """Give back to the system the heap that building sessions freed. Loading copies weights and
+    frees the originals (onnxruntime's own layout transforms, speakd's graph rewrites, the graph
+    read and dropped), and glibc keeps what is freed in the heap, resident, unless it is trimmed:
+    after the embedded Piper voice's load, 185–228 MB resident without, 89 MB after
+    (docs/vits-engine.md, "Threads and memory"). A no-op where the C library has no
+    ``malloc_trim`` (musl)."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        return ctypes.CDLL(None).malloc_trim  # the process's own C library
+    except (OSError, AttributeError):
+        return None

@@ -35,7 +35,11 @@ from onnx import numpy_helper
 from onnx.utils import Extractor
 
 from speakd.engines.base import EngineError
+from speakd.engines.ortsession import release_freed_heap
 from speakd.engines.spans import span
+from speakd.engines.vits.coupling import simplify_flow
+from speakd.engines.vits.nchwc import conv1d_as_2d
+from speakd.engines.vits.upsample import polyphase_upsamplers
 
 log = logging.getLogger(__name__)
 
@@ -254,9 +258,11 @@ def split_voice(model: onnx.ModelProto) -> VoiceParts:
     inputs = [i.name for i in model.graph.input]
     speaker = [SPEAKER_INPUT] if SPEAKER_INPUT in inputs else []
     extractor = Extractor(model)
+    flow = extractor.extract_model([z_p, mask, *speaker], [flow_out])
+    simplify_flow(flow, z_p, mask)  # the mask: ones, as SplitVoice._run_flow feeds it
     return VoiceParts(
         prior=extractor.extract_model(inputs, [z_p, joints.durations]),
-        flow=extractor.extract_model([z_p, mask, *speaker], [flow_out]),
+        flow=flow,
         decoder=extractor.extract_model([joints.z, *speaker], [o.name for o in model.graph.output]),
         joints=joints,
     )
@@ -280,7 +286,9 @@ def voice_sessions(
     gives the graph: the whole graph is dropped once split, before its parts' sessions are
     built (the load's peak memory), and read again only for the fallback."""
     try:
-        return SplitVoice(split_voice(load()), options)
+        voice = SplitVoice(split_voice(load()), options)
+        release_freed_heap()  # the graph and its parts, dropped now
+        return voice
     except EngineError:  # the graph itself (unreadable, wrong inputs): no fallback helps
         raise
     except Exception as e:  # ValueError from split_voice/reach, onnxruntime's own on a part
@@ -317,10 +325,12 @@ class SplitVoice:
         if self.flow_reach.hop != 1:
             raise ValueError(f"the flow changes the frame rate ({self.flow_reach.hop})")
         self.plan = plan or WindowPlan()
-        self.entry = _session(parts.prior, options)  # the session fed with the voice's own inputs
+        conv1d_as_2d(parts.flow, self.joints.z_p)  # after the reaches, which read 1-d convs
+        self._decoder = _session(session_decoder(parts.decoder), options)
         self._flow = _session(parts.flow, options)
-        self._decoder = _session(parts.decoder, options)
+        self.entry = _session(parts.prior, options)  # the session fed with the voice's own inputs
         self._flow_out = self._flow.get_outputs()[0].name
+        self._flow_mask = any(i.name == self.joints.mask for i in self._flow.get_inputs())
         self._decoder_out = self._decoder.get_outputs()[0].name
 
     def use_decoder(self, session: Any) -> None:
@@ -387,14 +397,21 @@ class SplitVoice:
         """z on frames [start, end), from z_p widened by the flow's reach."""
         flow = self.flow_reach
         lo, hi = max(0, start - flow.left), min(z_p.shape[2], end + flow.right)
-        feeds = {
-            self.joints.z_p: np.ascontiguousarray(z_p[:, :, lo:hi]),
-            self.joints.mask: np.ones((1, 1, hi - lo), np.float32),
-            **speaker,
-        }
+        feeds = {self.joints.z_p: np.ascontiguousarray(z_p[:, :, lo:hi]), **speaker}
+        if self._flow_mask:  # simplify_flow drops it when it only multiplied
+            feeds[self.joints.mask] = np.ones((1, 1, hi - lo), np.float32)
         with span("flow"):
             out = self._flow.run([self._flow_out], feeds, run)[0]
         return out[:, :, start - lo : end - lo]
+
+
+def session_decoder(decoder: onnx.ModelProto) -> onnx.ModelProto:
+    """The decoder as its session runs it, upsamplers as polyphase convolutions: a copy (6 MB for
+    Piper's medium voices), so the split graph stays the one ``reach`` reads."""
+    graph = onnx.ModelProto()
+    graph.CopyFrom(decoder)
+    polyphase_upsamplers(graph)  # reshapes and slices along time
+    return graph
 
 
 def _session(model: onnx.ModelProto, options: ort.SessionOptions) -> ort.InferenceSession:
@@ -404,6 +421,8 @@ def _session(model: onnx.ModelProto, options: ort.SessionOptions) -> ort.Inferen
     with tempfile.TemporaryDirectory(prefix="speakd-vits-") as tmp:
         path = Path(tmp) / "part.onnx"
         path.write_bytes(model.SerializeToString())
-        return ort.InferenceSession(
+        session = ort.InferenceSession(
             str(path), sess_options=options, providers=["CPUExecutionProvider"]
         )
+    release_freed_heap()  # what the session's build copied and freed, before the next one's
+    return session
