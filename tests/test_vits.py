@@ -21,7 +21,7 @@ from speakd.audio import join_chunks
 from speakd.engines.base import EngineError, SynthesisConfig, UnknownSpeakerError, UnknownVoiceError
 from speakd.engines.bundle import file_entry
 from speakd.engines.vits.engine import VitsEngine
-from speakd.engines.vits.noise import SEED_INPUT, make_noise_deterministic
+from speakd.engines.vits.noise import KEY, SEED_INPUT, make_noise_deterministic
 from speakd.engines.vits.params import CLAUSE_PAUSE_S
 from speakd.engines.vits.text import phonemize, split_clauses, split_long
 from tests.tiny_voices import tiny_multispeaker_voice
@@ -130,7 +130,7 @@ def test_voices_aliases_and_unknown_voice(engine: VitsEngine) -> None:
         "noise_scale": 0.667,
         "noise_w": 0.8,
         "sentence_silence": 0.0,
-        "render": 4,
+        "render": 5,
     }
     with pytest.raises(UnknownVoiceError, match=r"'marvin'.*known: default, en_US-joe-medium"):
         list(engine.synthesize(TEXT, SynthesisConfig(voice="marvin")))
@@ -233,6 +233,37 @@ def test_seeded_noise_repeats_per_seed_and_follows_shape() -> None:
     assert a.tobytes() == again.tobytes()
     assert not np.array_equal(a, other)
     assert np.array_equal(a.ravel(), big.ravel())  # noise is indexed by flat position
+
+
+def _squares(counter: np.ndarray, key: np.ndarray, rounds: int) -> np.ndarray:
+    """Widynski's squares on uint64 (numpy wraps as onnxruntime does), as noise.py writes it."""
+    y = counter * key
+    z = y + key
+    x = y
+    for r in range(rounds - 1):
+        x = x * x + (y if r % 2 == 0 else z)
+        x = (x >> np.uint64(32)) | (x << np.uint64(32))
+    return x * x + (z if rounds % 2 == 0 else y)
+
+
+def test_seeded_noise_is_the_documented_generator_in_few_nodes() -> None:
+    """The values noise.py's docstring gives, for every stream; the seed's key made once and the
+    streams' keys as one vector (226 nodes for two streams before)."""
+    model = noise_model()
+    make_noise_deterministic(model)
+    assert len(model.graph.node) <= 175
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    seed = 2**62 + 5
+    got = session.run(None, {"x": np.zeros((3, 7), np.float32), SEED_INPUT: np.array(seed)})
+    u64 = np.uint64
+    one = u64(1)
+    seed_key = _squares(np.array([seed], u64), np.array([KEY], u64), 5) | one
+    for stream, noise in enumerate(got, start=1):
+        key = _squares(np.array([stream], u64), seed_key, 5) | one
+        u = (_squares(np.arange(2 * 21, dtype=u64), key, 4) >> u64(40)).astype(np.float64)
+        u0, u1 = u[0::2] / 2**24, u[1::2] / 2**24
+        want = np.sqrt(-2 * np.log(1 - u0)) * np.cos(2 * np.pi * u1)
+        np.testing.assert_allclose(noise.ravel(), want, rtol=0, atol=2e-6)
 
 
 def test_other_random_ops_are_refused() -> None:

@@ -1,7 +1,8 @@
 """A Piper voice's files and graph: its JSON config, the model card's licence, and the graph read
-with its noise seeded (``noise.py``), its LayerNorms fused (``layernorm.py``) and its inputs
-checked. The sessions that run it are configured in ``speakd.engines.ortsession``, as every
-engine's are.
+with its noise seeded (``noise.py``), its LayerNorms fused (``layernorm.py``), its
+relative-position attention and duration splines in fewer nodes (``attention.py``,
+``spline.py``) and its inputs checked. The
+sessions that run it are configured in ``speakd.engines.ortsession``, as every engine's are.
 
 ``engine.py`` streams audio out of what this module loads; a change to how a voice is read or its
 graph prepared lands here, one to how its audio is made there.
@@ -18,8 +19,10 @@ from typing import TYPE_CHECKING, Any
 import onnx
 
 from speakd.engines.base import EngineError
+from speakd.engines.vits.attention import fuse_relative_attention
 from speakd.engines.vits.layernorm import fuse_layer_norms
 from speakd.engines.vits.noise import make_noise_deterministic
+from speakd.engines.vits.spline import fuse_splines
 
 if TYPE_CHECKING:
     from speakd.engines.vits.engine import VitsVoice
@@ -89,7 +92,9 @@ class VoiceConfig:
 
 def voice_graph(voice: VitsVoice) -> onnx.ModelProto:
     """The voice's graph with its noise seeded, its LayerNorms one node each
-    (``speakd.engines.vits.layernorm``), its inputs checked."""
+    (``speakd.engines.vits.layernorm``), its attention layers and duration splines in fewer
+    nodes (``speakd.engines.vits.attention``, ``speakd.engines.vits.spline``), its inputs
+    checked."""
     try:
         model = onnx.load_from_string(read_voice_file(voice.model_path))
     except Exception as e:  # protobuf's DecodeError and friends
@@ -100,8 +105,16 @@ def voice_graph(voice: VitsVoice) -> onnx.ModelProto:
         raise EngineError(f"{voice.model_path}: {e}") from e
     _check_io({i.name for i in model.graph.input}, voice.config, voice.model_path)
     norms = fuse_layer_norms(model)
+    attention = fuse_relative_attention(model)
+    splines = fuse_splines(model)
     log.debug(
-        "vits voice %s: %d noise nodes seeded, %d LayerNorms fused", voice.name, replaced, norms
+        "vits voice %s: %d noise nodes seeded, %d LayerNorms fused, %d attention layers and "
+        "%d splines rewritten",
+        voice.name,
+        replaced,
+        norms,
+        attention,
+        splines,
     )
     return model
 
