@@ -26,6 +26,9 @@ class EngineConfig:
     precision: str = "int8"
     voice: str = "default"
     threads: int = 2  # onnxruntime intra-op threads (= cores on a Pi-class board)
+    # How much nicer than the daemon's event loop and playback its synthesis threads run
+    # (speakd.machine.priority); 0 = the same priority
+    nice: int = 5
     # ChatTTS: decode rows sharing one step (sentences of a request and concurrent requests,
     # docs/chattts-engine.md); 1 = one sentence at a time. Each row's KV slot costs memory.
     batch_size: int = 4
@@ -53,6 +56,7 @@ class EngineConfig:
         if self.kind == "chattts" and not self.bundle:
             raise ConfigError("engine.bundle: kind 'chattts' needs a bundle path")
         in_range("engine.threads", self.threads, 1, 64)
+        in_range("engine.nice", self.nice, 0, 19)
         in_range("engine.batch_size", self.batch_size, 1, 32)
         in_range("engine.hang_timeout_s", self.hang_timeout_s, 0.5, 3600)
         in_range("engine.max_rtf", self.max_rtf, 0.1, 1000)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from speakd.cache.browse import Listing, browse
 from speakd.cache.indexing import build_in_background
 from speakd.control.fields import build, explain
+from speakd.machine import priority
 from speakd.markup.lexicon import Lexicon
 from speakd.request.errors import InputWarning, RequestError
 from speakd.request.messages import Event, EventType, SpeakRequest
@@ -357,6 +358,7 @@ class Control:
                 "precision": default.precision,
                 "sample_rate": default.sample_rate,
                 "default_voice": voices.default,
+                "nice": priority.status(self.scheduler.resolver.guard.nice),
             },
             "voices": voices.status(),
             "breaker": state["source"].get("breaker"),

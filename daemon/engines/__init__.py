@@ -19,6 +19,7 @@ from speakd.engines.base import Engine, EngineError, VoiceModel
 from speakd.engines.bundle import INT8_SUFFIX, BundleError, load_bundle
 from speakd.engines.registry import kind_of
 from speakd.machine.memory import trim_heap
+from speakd.machine.priority import run_lowered
 
 if TYPE_CHECKING:
     from speakd.config import EngineConfig
@@ -78,13 +79,7 @@ def accelerate(voice: VoiceModel, config: EngineConfig) -> VoiceModel:
 def load_model(voice: VoiceModel, config: EngineConfig) -> Engine:
     """A voice's model in memory; raises BundleError/EngineError with a clear message."""
     t0 = time.monotonic()
-    engine = kind_of(voice.kind).load(voice, config)
-    plan = getattr(voice, "npu", None)
-    if plan is not None:
-        from speakd.engines.rknn_session import open_sessions
-
-        sessions = open_sessions(plan.bundle, plan.section, plan.precision)
-        engine.use_npu(sessions, voice)  # type: ignore[attr-defined]  (VitsEngine, ChatTTSEngine)
+    engine = run_lowered(lambda: _build(voice, config), config.nice)  # its pools start lowered
     trim_heap()  # the load's transient copies of the graph
     log.info(
         "engine %s loaded in %.2f s: bundle %s, precision %s, %d Hz",
@@ -94,6 +89,17 @@ def load_model(voice: VoiceModel, config: EngineConfig) -> Engine:
         engine.precision,
         engine.sample_rate,
     )
+    return engine
+
+
+def _build(voice: VoiceModel, config: EngineConfig) -> Engine:
+    engine = kind_of(voice.kind).load(voice, config)
+    plan = getattr(voice, "npu", None)
+    if plan is not None:
+        from speakd.engines.rknn_session import open_sessions
+
+        sessions = open_sessions(plan.bundle, plan.section, plan.precision)
+        engine.use_npu(sessions, voice)  # type: ignore[attr-defined]  (VitsEngine, ChatTTSEngine)
     return engine
 
 

@@ -22,11 +22,12 @@ from speakd.request.voices import VoiceLibrary
 
 
 def engine_config_for(bundle: Path | None, threads: int) -> EngineConfig:
-    """The engine kind comes from the bundle's manifest; no bundle means the embedded voice."""
+    """The engine kind comes from the bundle's manifest; no bundle means the embedded voice. Its
+    threads keep the caller's priority (``nice`` 0): a library's caller owns its process's."""
     if bundle is None:
-        return EngineConfig(threads=threads)
+        return EngineConfig(threads=threads, nice=0)
     kind = load_bundle(bundle, verify=False).engine
-    return EngineConfig(kind=kind, bundle=str(bundle), threads=threads)
+    return EngineConfig(kind=kind, bundle=str(bundle), threads=threads, nice=0)
 
 
 def synthesize_to_wav(

@@ -400,7 +400,13 @@ def _lexicon(config: Config) -> Lexicon:
 
 def make_guard(config: EngineConfig) -> Guard:
     breaker = CircuitBreaker(config.breaker_failures, config.breaker_reset_s)
-    return Guard(breaker, config.hang_timeout_s, config.max_rtf, trace_parts=config.trace_parts)
+    return Guard(
+        breaker,
+        config.hang_timeout_s,
+        config.max_rtf,
+        trace_parts=config.trace_parts,
+        nice=config.nice,
+    )
 
 
 def _fallback_audio(resolver: Resolver, text: str, halt: threading.Event) -> AudioChunk | None:

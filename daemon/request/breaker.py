@@ -100,6 +100,7 @@ class Guard:
     # (speakd.control.metrics: RTF, and the parts up to the first chunk)
     on_synthesis: Callable[[float, float, Spans | None], None] | None = None
     trace_parts: bool = False  # engine.trace_parts: one log line of them per synthesis
+    nice: int = 0  # engine.nice: a synthesis' thread runs this much nicer (speakd.machine.priority)
 
     def admit(self) -> None:
         if not self.breaker.allow():

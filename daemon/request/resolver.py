@@ -41,6 +41,7 @@ from speakd.cache.store import CacheError, CacheStore, Clip
 from speakd.config import CacheConfig
 from speakd.engines.base import Engine, EngineError, SynthesisConfig
 from speakd.engines.spans import Spans, recording
+from speakd.machine.priority import lower_this_thread
 from speakd.request.breaker import CircuitBreaker, Guard
 from speakd.request.compose import compose
 from speakd.request.errors import RequestError
@@ -368,6 +369,7 @@ class Resolver:
         error: BaseException | None = None
         admitted, t0 = False, 0.0
         parts: Spans | None = None
+        lower_this_thread(self.guard.nice)  # it joins the engine's onnxruntime pools
         try:
             with self.voices.using(prepared.bundle, stream.loaded_voice) as engine:
                 target = prepared.params.get("loudness", {}).get("lufs")
