@@ -11,16 +11,11 @@ from typing import Any
 import httpx
 import numpy as np
 
+from speakd_tools.bench.harness.daemon import free_port
 from tests.daemon_proc import DaemonProc, start_daemon, write_config
 from tests.waits import wait_until
 
 TOKEN = "test-token-0123456789"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

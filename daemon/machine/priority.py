@@ -2,18 +2,20 @@
 
 On 2 cores onnxruntime's pool keeps both cores busy (spinning) for the whole of a run, and the
 event loop (a key's echo, CANCEL, ``701 BEGIN``) and the play worker's sink writes wait for the
-kernel to take a core back from it: the loop-lag probe (``speakd.lifecycle.loopcare``) saw 21–40
-stalls of 5–20 ms in each navigation run of ``bench screenreader``, 6 with synthesis lowered
+kernel to take a core back from it: the loop-lag probe (``speakd.lifecycle.loopcare``) saw 21–35
+stalls of 5–20 ms in each navigation run of ``bench screenreader``, 6–17 with synthesis lowered
 (docs/benchmarks.md, "New text"). On Linux a nice value belongs to one thread and a new thread
 starts with its creator's, so the threads that run syntheses lower themselves
 (:func:`lower_this_thread`), and an engine is built on a lowered thread (:func:`run_lowered`):
 the onnxruntime pools it creates start lowered too, whatever thread loads it.
 
-Raising one's own nice needs no privilege. The systemd unit starts the daemon at ``Nice=-5``, so
-with the default ``engine.nice = 5`` the engine's threads run at 0, beside the board's other work
-as before, and only the daemon's own short-lived threads move ahead. Where the OS refuses (another
-kernel, a seccomp filter) synthesis runs as before; the refusal is logged once and counted in the
-status (``engine.nice``).
+Synthesis is never lowered below ``BOARD_NICE``, the priority the board's other programs run at:
+a screen reader's speech must not slow down against a busy browser because of this. So the
+lowering uses what the daemon was started with above it: the systemd unit's ``Nice=-5`` gives
+the loop and playback -5 and synthesis 0, as before; a daemon started at 0 (a user unit, the
+image) keeps all its threads at 0. Raising one's own nice needs no privilege. Where the OS refuses
+(another kernel, a seccomp filter) synthesis runs as before; the refusal is logged once and
+counted in the status (``engine.nice``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 MAX_NICE = 19
+BOARD_NICE = 0  # the board's other programs: synthesis never goes below them
 
 _refused = 0
 
@@ -37,15 +40,22 @@ def base_nice() -> int:
     return os.getpriority(os.PRIO_PROCESS, os.getpid())
 
 
+def synthesis_nice(by: int) -> int:
+    """The nice value synthesis runs at: ``by`` above the process's, but not above
+    ``BOARD_NICE`` unless the process already is."""
+    base = base_nice()
+    return min(MAX_NICE, base + max(0, by), max(base, BOARD_NICE))
+
+
 def lower_this_thread(by: int) -> bool:
-    """Make the calling thread ``by`` nicer than the process; False when the OS refused. A
-    thread already that nice or nicer is left as it is (lowering it back needs a privilege)."""
+    """Give the calling thread :func:`synthesis_nice`; False when the OS refused. A thread
+    already that nice or nicer is left as it is (lowering it back needs a privilege)."""
     global _refused
     if by <= 0:
         return True
     try:
         tid = threading.get_native_id()
-        target = min(MAX_NICE, base_nice() + by)
+        target = synthesis_nice(by)
         if os.getpriority(os.PRIO_PROCESS, tid) < target:
             os.setpriority(os.PRIO_PROCESS, tid, target)
         return True
@@ -80,5 +90,10 @@ def run_lowered(fn: Callable[[], T], by: int) -> T:
 
 
 def status(by: int) -> dict[str, int]:
-    """For the daemon's status: how much nicer synthesis is asked to run, and refusals."""
-    return {"by": by, "refused": _refused}
+    """For the daemon's status: ``engine.nice``, the nice values of the daemon and of its
+    synthesis, and how often the OS refused."""
+    try:
+        daemon, synthesis = base_nice(), synthesis_nice(by)
+    except (OSError, AttributeError):
+        daemon = synthesis = 0
+    return {"by": by, "daemon": daemon, "synthesis": synthesis, "refused": _refused}

@@ -28,8 +28,8 @@ from typing import Any
 
 from speakd.library.client import Client, ClientError
 
+from ..bench.harness.daemon import free_port
 from .device import asoundrc
-from .mosquitto import free_port
 
 SITE = "soak"
 MAX_QUEUE = 8  # small, so the kill's burst of MQTT says is a replay larger than the queue

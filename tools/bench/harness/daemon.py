@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+UNIT_NICE = -5  # systemd/speakd.service's Nice=
+
 
 def serve(
     work: Path,
@@ -20,11 +22,13 @@ def serve(
     env: dict[str, str] | None = None,
     audio: str = 'sink = "null"',
     ssip_path: str = "",
+    nice: int = 0,
 ) -> Any:
     """A real daemon on a null sink (``audio``: other [audio] lines), cache in ``work``;
     ``engine`` holds [engine] lines, ``extra`` more TOML sections (``bench wyoming`` adds
     [wyoming]), ``env`` more environment variables, ``ssip_path`` an SSIP socket (none by
-    default). Returns the Popen and socket path."""
+    default), ``nice`` its nice value where the bench may set it (root: ``UNIT_NICE`` is the
+    systemd unit's). Returns the Popen and socket path."""
     from speakd.library.client import Client, ClientError
 
     sock = work / "speakd.sock"
@@ -36,8 +40,11 @@ def serve(
         f"{extra}"
     )
     log = (work / "speakd.log").open("wb")
+    at = nice - os.getpriority(os.PRIO_PROCESS, 0)
+    if at < 0 and os.geteuid() != 0:
+        at = 0  # only root may raise a priority: the daemon runs at the bench's
     proc = subprocess.Popen(
-        [sys.executable, "-m", "speakd", "serve", "--config", str(config)],
+        ["nice", "-n", str(at), sys.executable, "-m", "speakd", "serve", "--config", str(config)],
         stdout=log,
         stderr=subprocess.STDOUT,
         env={**os.environ, "SPEAKD_LOG_LEVEL": "WARNING", **(env or {})},

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
-from ..harness.daemon import serve
+from ..harness.daemon import UNIT_NICE, serve
 from .daemon_parts import SpeakdFigures
 from .screenreader_nav import FirstAudio, Monitor
 
@@ -22,7 +22,8 @@ from .screenreader_nav import FirstAudio, Monitor
 @contextmanager
 def speakd_ssip(work: Path) -> Iterator[tuple[str, FirstAudio]]:
     """speakd on the embedded voice, SSIP on, its WAV sink paced in real time, measured once its
-    key-echo prewarm is done (what a board that has been up a minute gives a screen reader)."""
+    key-echo prewarm is done (what a board that has been up a minute gives a screen reader), at
+    the nice value its systemd unit gives it when the bench runs as root."""
     from speakd.frontends.ssip.keys import DONE_LINE
 
     ssip = work / "ssip.sock"
@@ -34,6 +35,7 @@ def speakd_ssip(work: Path) -> Iterator[tuple[str, FirstAudio]]:
         audio=audio,
         ssip_path=str(ssip),
         env={"SPEAKD_LOG_LEVEL": "INFO"},
+        nice=UNIT_NICE,
     )
     log = work / "speakd.log"
     deadline = time.monotonic() + 600
