@@ -44,7 +44,7 @@ def synthesis_nice(by: int) -> int:
     """The nice value synthesis runs at: ``by`` above the process's, but not above
     ``BOARD_NICE`` unless the process already is."""
     base = base_nice()
-    return min(MAX_NICE, base + max(0, by), max(base, BOARD_NICE))
+    return min(MAX_NICE, base + by, max(base, BOARD_NICE))
 
 
 def lower_this_thread(by: int) -> bool:
