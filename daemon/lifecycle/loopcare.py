@@ -54,6 +54,7 @@ class LoopCare:
         self.worst_ms = 0.0
         self.counts = dict.fromkeys(BUCKETS_MS, 0)
         self.collections = 0
+        self.frozen = 0  # objects frozen at READY or the last reload
         self.last_collection_ms = 0.0
         self.longest_collection_ms = 0.0
         self._collected_at = time.monotonic()
@@ -69,14 +70,16 @@ class LoopCare:
             asyncio.create_task(self._collector(), name="idle-gc"),
         ]
 
-    @staticmethod
-    def freeze() -> None:
+    def freeze(self) -> None:
         """Freeze what is alive now; at start-up and again after a reload, which thawed first so
-        that the objects a new model or config replaced, cycles included, can be collected."""
+        that the objects a new model or config replaced, cycles included, can be collected. The
+        count is kept for the status: ``gc.get_freeze_count`` walks every frozen object (0.45 ms
+        for 80 000), and the MQTT front-end builds a status for each burst of events."""
         gc.unfreeze()
         gc.collect()
         gc.freeze()
-        log.info("gc: %d objects frozen; full collections when idle", gc.get_freeze_count())
+        self.frozen = gc.get_freeze_count()
+        log.info("gc: %d objects frozen; full collections when idle", self.frozen)
 
     async def _probe(self) -> None:
         loop = asyncio.get_running_loop()
@@ -124,7 +127,7 @@ class LoopCare:
             "at_least_ms": {str(edge): n for edge, n in self.counts.items()},
             "stalls": [list(s) for s in self.stalls],  # [monotonic s, ms late], the last ones
             "gc": {
-                "frozen": gc.get_freeze_count(),
+                "frozen": self.frozen,
                 "threshold": list(gc.get_threshold()),
                 "idle_collections": self.collections,
                 "last_ms": round(self.last_collection_ms, 2),

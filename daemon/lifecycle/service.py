@@ -361,7 +361,8 @@ class Daemon:
         elif new.http.listen:
             log.warning("http.listen changes take effect after a restart")
         log.info("configuration reloaded (%d)", self.control.reloads)
-        LoopCare.freeze()  # the probe and the collector go on; what the reload made is frozen
+        if self.control.loop is not None:  # the probe and the collector go on
+            self.control.loop.freeze()  # what the reload made is frozen
         notify("READY=1", f"STATUS={self._status_line()}")
 
     async def shutdown(self) -> None:

@@ -1,5 +1,6 @@
 """Text to phonemes for Piper voices, as Piper makes them: espeak-ng through ``piper-tts``'s
-phonemizer (global state: one caller at a time), SSML's and a lexicon's raw ``[[ … ]]``
+phonemizer (global state: one caller at a time; the GIL released while espeak-ng works,
+``speakd.engines.vits.espeak``), SSML's and a lexicon's raw ``[[ … ]]``
 phonemes kept as written, and run-on sentences cut to what the voice's attention can take.
 """
 
@@ -10,6 +11,8 @@ import re
 import threading
 import unicodedata
 from typing import Any
+
+from speakd.engines.vits.espeak import install_releasing_bridge
 
 _RAW_PHONEMES = re.compile(r"\[\[(.*?)\]\]", re.S)
 _SENTENCE_STOP = re.compile(r"\s*([.!?])")
@@ -30,6 +33,7 @@ def phonemize(
     sentences: list[list[str]] = []
     with _espeak_lock:
         if _espeak is None:
+            install_releasing_bridge()
             _espeak = EspeakPhonemizer()
         for i, part in enumerate(parts):
             if i % 2 == 0:
