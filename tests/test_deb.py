@@ -594,11 +594,15 @@ def test_arm64_package_speaks_under_qemu(
     run(sys.executable, "-m", "compileall", "-q", "-j", "0", venv / "lib")
     qemu = [arm["QEMU"], "-cpu", ARM_CPU, "-L", str(root), str(venv / "bin/python3")]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "OPENBLAS_"))}
-    probe = run(*qemu, "-c", "import platform, sys, speakd; print(platform.machine(), "
-                "sys.prefix, speakd.__file__)", env=env)  # fmt: skip
-    machine, prefix, where = probe.stdout.split()
+    # The phonemes go through espeak-ng's arm64 build by ctypes (speakd.engines.vits.espeak).
+    probe = run(*qemu, "-c", "import platform, sys, speakd, piper; "
+                "from speakd.engines.vits.text import phonemize; phonemize('en-us', 'Hi.', None); "
+                "print(platform.machine(), sys.prefix, speakd.__file__, "
+                "type(piper.espeakbridge).__name__)", env=env)  # fmt: skip
+    machine, prefix, where, bridge = probe.stdout.split()
     assert machine == "aarch64" and prefix.endswith("/opt/speakd/venv"), probe.stdout
     assert where.startswith(str(venv)), probe.stdout
+    assert bridge == "ReleasingBridge", probe.stdout + probe.stderr
     out = work / "arm.wav"
     # tests/arm64/slow_cli.py: the package's own CLI, with the hang guard raised for emulation.
     run(*qemu, ROOT / "tests/arm64/slow_cli.py", "synth", "Hello.", "-o", out, "--threads", "1",

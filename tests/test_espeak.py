@@ -6,6 +6,7 @@ the library lacks the function."""
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 import types
@@ -46,12 +47,12 @@ VOICES = ["en-us", "en-gb-x-rp", "de", "fr", "ru", "cmn", "ar"]
 
 @pytest.fixture(scope="module")
 def bridges() -> tuple[types.ModuleType, ReleasingBridge]:
-    """piper's own bridge, initialised as speakd's phonemizer does (which installs its own over
-    it), and speakd's."""
+    """piper's own bridge module, initialised as speakd's phonemizer does (which installs its
+    own over it), and speakd's, as installed."""
     phonemize("en-us", "warm", None)
-    installed = piper.espeakbridge
-    assert isinstance(installed, ReleasingBridge)
-    return installed.bridge, installed
+    own, installed = sys.modules["piper.espeakbridge"], piper.espeakbridge
+    assert isinstance(installed, ReleasingBridge) and installed.bridge is own
+    return own, installed
 
 
 @pytest.fixture
@@ -152,6 +153,7 @@ def test_a_library_without_the_function_keeps_the_bridge_and_warns(
     lacking = types.ModuleType("espeakbridge")
     lacking.__file__ = "libc.so.6"  # loads, and has no espeak_TextToPhonemesWithTerminator
     monkeypatch.setattr(piper, "espeakbridge", lacking)
+    monkeypatch.setitem(sys.modules, "piper.espeakbridge", lacking)
     with caplog.at_level(logging.WARNING, logger=espeak.__name__):
         assert install_releasing_bridge() is False
     assert piper.espeakbridge is lacking

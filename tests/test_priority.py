@@ -26,7 +26,10 @@ def thread_nices(pid: int) -> dict[int, int]:
     parenthesis, which may hold spaces)."""
     out = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
-        stat = (task / "stat").read_text()
+        try:
+            stat = (task / "stat").read_text()
+        except (FileNotFoundError, ProcessLookupError):  # a thread that ended since the listing
+            continue
         out[int(task.name)] = int(stat.rsplit(")", 1)[1].split()[16])
     return out
 

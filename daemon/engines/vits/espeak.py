@@ -16,6 +16,7 @@ them equal. Where the library has no such symbol the bridge stays, and that is l
 from __future__ import annotations
 
 import ctypes
+import importlib
 import logging
 from types import ModuleType
 
@@ -74,15 +75,16 @@ class ReleasingBridge:
 
 
 def install_releasing_bridge() -> bool:
-    """Put a :class:`ReleasingBridge` in ``piper.espeakbridge``'s place (once); False, logged,
+    """Put a :class:`ReleasingBridge` over the bridge module (``sys.modules``'s, whatever
+    ``piper.espeakbridge`` holds now) in ``piper.espeakbridge``'s place, once; False, logged,
     where the bridge's library has no ``espeak_TextToPhonemesWithTerminator``."""
     import piper
-    from piper import espeakbridge
 
-    if isinstance(espeakbridge, ReleasingBridge):
+    bridge = importlib.import_module("piper.espeakbridge")
+    if getattr(piper, "espeakbridge", None) is not bridge:  # replaced already
         return True
     try:
-        piper.espeakbridge = ReleasingBridge(espeakbridge)  # type: ignore[attr-defined]
+        piper.espeakbridge = ReleasingBridge(bridge)  # type: ignore[attr-defined]
     except (OSError, AttributeError) as e:
         log.warning("phonemes hold the GIL while espeak-ng works (piper's own bridge): %s", e)
         return False
