@@ -1,7 +1,6 @@
 """espeak-ng through ctypes (``speakd.engines.vits.espeak``): the same clauses and phonemes as
 piper-tts's own bridge on texts of every kind, the GIL free for other threads while espeak-ng
-works (and held, with the bridge, for the whole text), and the bridge kept, with a warning, where
-the library lacks the function."""
+works, and the bridge kept, with a warning, where the library lacks the function."""
 
 from __future__ import annotations
 
